@@ -1,0 +1,59 @@
+"""Run a host-side script in one round trip and get its JSON answer back.
+
+Host-side work is done by small standard-library-only scripts in `toolkit/hostside/`.
+Each defines `main(args: dict) -> dict`. `run_script` sends `_lib.py` + the script +
+a bootstrap on stdin to the host's Python (`python3 -`), with the arguments embedded
+as base64 JSON, and reads back one marked JSON line from stdout. Nothing is installed
+on the host for this, and one step costs exactly one round trip.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from importlib import resources
+
+from .transport import CommandResult, Transport
+
+RESULT_MARKER = "@@TOOLKIT-RESULT@@"
+
+
+class HostScriptError(RuntimeError):
+    """The host-side script failed or answered nothing readable."""
+
+    def __init__(self, message: str, result: CommandResult | None = None):
+        super().__init__(message)
+        self.result = result
+
+
+def script_source(name: str) -> str:
+    package = resources.files("toolkit.hostside")
+    return package.joinpath("_lib.py").read_text() + "\n\n" + package.joinpath(f"{name}.py").read_text()
+
+
+def build_payload(name: str, args: dict) -> str:
+    encoded = base64.b64encode(json.dumps(args).encode()).decode()
+    bootstrap = (
+        "\n\nif __name__ == '__main__':\n"
+        f"    _run_main(main, {encoded!r}, {RESULT_MARKER!r})\n"
+    )
+    return script_source(name) + bootstrap
+
+
+def parse_result(result: CommandResult, name: str) -> dict:
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            answer = json.loads(line[len(RESULT_MARKER):])
+            if isinstance(answer, dict) and answer.get("_error"):
+                raise HostScriptError(f"host-side {name} failed: {answer['_error']}", result)
+            return answer
+    raise HostScriptError(
+        f"host-side {name} answered nothing (exit {result.exit_code}):\n{result.tail()}", result)
+
+
+def run_script(transport: Transport, name: str, args: dict | None = None, *,
+               python: str = "python3", timeout: float | None = None,
+               env: dict[str, str] | None = None) -> dict:
+    """Run `toolkit/hostside/<name>.py` on the host with `args`; return its dict."""
+    payload = build_payload(name, args or {})
+    result = transport.run(f"{python} -", stdin=payload, timeout=timeout, env=env)
+    return parse_result(result, name)

@@ -1,0 +1,1 @@
+"""Standard-library-only scripts that run on a host (see toolkit.hostrun)."""

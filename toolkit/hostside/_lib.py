@@ -1,0 +1,21 @@
+# Prepended to every host-side script by toolkit.hostrun. Standard library only:
+# this code runs on the host with whatever Python 3 it has.
+import base64 as _b64
+import json as _json
+import sys as _sys
+import traceback as _tb
+
+
+def _run_main(main, encoded_args, marker):
+    args = _json.loads(_b64.b64decode(encoded_args).decode())
+    try:
+        answer = main(args)
+        code = 0
+    except SystemExit:
+        raise
+    except BaseException as exc:  # report, do not hide: the control side raises it
+        answer = {"_error": "%s: %s" % (type(exc).__name__, exc), "_traceback": _tb.format_exc()}
+        code = 1
+    _sys.stdout.write("\n" + marker + _json.dumps(answer) + "\n")
+    _sys.stdout.flush()
+    _sys.exit(code)
