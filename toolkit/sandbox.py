@@ -107,9 +107,22 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def _configured_port(config: Path) -> int | None:
+    try:
+        for text in config.read_text().splitlines():
+            if text.startswith("Port "):
+                return int(text.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def status(folder: Path | None = None, port: int | None = None) -> SandboxStatus:
     folder = folder or paths.sandbox_dir()
-    pid = _read_pid(_files(folder)["pid"])
+    f = _files(folder)
+    pid = _read_pid(f["pid"])
+    if pid is not None:  # a running sshd answers on the port it was started with
+        port = _configured_port(f["config"]) or port
     return SandboxStatus(running=pid is not None, pid=pid, port=port or sandbox_port(), folder=folder)
 
 

@@ -1,0 +1,9 @@
+"""Invoke collection: `invoke --list` shows the commands; each lives in toolkit_cli/.
+
+Thin by design: tasks parse arguments, call the `toolkit` engine and print.
+"""
+from invoke import Collection
+
+from toolkit_cli.sandbox import sandbox
+
+ns = Collection(sandbox)

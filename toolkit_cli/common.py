@@ -1,0 +1,45 @@
+"""Helpers every task module uses: resolve --host, run per host, turn failures into exit codes."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from invoke.exceptions import Exit
+
+from toolkit import report
+from toolkit.inventory import Host, InventoryError, resolve_hosts
+from toolkit.parallel import HostOutcome, for_each_host
+
+HOST_HELP = "host name(s) from hosts/*.toml, comma-separated, or @label; default: sandbox"
+
+
+def hosts_or_exit(spec: str | None) -> list[Host]:
+    try:
+        return resolve_hosts(spec)
+    except InventoryError as exc:
+        raise Exit(f"error: {exc}", code=2)
+
+
+def run_on_hosts(spec: str | None, action: Callable[[Host], Any]) -> list[HostOutcome]:
+    return for_each_host(hosts_or_exit(spec), action)
+
+
+def fail(message: str, code: int = 1):
+    raise Exit(f"error: {message}", code=code)
+
+
+def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False) -> None:
+    """Print per-host errors; exit non-zero when any host failed or `failed(value)` says so."""
+    bad = 0
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report.error(f"{outcome.host.name}: {outcome.error}")
+            bad += 1
+        elif failed(outcome.value):
+            bad += 1
+    if bad:
+        raise Exit(code=1)
+
+
+def wants_help(action: str | None) -> bool:
+    # Invoke hands a leading --help to the first positional; show the task's help instead.
+    return action in ("--help", "-h", "help")
