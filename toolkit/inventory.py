@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
+from .sandbox import sandbox_port
 from .transport import LocalTransport, SSHTransport, Transport
-
-SANDBOX_DEFAULT_PORT = 2222
 
 
 class InventoryError(ValueError):
@@ -94,10 +93,6 @@ def _host_from_table(name: str, table: dict, source: str) -> Host:
     if unknown:
         raise InventoryError(f"{source}: host {name!r} has unknown keys: {', '.join(sorted(unknown))}")
     return Host(name=name, **table)
-
-
-def sandbox_port() -> int:
-    return int(os.environ.get("TOOLKIT_SANDBOX_PORT", SANDBOX_DEFAULT_PORT))
 
 
 def builtin_hosts() -> dict[str, Host]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
-from .inventory import sandbox_port
 
+DEFAULT_PORT = 2222
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd", "/usr/local/sbin/sshd")
 
 
@@ -117,13 +117,20 @@ def _configured_port(config: Path) -> int | None:
     return None
 
 
+def sandbox_port(folder: Path | None = None) -> int:
+    """The port of the sandbox as set up (its config), else TOOLKIT_SANDBOX_PORT, else 2222."""
+    if "TOOLKIT_SANDBOX_PORT" in os.environ:
+        return int(os.environ["TOOLKIT_SANDBOX_PORT"])
+    return _configured_port(_files(folder or paths.sandbox_dir())["config"]) or DEFAULT_PORT
+
+
 def status(folder: Path | None = None, port: int | None = None) -> SandboxStatus:
     folder = folder or paths.sandbox_dir()
     f = _files(folder)
     pid = _read_pid(f["pid"])
     if pid is not None:  # a running sshd answers on the port it was started with
         port = _configured_port(f["config"]) or port
-    return SandboxStatus(running=pid is not None, pid=pid, port=port or sandbox_port(), folder=folder)
+    return SandboxStatus(running=pid is not None, pid=pid, port=port or sandbox_port(folder), folder=folder)
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -157,7 +164,7 @@ def _write_config(f: dict[str, Path], port: int, sshd: str) -> None:
 def up(folder: Path | None = None, port: int | None = None, *, timeout: float = 10.0) -> SandboxStatus:
     """Start the sandbox sshd if it is not running; idempotent."""
     folder = folder or paths.sandbox_dir()
-    port = port or sandbox_port()
+    port = port or (int(os.environ["TOOLKIT_SANDBOX_PORT"]) if "TOOLKIT_SANDBOX_PORT" in os.environ else DEFAULT_PORT)
     current = status(folder, port)
     if current.running:
         return current
