@@ -42,3 +42,34 @@ def sandbox_env(tmp_path_factory):
 def sandbox_host(sandbox_env):
     """The built-in `sandbox` Host (SSH to 127.0.0.1 on the session's port)."""
     return resolve_hosts("sandbox")[0]
+
+
+CPU_REF_REQUIREMENTS = ["torch==2.13.0", "transformers[serving]==5.24.0"]
+
+
+def _cached_venv(name: str, requirements: list[str]):
+    """A venv under the cache folder, built once (file-locked) and reused by later sessions."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from toolkit.paths import cache_dir
+
+    root = cache_dir() / "test-venvs"
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / name
+    marker = venv / ".requirements"
+    wanted = "\n".join(requirements)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and marker.read_text() == wanted):
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *requirements], check=True)
+            marker.write_text(wanted)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def cpu_ref_venv():
+    """A venv with the CPU reference server (`transformers serve`, CPU torch); ~80 s the first time."""
+    return _cached_venv("cpu-ref", CPU_REF_REQUIREMENTS)
