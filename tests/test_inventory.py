@@ -1,0 +1,44 @@
+"""Inventory: built-in hosts, hosts/*.toml, TOOLKIT_INVENTORY, --host parsing, bad input."""
+import pytest
+
+from toolkit.inventory import InventoryError, resolve_hosts
+
+
+def test_default_is_the_sandbox():
+    [host] = resolve_hosts(None)
+    assert host.name == "sandbox" and host.address == "127.0.0.1" and host.transport == "ssh"
+
+
+def test_several_hosts_and_labels(monkeypatch, tmp_path):
+    extra = tmp_path / "lab.toml"
+    extra.write_text('[gpu-a]\naddress = "gpu-a.example"\nlabels = ["lab"]\nvenv = "/v"\n'
+                     '[gpu-b]\naddress = "gpu-b.example"\nlabels = ["lab"]\nvenv = "/v"\n')
+    monkeypatch.setenv("TOOLKIT_INVENTORY", str(extra))
+    assert [h.name for h in resolve_hosts("local, @lab")] == ["local", "gpu-a", "gpu-b"]
+    assert resolve_hosts("gpu-a")[0].toolkit_state_dir == "/v/.toolkit"
+
+
+def test_example_blackwell_host_is_listed_but_never_dialled():
+    [host] = resolve_hosts("blackwell-01")
+    assert host.address.endswith(".example") and host.gpus == 8
+
+
+def test_unknown_host_names_the_known_ones():
+    with pytest.raises(InventoryError, match="unknown host 'nope'; known hosts: .*sandbox"):
+        resolve_hosts("nope")
+
+
+def test_unknown_key_in_a_host_file_is_an_error(monkeypatch, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[h]\naddress = "h.example"\nadress_typo = 1\n')
+    monkeypatch.setenv("TOOLKIT_INVENTORY", str(bad))
+    with pytest.raises(InventoryError, match="adress_typo"):
+        resolve_hosts("h")
+
+
+def test_broken_toml_is_an_error_naming_the_file(monkeypatch, tmp_path):
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[h\n")
+    monkeypatch.setenv("TOOLKIT_INVENTORY", str(bad))
+    with pytest.raises(InventoryError, match="broken.toml"):
+        resolve_hosts("sandbox")
