@@ -1,0 +1,40 @@
+"""The command shape the user types: `invoke patch apply NAME` and `invoke patch verify`."""
+from invoke import Collection, Program
+
+from toolkit_cli.parsing import command
+
+seen = []
+
+
+@command(positional=["action", "name"], optional=["name"])
+def patch(c, action, name=None, host=None, json=False):
+    seen.append((action, name or None, host, json))
+
+
+@command(positional=["action"])
+def other(c, action):
+    seen.append(("other", action))
+
+
+def run(argv):
+    seen.clear()
+    Program(namespace=Collection(patch, other)).run(["invoke", *argv], exit=False)
+    return list(seen)
+
+
+def test_action_and_name():
+    assert run(["patch", "apply", "dyn-disable", "--host", "a,b"]) == [("apply", "dyn-disable", "a,b", False)]
+
+
+def test_name_may_be_omitted_at_the_end_or_before_flags():
+    assert run(["patch", "verify"]) == [("verify", None, None, False)]
+    assert run(["patch", "verify", "--json"]) == [("verify", None, None, True)]
+
+
+def test_two_tasks_in_one_line():
+    assert run(["patch", "revert", "sm120", "other", "x"]) == [("revert", "sm120", None, False), ("other", "x")]
+
+
+def test_required_positional_still_required(capsys):
+    assert run(["other"]) == []
+    assert "did not receive required positional arguments: 'action'" in capsys.readouterr().err
