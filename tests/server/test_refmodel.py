@@ -1,0 +1,80 @@
+"""The sandbox's reference model, made for real in the CPU reference venv (torch + transformers)."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from toolkit import refmodel
+
+SOURCE = Path(refmodel.__file__)
+
+
+def run_in_venv(venv: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), *args], input=stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_model_is_made_as_a_standalone_script_and_then_reused(cpu_ref_venv, tmp_path):
+    out = tmp_path / "models" / "tiny-llama"
+    # Sent the way the server engine sends it to a host: the file's source on stdin, nothing else.
+    first = run_in_venv(cpu_ref_venv, "-", str(out), stdin=SOURCE.read_text())
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout.splitlines()[-1]) == {"model": str(out), "made": True, "seed": 0}
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json", refmodel.STAMP_NAME):
+        assert (out / name).is_file(), name
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]) == (2, 128, 4)
+    assert 300 <= config["vocab_size"] <= 400
+    weights_before = (out / "model.safetensors").stat().st_mtime_ns
+
+    again = run_in_venv(cpu_ref_venv, "-", str(out), stdin=SOURCE.read_text())
+    assert json.loads(again.stdout.splitlines()[-1])["made"] is False
+    assert (out / "model.safetensors").stat().st_mtime_ns == weights_before
+
+
+def test_greedy_generation_is_non_empty_and_deterministic(cpu_ref_venv, tmp_path):
+    probe = f"""
+import json, sys
+sys.path.insert(0, {str(SOURCE.parent.parent)!r})
+from toolkit.refmodel import make_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path = make_model({str(tmp_path / 'm')!r})
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path)
+ids = tok.apply_chat_template([{{"role": "user", "content": "Write a fibonacci function"}}],
+                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
+outs = []
+for _ in range(2):
+    gen = model.generate(**ids, max_new_tokens=16, do_sample=False)
+    new = gen[0][ids["input_ids"].shape[1]:]
+    outs.append({{"text": tok.decode(new, skip_special_tokens=True), "n": len(new)}})
+print(json.dumps({{"outs": outs, "prompt": tok.decode(ids["input_ids"][0])}}))
+"""
+    done = run_in_venv(cpu_ref_venv, "-c", probe)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.splitlines()[-1])
+    first, second = answer["outs"]
+    assert first["n"] == 16, "greedy decoding stopped early: EOS must never be the argmax"
+    assert first["text"].strip()
+    assert first == second
+    assert answer["prompt"].startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_reference_model(tmp_path):
+    foreign = tmp_path / "weights"
+    foreign.mkdir()
+    (foreign / "precious.bin").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a reference model"):
+        refmodel.make_model(foreign)
+    assert (foreign / "precious.bin").read_text() == "keep me"
+
+
+def test_refmodel_imports_nothing_from_the_toolkit():
+    # It is sent alone to hosts; an import of a sibling module would fail there.
+    text = SOURCE.read_text()
+    assert "from toolkit" not in text.replace("from toolkit.refmodel", "")
+    assert "from ." not in text
