@@ -1,0 +1,55 @@
+# One round trip that tells the control machine everything a patch command needs:
+# where site-packages is, the installed version (METADATA) and RECORD hashes, the sha256
+# of the files asked for and of the files the state lists, the state, the backups, and
+# (with "recover") the outcome of finishing a run that was cut. Reads dist-info files
+# directly; never imports the package. Uses patch_hostlib.py (prepended).
+import base64
+import os
+import platform
+
+
+def main(args):
+    site = find_site(args)  # noqa: F821 (patch_hostlib)
+    dist, version = find_dist(site, args["package"])  # noqa: F821
+    sd = StateDir(args["state_dir"])  # noqa: F821
+    recovered = None
+    if args.get("recover") and sd.read_journal() is not None:
+        with Lock(sd, args.get("lock_timeout", 30)):  # noqa: F821
+            recovered = recover(sd, site)  # noqa: F821
+    state, state_sha = sd.read_state()
+    record = read_record(dist) if dist else {}  # noqa: F821
+    wanted = set(args.get("paths", []))
+    if state:
+        wanted.update(state.get("files", {}))
+    answer = {
+        "site": site,
+        "python": platform.python_version(),
+        "dist_info": os.path.basename(dist) if dist else None,
+        "version": version,
+        "record": {p: record.get(p) for p in sorted(wanted)},
+        "files": {p: sha256_file(full_path(site, p)) for p in sorted(wanted)},  # noqa: F821
+        "state": state,
+        "state_sha": state_sha,
+        "journal": sd.read_journal(),
+        "recovered": recovered,
+        "backups": sd.backup_status(),
+    }
+    if args.get("fetch"):
+        answer["contents"] = {}
+        for p in args["fetch"]:
+            try:
+                with open(full_path(site, p), "rb") as f:  # noqa: F821
+                    answer["contents"][p] = base64.b64encode(f.read()).decode()
+            except OSError:
+                answer["contents"][p] = None
+    if args.get("all_files"):
+        mismatch, checked = {}, 0
+        for p, expected in sorted(record.items()):
+            if expected is None or p.startswith("..") or os.path.isabs(p):
+                continue
+            checked += 1
+            found = sha256_file(full_path(site, p))  # noqa: F821
+            if found != expected:
+                mismatch[p] = found
+        answer["all_files"] = {"checked": checked, "mismatch": mismatch}
+    return answer

@@ -1,0 +1,201 @@
+"""Patchsets as data: `patchsets/NAME/patchset.toml` plus git-style diffs, read and validated.
+
+`unidiff` reads the diffs for metadata (files, hunks, added/removed lines) and for the
+rules every patch must keep: paths relative to site-packages inside the target package,
+no `..`, no absolute paths, no binary hunks. Stacking: a fixed `order` (lower applies
+first) and `requires` (must already be applied below).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unidiff import PatchSet as UniPatchSet
+from unidiff.errors import UnidiffParseError
+
+from . import paths
+
+REQUIRED_KEYS = ("name", "summary", "package", "versions", "order", "patches")
+
+
+class PatchsetError(ValueError):
+    """A patchset is malformed, unknown, or breaks a rule; the message says which and how."""
+
+
+def patchsets_dir() -> Path:
+    return Path(os.environ.get("TOOLKIT_PATCHSETS", paths.PATCHSETS_DIR)).resolve()
+
+
+@dataclass
+class PatchFileStat:
+    path: str
+    hunks: int
+    added: int
+    removed: int
+    created: bool = False
+    deleted: bool = False
+
+
+@dataclass
+class PatchFile:
+    name: str
+    path: Path
+    sha256: str
+    text: str
+    files: list[PatchFileStat]
+
+
+@dataclass
+class Patchset:
+    name: str
+    folder: Path
+    summary: str
+    description: str
+    package: str
+    versions: list[str]
+    order: int
+    requires: list[str]
+    patch_names: list[str]
+    env: dict = field(default_factory=dict)
+    logs: dict = field(default_factory=dict)
+    verified: list = field(default_factory=list)
+
+    def patches(self, allow_missing: bool = False) -> list[PatchFile]:
+        found = []
+        for name in self.patch_names:
+            path = self.folder / name
+            if not path.exists():
+                if allow_missing:
+                    continue
+                raise PatchsetError(f"{self.name}: patch file {name} is listed in patchset.toml but missing;"
+                                    f" write it with `invoke patch edit {self.name}` then `invoke patch refresh {self.name}`")
+            found.append(read_patch(path, self.package, owner=self.name))
+        return found
+
+    def touched(self) -> list[str]:
+        return sorted({f.path for p in self.patches(allow_missing=True) for f in p.files})
+
+    def fingerprint(self) -> list[str]:
+        return [f"{p.name}:{p.sha256}" for p in self.patches()]
+
+
+def _strip(name: str, prefix: str) -> str | None:
+    if name in ("/dev/null", None):
+        return None
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def check_path(path: str, package: str, where: str) -> str:
+    """A patch path must name a file inside the package directory, relative to site-packages."""
+    top = package.replace("-", "_").lower()
+    normal = posixpath.normpath(path)
+    if (path.startswith("/") or "\\" in path or ".." in path.split("/") or normal != path
+            or not normal.startswith(top + "/")):
+        raise PatchsetError(f"{where}: path {path!r} leaves the package; every path must be"
+                            f" relative to site-packages and inside {top}/ (e.g. a/{top}/srt/x.py)")
+    return normal
+
+
+def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
+    where = f"{owner + ': ' if owner else ''}{path.name}"
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchsetError(f"{where}: not UTF-8 text ({exc})") from exc
+    if "GIT binary patch" in text:
+        raise PatchsetError(f"{where}: binary hunks are not allowed (GIT binary patch)")
+    try:
+        parsed = UniPatchSet(text)
+    except UnidiffParseError as exc:
+        raise PatchsetError(f"{where}: not a unified diff: {exc}") from exc
+    if not parsed and text.strip():
+        raise PatchsetError(f"{where}: no file changes found; is it a git-style unified diff?")
+    stats = []
+    for pf in parsed:
+        if pf.is_binary_file:
+            raise PatchsetError(f"{where}: binary hunks are not allowed ({pf.path})")
+        source, target = _strip(pf.source_file, "a/"), _strip(pf.target_file, "b/")
+        for name in filter(None, (source, target)):
+            check_path(name, package, where)
+        if source and target and source != target:
+            raise PatchsetError(f"{where}: renames are not supported ({source} -> {target})")
+        stats.append(PatchFileStat(path=target or source, hunks=len(pf), added=pf.added,
+                                   removed=pf.removed, created=source is None, deleted=target is None))
+    return PatchFile(path.name, path, hashlib.sha256(raw).hexdigest(), text, stats)
+
+
+def _load_one(folder: Path) -> Patchset:
+    toml_path = folder / "patchset.toml"
+    try:
+        data = tomllib.loads(toml_path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PatchsetError(f"cannot read {folder.name}/patchset.toml: {exc}") from exc
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise PatchsetError(f"{folder.name}/patchset.toml lacks: {', '.join(missing)}")
+    if data["name"] != folder.name:
+        raise PatchsetError(f"{folder.name}/patchset.toml: name {data['name']!r} must equal the folder name")
+    if not isinstance(data["versions"], list) or not data["versions"]:
+        raise PatchsetError(f"{folder.name}: versions must be a non-empty list of exact versions")
+    for name in data["patches"]:
+        if "/" in name or name.startswith("."):
+            raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
+    return Patchset(
+        name=data["name"], folder=folder, summary=data["summary"], description=data.get("description", ""),
+        package=data["package"], versions=[str(v) for v in data["versions"]], order=int(data["order"]),
+        requires=list(data.get("requires", [])), patch_names=list(data["patches"]),
+        env=dict(data.get("env", {})), logs=dict(data.get("logs", {})), verified=list(data.get("verified", [])))
+
+
+def load_all(folder: Path | None = None) -> dict[str, Patchset]:
+    """Every patchset under `folder` (default `patchsets/`, or TOOLKIT_PATCHSETS), by name."""
+    folder = (folder or patchsets_dir()).resolve()
+    found = {}
+    if folder.is_dir():
+        for sub in sorted(folder.iterdir()):
+            if (sub / "patchset.toml").is_file():
+                found[sub.name] = _load_one(sub)
+    for ps in found.values():
+        for req in ps.requires:
+            if req not in found:
+                raise PatchsetError(f"{ps.name} requires {req!r}, which is not a known patchset")
+    return found
+
+
+def get(name: str, known: dict[str, Patchset]) -> Patchset:
+    if name not in known:
+        names = ", ".join(sorted(known)) or "none"
+        raise PatchsetError(f"unknown patchset {name!r}; known: {names} (see `invoke patch list`)")
+    return known[name]
+
+
+def sort_stack(names, known: dict[str, Patchset]) -> list[str]:
+    """The fixed stacking order: by `order`, then name; a requirement must sit below."""
+    stack = sorted(set(names), key=lambda n: (known[n].order, n))
+    for position, name in enumerate(stack):
+        for req in known[name].requires:
+            if req in stack and stack.index(req) > position:
+                raise PatchsetError(f"{name} requires {req} but {req} has a higher order;"
+                                    f" fix `order` in their patchset.toml files")
+    return stack
+
+
+def requirement_closure(name: str, known: dict[str, Patchset]) -> list[str]:
+    """NAME and everything it requires, transitively, in stacking order."""
+    seen: list[str] = []
+
+    def visit(n: str, path: tuple):
+        if n in path:
+            raise PatchsetError(f"requirement cycle: {' -> '.join(path + (n,))}")
+        for req in get(n, known).requires:
+            visit(req, path + (n,))
+        if n not in seen:
+            seen.append(n)
+
+    visit(name, ())
+    return sort_stack(seen, known)
