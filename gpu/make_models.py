@@ -1,0 +1,231 @@
+"""Make a tiny Llama target model and a matching EAGLE-3 draft model, offline.
+
+Usage: python3 make_models.py OUT_DIR [--corpus DIR] [--no-weights] [--big LAYERS]
+
+Writes, under OUT_DIR:
+  tok/                      byte-level BPE tokenizer (1024 tokens) + chat template
+  target-random/            LlamaForCausalLM, random weights (std 0.02)
+  draft-random/             LlamaForCausalLMEagle3, random weights
+  target-const/             LlamaForCausalLM whose greedy output is always token
+                            CONST_TOKEN (EAGLE drafts are then always accepted)
+  draft-const/              EAGLE-3 draft that always proposes CONST_TOKEN
+  target-sharp/, draft-sharp/  the random pair with lm_head x50: context-dependent
+                            greedy output with wide logit margins (exact-match tests)
+  target-big/, draft-big/   with --big LAYERS: config only (hidden 4096), for
+                            --load-format dummy throughput sweeps
+Each model folder has config.json, model.safetensors, generation_config.json
+and a copy of the tokenizer files. Weights need torch + safetensors; the
+tokenizer needs `tokenizers` and `transformers`.
+
+The "random" pair gives an acceptance length of about 1 (drafts almost never
+accepted); the "const" pair gives the maximum acceptance length
+(speculative_num_steps + 1). Both keep greedy outputs exactly those of the
+target model alone, which is what EAGLE verification must preserve.
+"""
+import glob
+import json
+import os
+import shutil
+import sys
+
+VOCAB = 1024
+HIDDEN = 512
+INTER = 1536
+LAYERS = 4
+HEADS = 8
+KV_HEADS = 4
+HEAD_DIM = 64
+CONST_TOKEN = 300  # an ordinary (non-special) token id
+SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+    "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def make_tokenizer(out, corpus_dir):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    files = sorted(glob.glob(os.path.join(corpus_dir, "**", "*.py"), recursive=True))[:400]
+    if not files:
+        raise SystemExit(f"no corpus files under {corpus_dir}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(files, trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        pad_token="<|end_of_text|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = 4096
+    fast.save_pretrained(out)
+    ids = {s: tok.token_to_id(s) for s in SPECIALS}
+    return ids
+
+
+def llama_config(ids, **over):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+        "bos_token_id": ids["<|begin_of_text|>"],
+        "eos_token_id": ids["<|eot_id|>"],
+        "pad_token_id": ids["<|end_of_text|>"],
+        "torch_dtype": "bfloat16",
+    }
+    cfg.update(over)
+    return cfg
+
+
+def write_model(d, cfg, tensors, tok_dir, ids):
+    os.makedirs(d, exist_ok=True)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
+    json.dump(
+        {"bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ids["<|eot_id|>"],
+         "do_sample": False},
+        open(os.path.join(d, "generation_config.json"), "w"), indent=2)
+    if tensors is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    for f in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, f), d)
+
+
+def make_weights(mode, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    bf = torch.bfloat16
+    const = mode == "const"
+    sharp = mode == "sharp"
+    out_scale = 0.1 if const else 1.0  # o_proj / down_proj scale
+
+    def rnd(*shape, std=0.02):
+        return torch.randn(*shape, generator=g) * std
+
+    t = {}
+    emb = rnd(VOCAB, HIDDEN)
+    lm = rnd(VOCAB, HIDDEN)
+    if const:
+        emb[:, 0] = 1.0          # a direction every token shares
+        lm[:, 0] = 0.0
+        lm[CONST_TOKEN] = 0.0
+        lm[CONST_TOKEN, 0] = 1.0  # the head reads that direction only for CONST_TOKEN
+    if sharp:
+        # wide logit margins: greedy argmax is not moved by the bf16 rounding
+        # differences between decode, verify and batch shapes
+        lm = lm * 50.0
+    t["model.embed_tokens.weight"] = emb
+    t["lm_head.weight"] = lm
+    t["model.norm.weight"] = torch.ones(HIDDEN)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        t[p + "self_attn.q_proj.weight"] = rnd(HEADS * HEAD_DIM, HIDDEN)
+        t[p + "self_attn.k_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, HIDDEN)
+        t[p + "self_attn.v_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, HIDDEN)
+        t[p + "self_attn.o_proj.weight"] = rnd(HIDDEN, HEADS * HEAD_DIM) * out_scale
+        t[p + "mlp.gate_proj.weight"] = rnd(INTER, HIDDEN)
+        t[p + "mlp.up_proj.weight"] = rnd(INTER, HIDDEN)
+        t[p + "mlp.down_proj.weight"] = rnd(HIDDEN, INTER) * out_scale
+        t[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
+        t[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+    target = {k: v.to(bf) for k, v in t.items()}
+
+    # EAGLE-3 draft, in the layout of published EAGLE-3 checkpoints
+    # (midlayer.*, fc, norm, lm_head, d2t, t2d; no embed_tokens: the target's is used).
+    d = {}
+    fc = rnd(HIDDEN, 3 * HIDDEN)
+    if const:
+        fc = torch.zeros(HIDDEN, 3 * HIDDEN)
+        fc[:, :HIDDEN] = torch.eye(HIDDEN)  # pass the first aux hidden state through
+    d["fc.weight"] = fc
+    d["midlayer.self_attn.q_proj.weight"] = rnd(HEADS * HEAD_DIM, 2 * HIDDEN)
+    d["midlayer.self_attn.k_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, 2 * HIDDEN)
+    d["midlayer.self_attn.v_proj.weight"] = rnd(KV_HEADS * HEAD_DIM, 2 * HIDDEN)
+    d["midlayer.self_attn.o_proj.weight"] = rnd(HIDDEN, HEADS * HEAD_DIM) * out_scale
+    d["midlayer.mlp.gate_proj.weight"] = rnd(INTER, HIDDEN)
+    d["midlayer.mlp.up_proj.weight"] = rnd(INTER, HIDDEN)
+    d["midlayer.mlp.down_proj.weight"] = rnd(HIDDEN, INTER) * out_scale
+    d["midlayer.input_layernorm.weight"] = torch.ones(HIDDEN)
+    d["midlayer.hidden_norm.weight"] = torch.ones(HIDDEN)
+    d["midlayer.post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+    d["norm.weight"] = torch.ones(HIDDEN)
+    d["lm_head.weight"] = lm.clone()
+    draft = {k: v.to(bf) for k, v in d.items()}
+    draft["d2t"] = torch.zeros(VOCAB, dtype=torch.int64)  # draft id -> target id offset
+    draft["t2d"] = torch.ones(VOCAB, dtype=torch.bool)
+    return target, draft
+
+
+def main():
+    out = sys.argv[1]
+    corpus = sys.argv[sys.argv.index("--corpus") + 1] if "--corpus" in sys.argv else os.path.dirname(
+        os.path.dirname(os.path.abspath(__import__("json").__file__)))
+    no_weights = "--no-weights" in sys.argv
+    tok_dir = os.path.join(out, "tok")
+    ids = make_tokenizer(tok_dir, corpus)
+    tcfg = llama_config(ids)
+    dcfg = llama_config(
+        ids,
+        architectures=["LlamaForCausalLMEagle3"],
+        num_hidden_layers=1,
+        draft_vocab_size=VOCAB,
+        target_hidden_size=HIDDEN,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+                      "use_aux_hidden_state": True},
+    )
+    if "--big" in sys.argv:
+        # config-only large target + draft for --load-format dummy (weights are
+        # random, acceptance comes from SGLANG_SIMULATE_ACC_LEN)
+        big = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128)
+        layers = int(sys.argv[sys.argv.index("--big") + 1])
+        write_model(os.path.join(out, "target-big"), llama_config(ids, num_hidden_layers=layers, **big),
+                    None, tok_dir, ids)
+        write_model(os.path.join(out, "draft-big"), llama_config(
+            ids, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+            draft_vocab_size=VOCAB, target_hidden_size=4096,
+            eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2 - 1, layers - 4],
+                          "use_aux_hidden_state": True}, **big), None, tok_dir, ids)
+    for mode, seed in (("random", 1234), ("const", 4321), ("sharp", 1234)):
+        tw, dw = (None, None) if no_weights else make_weights(mode, seed)
+        write_model(os.path.join(out, f"target-{mode}"), tcfg, tw, tok_dir, ids)
+        write_model(os.path.join(out, f"draft-{mode}"), dcfg, dw, tok_dir, ids)
+    print("models written to", out, "special ids", ids, "const token", CONST_TOKEN)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+#!/bin/bash
+# dyn-disable proof on the H200 machine. Run from the repo root with the carried
+# folders .whl1 .whl2 .whl3 (see gpu/README.md). Usage:
+#   bash gpu/run_dyn.sh PHASE [PHASE ...]      PHASE: small | big (see gpu/dyn_device.py)
+# Env: BUDGET_S (default 540): the driver skips work that would end past it.
+#      OUT: results folder (set by the GPU machine).
+set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+OUT=${OUT:-/tmp/out}
+LOGS=/tmp/dyn-logs
+mkdir -p "$OUT" "$LOGS"
+say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+finish() { tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null; say "done"; }
+trap finish EXIT
+
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+if [ ! -d /tmp/site/sglang ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1/site.tar.xz
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl 2>&1 | grep -v WARNING
+  for t in .whl3/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
+  rm -rf /tmp/site/typing_extensions.py /tmp/site/typing_extensions-*.dist-info
+  # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
+  mkdir -p /tmp/stock /tmp/naive
+  cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
+  python3 gpu/naive_bypass.py /tmp/naive/sglang
+  python3 gpu/apply_patch.py patchsets/dyn-disable/0001-dyn-disable.patch /tmp/site || { say "patch failed"; exit 1; }
+  python3 -m py_compile /tmp/site/sglang/srt/speculative/dyn_disable*.py /tmp/site/sglang/srt/speculative/eagle_worker*.py \
+    /tmp/site/sglang/srt/managers/scheduler.py /tmp/site/sglang/srt/observability/scheduler_metrics_mixin.py && say "patched files compile"
+fi
+export PYTHONPATH=/tmp/site
+EXTRA=""
+python3 -c "import IPython.display" 2>/dev/null || EXTRA=/tmp/site/_stubs
+export EXTRA_PYTHONPATH=$EXTRA
+ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}
+say "site ready (extra pythonpath: '$EXTRA')"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+
+if [ ! -f /tmp/fi_ready ]; then
+  PYTHONPATH=/tmp/site:$EXTRA python3 -c "
+import torch, flashinfer.norm as n
+x = torch.randn(4, 512, device='cuda', dtype=torch.bfloat16); w = torch.ones(512, device='cuda', dtype=torch.bfloat16)
+n.rmsnorm(x, w); r = x.clone(); n.fused_add_rmsnorm(x, r, w); torch.cuda.synchronize(); print('flashinfer norm JIT ready')
+" > $LOGS/fi_prewarm.log 2>&1 && touch /tmp/fi_ready &
+PREWARM=$!
+fi
+if [ ! -d /tmp/models/target-sharp ]; then
+  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big 16 2>&1 | tail -1
+fi
+[ -n "${PREWARM:-}" ] && wait $PREWARM
+say "$(tail -n 1 $LOGS/fi_prewarm.log 2>/dev/null)"
+PYTHONPATH=/tmp/site:$EXTRA python3 gpu/dyn_device.py "$@" --out "$OUT" --budget-s $(( BUDGET_S - ( $(date +%s) - T0 ) )) 2>&1 | tee "$OUT/driver.log"
