@@ -146,21 +146,29 @@ class OpenAIClient:
                 return f"GET {path}: HTTP {response.status_code}"
         return "neither /health nor /v1/models answers"
 
-    async def spec_accept_length(self) -> float | None:
-        """SGLang's average speculative accept length (cumulative since server start), if exposed."""
+    async def server_state(self) -> dict:
+        """What the server says about itself, where it says it (SGLang's /server_info):
+        version, avg_spec_accept_length (cumulative since start), dyn_spec_disable counters.
+        `unreachable` holds why when the server does not answer at all."""
+        problem = await self.healthy()
+        if problem:
+            return {"unreachable": problem}
         for path in ("/server_info", "/get_server_info"):
             try:
-                info = await self.get_json(path, timeout=10.0)
+                info = await self.get_json(path, timeout=30.0)
             except ClientError:
                 continue
-            if isinstance(info, dict) and "decode" in info and info["decode"]:
+            if not isinstance(info, dict):
+                return {}
+            if info.get("decode"):
                 info = info["decode"][0]
-            states = info.get("internal_states") if isinstance(info, dict) else None
-            if states and isinstance(states, list) and isinstance(states[0], dict):
-                value = states[0].get("avg_spec_accept_length")
-                return float(value) if value is not None else None
-            return None
-        return None
+            state = {"version": info.get("version")}
+            states = info.get("internal_states")
+            if isinstance(states, list) and states and isinstance(states[0], dict):
+                state["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+                state["dyn_spec_disable"] = states[0].get("dyn_spec_disable")
+            return {k: v for k, v in state.items() if v is not None}
+        return {}
 
     # --- chat ------------------------------------------------------------------------------
     def _payload(self, messages: list[dict], *, max_tokens: int, temperature: float, stream: bool,
@@ -277,9 +285,11 @@ class OpenAIClient:
             record.text = "".join(text_parts)
             record.reasoning = "".join(reasoning_parts)
         record.latency = time.perf_counter() - record.start
-        if record.chunks == 0:
+        if record.chunks == 0 and record.finish_reason is None:
             record.error = "stream ended without any content"
             return
+        # (A finished stream without content is a complete, empty answer: e.g. EOS at once, or
+        # tokens that decode to nothing. It counts its tokens but has no TTFT.)
         if record.finish_reason is None and not record.saw_done:
             # The connection closed on its own but nothing said the answer was complete.
             record.error = f"stream ended after {record.chunks} chunk(s) without finish_reason or [DONE]"

@@ -1,0 +1,103 @@
+"""Where a bench run goes: `results.jsonl` (one record per profile x level, appended and flushed
+as each level finishes), `results.csv` (the same, flat), and reading runs back for `compare`."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+from .metrics import LATENCY_METRICS, PERCENTILES
+
+JSONL_NAME = "results.jsonl"
+CSV_NAME = "results.csv"
+PLOT_NAME = "throughput.png"
+RECOMMENDATION_NAME = "recommendation.json"
+
+_STATS = ["mean"] + [name for name, _ in PERCENTILES]
+CSV_METRICS = (["completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "output_throughput", "total_token_throughput"]
+               + [f"{stat}_{m}_ms" for m in LATENCY_METRICS for stat in _STATS]
+               + [f"{stat}_request_output_throughput_tok_s" for stat in _STATS])
+CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "requests", "dataset", "output_len",
+                "input_len", "seed", "server_kind", "avg_spec_accept_length", "stopped_early"]
+               + CSV_METRICS)
+
+
+class OutputError(ValueError):
+    pass
+
+
+class RunWriter:
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.out_dir / JSONL_NAME
+        self.csv = self.out_dir / CSV_NAME
+        self.plot = self.out_dir / PLOT_NAME
+        self.recommendation = self.out_dir / RECOMMENDATION_NAME
+
+    def append(self, record: dict) -> None:
+        with open(self.jsonl, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def write_csv(self, records: list[dict]) -> Path:
+        write_csv(records, self.csv)
+        return self.csv
+
+    def write_recommendation(self, data: dict) -> Path:
+        self.recommendation.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        return self.recommendation
+
+
+def csv_row(record: dict) -> dict:
+    params = record.get("params", {})
+    server = record.get("server", {})
+    metrics = record.get("metrics", {})
+    row = {"run_id": record.get("run_id"), "time": record.get("time"), "profile": record.get("profile"),
+           "concurrency": record.get("concurrency"), "requests": record.get("requests"),
+           "dataset": params.get("dataset"), "output_len": params.get("output_len"),
+           "input_len": params.get("input_len"), "seed": params.get("seed"),
+           "server_kind": server.get("kind"), "avg_spec_accept_length": server.get("avg_spec_accept_length"),
+           "stopped_early": record.get("stopped_early")}
+    row.update({name: metrics.get(name) for name in CSV_METRICS})
+    return row
+
+
+def write_csv(records: list[dict], path: Path) -> None:
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for record in records:
+            writer.writerow({k: ("" if v is None else v) for k, v in csv_row(record).items()})
+    tmp.replace(path)
+
+
+def load_records(path: Path) -> list[dict]:
+    """Records of one run: a results.jsonl file or a run folder holding one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / JSONL_NAME
+    if not path.is_file():
+        raise OutputError(f"{path}: no such file (give a results.jsonl or a bench output folder)")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            # A run killed mid-write leaves at most a torn last line; keep everything before it.
+            if number == len(path.read_text(encoding="utf-8").splitlines()):
+                break
+            raise OutputError(f"{path}:{number}: not a JSON line") from None
+        if not (isinstance(record, dict) and "profile" in record and "concurrency" in record
+                and isinstance(record.get("metrics"), dict)):
+            raise OutputError(f"{path}:{number}: not a bench record (needs profile, concurrency, metrics)")
+        records.append(record)
+    if not records:
+        raise OutputError(f"{path}: holds no bench records")
+    return records

@@ -1,0 +1,280 @@
+"""Run concurrency levels against a server, and a sweep over profiles.
+
+A level keeps exactly `concurrency` requests in flight (a closed loop, like `--max-concurrency`
+in sglang.bench_serving and `vllm bench serve` with an infinite request rate) until its request
+count is done or its time bound is reached; requests in flight then finish (each bounded by the
+request timeout). The sweep starts each profile's server through a `ServerControl`, warms it up,
+runs the levels, and hands every finished level to `on_level` at once, so an interrupted sweep
+keeps what it finished.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import platform
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Iterator, Protocol
+
+from ..client import OpenAIClient, RequestRecord
+from . import metrics as metrics_mod
+from .prompts import BenchRequest, PromptSource, synthetic_text
+
+SCHEMA = 1
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def default_requests(concurrency: int) -> int:
+    """Enough requests that the in-flight count stays at the level for most of the run."""
+    return max(16, 4 * concurrency)
+
+
+@dataclass
+class BenchOptions:
+    concurrency: list[int]
+    prompts: PromptSource = field(default_factory=PromptSource)
+    requests: int | None = None          # per level; None: default_requests(level)
+    seed: int = 0
+    temperature: float = 0.0
+    warmup: int = 2
+    max_level_seconds: float = 600.0
+    request_timeout: float = 600.0
+    model: str | None = None
+
+    def __post_init__(self):
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise BenchError("concurrency levels must be integers >= 1")
+        if self.requests is not None and self.requests < 1:
+            raise BenchError("--requests must be >= 1")
+        self.concurrency = sorted(set(self.concurrency))
+
+    def requests_for(self, concurrency: int) -> int:
+        return self.requests if self.requests is not None else default_requests(concurrency)
+
+    def describe(self) -> dict:
+        return {"concurrency": self.concurrency, "requests": self.requests, "seed": self.seed,
+                "temperature": self.temperature, "warmup": self.warmup,
+                "max_level_seconds": self.max_level_seconds, "request_timeout": self.request_timeout,
+                **self.prompts.describe()}
+
+
+@dataclass
+class LevelRun:
+    concurrency: int
+    records: list[RequestRecord]
+    duration_s: float
+    stopped_early: bool          # the time bound cut the request count short
+    rejected_fields: list[str] = field(default_factory=list)
+
+
+async def run_level_async(base_url: str, requests: list[BenchRequest], concurrency: int, *,
+                          max_seconds: float = 600.0, request_timeout: float = 600.0,
+                          temperature: float = 0.0, model: str | None = None,
+                          on_request: Callable[[RequestRecord], None] | None = None,
+                          client: OpenAIClient | None = None,
+                          rejected_fields: set[str] | None = None) -> LevelRun:
+    own_client = client is None
+    if client is None:
+        client = OpenAIClient(base_url, model=model, timeout=request_timeout,
+                              max_connections=concurrency)
+    client.rejected_fields |= set(rejected_fields or ())
+    try:
+        if client.model is None:
+            await client.resolve_model()
+        records: list[RequestRecord | None] = [None] * len(requests)
+        next_index = 0
+        started = time.perf_counter()
+        deadline = started + max_seconds
+
+        async def one(index: int) -> RequestRecord:
+            request = requests[index]
+            try:
+                return await asyncio.wait_for(
+                    client.chat(request.messages, max_tokens=request.max_tokens, temperature=temperature,
+                                stream=True, extra=request.extra), request_timeout)
+            except asyncio.TimeoutError:
+                return RequestRecord(ok=False, error=f"timed out after {request_timeout:.0f} s")
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < len(requests) and time.perf_counter() < deadline:
+                index = next_index
+                next_index += 1
+                record = await one(index)
+                records[index] = record
+                if on_request is not None:
+                    on_request(record)
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
+        duration = time.perf_counter() - started
+        done = [r for r in records if r is not None]
+        return LevelRun(concurrency, done, duration, stopped_early=len(done) < len(requests),
+                        rejected_fields=sorted(client.rejected_fields))
+    finally:
+        if own_client:
+            await client.aclose()
+
+
+def run_level(base_url: str, requests: list[BenchRequest], concurrency: int, **kwargs) -> LevelRun:
+    return asyncio.run(run_level_async(base_url, requests, concurrency, **kwargs))
+
+
+# --- servers ----------------------------------------------------------------------------------
+@dataclass
+class ServedProfile:
+    profile: str
+    base_url: str                    # reachable from this machine
+    facts: dict = field(default_factory=dict)   # server kind, host, dyn threshold, tp size ...
+
+
+class ServerControl(Protocol):
+    def serve(self, profile: str) -> ContextManager[ServedProfile]:
+        """Start the profile's server (or use a running one) and stop it when done."""
+
+
+class RunningServer:
+    """A server that is already up (`--no-restart`, `--url`): used as it is, never stopped."""
+
+    def __init__(self, base_url: str, facts: dict | None = None):
+        self.base_url = base_url
+        self.facts = dict(facts or {})
+
+    @contextlib.contextmanager
+    def serve(self, profile: str) -> Iterator[ServedProfile]:
+        yield ServedProfile(profile, self.base_url, dict(self.facts))
+
+
+class SweepListener:
+    """Progress hooks; the command layer draws a progress bar from them. All optional."""
+
+    def profile_started(self, profile: str, total_requests: int) -> None: ...
+    def level_started(self, profile: str, concurrency: int, requests: int) -> None: ...
+    def request_done(self, record: RequestRecord) -> None: ...
+    def level_done(self, record: dict) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+@dataclass
+class SweepResult:
+    run_id: str
+    records: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def client_facts() -> dict:
+    import httpx
+
+    return {"control_host": socket.gethostname(), "python": platform.python_version(),
+            "httpx": httpx.__version__}
+
+
+async def _server_state(base_url: str) -> dict:
+    async with OpenAIClient(base_url, timeout=30.0, max_connections=2) as client:
+        return await client.server_state()
+
+
+async def _warm_up(base_url: str, options: BenchOptions, calibrate: bool) -> dict:
+    """A few sequential requests (first-request costs out of the measurement); for the synthetic
+    mode also the words-to-tokens calibration against the server's own usage counts."""
+    facts: dict = {}
+    async with OpenAIClient(base_url, model=options.model, timeout=options.request_timeout,
+                            max_connections=4) as client:
+        facts["model"] = await client.resolve_model()
+        for request in options.prompts.requests(options.warmup, options.seed + 1):
+            record = await client.chat(request.messages, max_tokens=min(request.max_tokens, 32),
+                                       temperature=options.temperature, stream=True, extra=request.extra)
+            if not record.ok:
+                raise BenchError(f"warm-up request failed: {record.error}")
+        facts["rejected_fields"] = set(client.rejected_fields)
+        if calibrate:
+            import random
+
+            rng = random.Random(options.seed)
+            words = max(8, options.prompts.input_len)
+            counts = []
+            for n in (words, 2 * words):
+                record = await client.chat([{"role": "user", "content": synthetic_text(n, rng)}],
+                                           max_tokens=1, temperature=0.0, stream=False)
+                if not record.ok or not record.prompt_tokens:
+                    raise BenchError(f"calibration request failed: {record.error or 'no usage'}")
+                counts.append(record.prompt_tokens)
+            slope = max((counts[1] - counts[0]) / words, 1e-3)
+            overhead = max(0.0, counts[0] - slope * words)
+            options.prompts.tokens_per_word = slope
+            options.prompts.template_overhead = overhead
+            facts["calibration"] = {"tokens_per_word": round(slope, 4), "template_tokens": round(overhead, 1)}
+    return facts
+
+
+def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl, *,
+              on_level: Callable[[dict], None], listener: SweepListener | None = None,
+              run_facts: dict | None = None) -> SweepResult:
+    """Every profile x level; `on_level(record)` gets each level's record as soon as it is done.
+
+    A profile whose server fails to start or dies is reported in `errors` and the sweep moves on.
+    """
+    listener = listener or SweepListener()
+    result = SweepResult(run_id=dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-")
+                         + uuid.uuid4().hex[:6])
+    calibrated = not options.prompts.is_synthetic
+    for profile in profiles:
+        total = sum(options.requests_for(c) for c in options.concurrency)
+        listener.profile_started(profile, total)
+        try:
+            with control.serve(profile) as served:
+                warm = asyncio.run(_warm_up(served.base_url, options, calibrate=not calibrated))
+                calibrated = True
+                for concurrency in options.concurrency:
+                    count = options.requests_for(concurrency)
+                    listener.level_started(profile, concurrency, count)
+                    requests = options.prompts.requests(count, options.seed)
+                    level = run_level(served.base_url, requests, concurrency,
+                                      max_seconds=options.max_level_seconds,
+                                      request_timeout=options.request_timeout,
+                                      temperature=options.temperature, model=warm.get("model"),
+                                      on_request=listener.request_done,
+                                      rejected_fields=warm.get("rejected_fields"))
+                    state = asyncio.run(_server_state(served.base_url))
+                    record = level_record(result.run_id, served, options, level, warm, state, run_facts)
+                    result.records.append(record)
+                    on_level(record)
+                    listener.level_done(record)
+                    if record["metrics"]["completed"] == 0 and state.get("unreachable"):
+                        raise BenchError(f"server unreachable after concurrency {concurrency}: "
+                                         f"{state['unreachable']}")
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:   # one profile's failure must not lose the others
+            message = f"{profile}: {exc}"
+            result.errors.append(message)
+            listener.note(f"profile {message}")
+    return result
+
+
+def level_record(run_id: str, served: ServedProfile, options: BenchOptions, level: LevelRun,
+                 warm: dict, state: dict, run_facts: dict | None) -> dict:
+    server = {**served.facts, "model": warm.get("model")}
+    for key in ("version", "avg_spec_accept_length", "dyn_spec_disable"):
+        if state.get(key) is not None:
+            server[key] = state[key]
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "profile": served.profile,
+        "concurrency": level.concurrency,
+        "requests": options.requests_for(level.concurrency),
+        "params": {**options.describe(), **({"calibration": warm["calibration"]} if "calibration" in warm else {})},
+        "host": dict((run_facts or {}).get("host", {})),
+        "versions": dict((run_facts or {}).get("versions", {})),
+        "client": {**client_facts(), "rejected_fields": level.rejected_fields},
+        "server": server,
+        "stopped_early": level.stopped_early,
+        "metrics": metrics_mod.compute(level.records, level.duration_s),
+    }
