@@ -1,0 +1,238 @@
+# Facts about a host in one round trip: OS, Python, disk, venv, installed versions of the
+# stack's packages (read from dist-info METADATA, nothing imported), GPUs and driver from
+# nvidia-smi, and whether the venv's CUDA 13 nvcc runs. Standard library only, Python 3.8+.
+#
+# Three layouts are handled alike: a venv (`venv`), a bare site dir on PYTHONPATH over a
+# system Python (`pythonpath` + `python`), or both. The packages are looked up along the
+# target interpreter's own sys.path, first hit wins, exactly as an import would resolve.
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+NVCC_RELATIVE = os.path.join("nvidia", "cu13", "bin", "nvcc")
+GPU_QUERY = "index,name,compute_cap,memory.used,memory.total,driver_version"
+
+_PROBE = (
+    "import sys, json, platform, importlib.util as u\n"
+    "print(json.dumps({'version': platform.python_version(), 'path': sys.path,"
+    " 'prefix': sys.prefix, 'base_prefix': getattr(sys, 'base_prefix', sys.prefix),"
+    " 'executable': sys.executable, 'implementation': platform.python_implementation()}))\n"
+)
+
+
+def normalize(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def run(argv, timeout=60, env=None):
+    """(exit code, stdout, stderr); a missing program is exit 127, a hang is exit 124."""
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=timeout, env=env)
+        return done.returncode, done.stdout, done.stderr
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except PermissionError as exc:
+        return 126, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %ss" % timeout
+
+
+def target_env(pythonpath):
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def target_interpreter(args):
+    """The Python that runs SGLang on this host, or None when its venv does not exist yet."""
+    if args.get("python"):
+        return args["python"]
+    venv = args.get("venv")
+    if venv:
+        candidate = os.path.join(venv, "bin", "python")
+        return candidate if os.path.exists(candidate) else None
+    return "python3"
+
+
+def probe_interpreter(interpreter, pythonpath):
+    code, out, err = run([interpreter, "-c", _PROBE], timeout=60, env=target_env(pythonpath))
+    if code != 0:
+        return {"interpreter": interpreter, "runs": False, "error": (out + err).strip()[-800:]}
+    info = json.loads(out.strip().splitlines()[-1])
+    info.update(interpreter=interpreter, runs=True)
+    return info
+
+
+def site_dirs(sys_path):
+    return [p for p in sys_path if p and os.path.isdir(p)]
+
+
+def _metadata(dist_dir):
+    for name in ("METADATA", "PKG-INFO"):
+        path = os.path.join(dist_dir, name)
+        if os.path.isfile(path):
+            found = {}
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if not line.strip():
+                        break
+                    key, _, value = line.partition(":")
+                    if key in ("Name", "Version") and key not in found:
+                        found[key] = value.strip()
+            return found
+    return {}
+
+
+def installed_versions(dirs, wanted):
+    """{normalized name: {"version", "location", "dist_info"}} for the names in `wanted`."""
+    wanted = set(normalize(n) for n in wanted)
+    found = {}
+    for site in dirs:
+        try:
+            entries = sorted(os.listdir(site))
+        except OSError:
+            continue
+        for entry in entries:
+            if not (entry.endswith(".dist-info") or entry.endswith(".egg-info")):
+                continue
+            stem = entry.rsplit(".", 1)[0]
+            guess = normalize(stem.split("-", 1)[0])
+            if guess not in wanted or guess in found:
+                continue
+            meta = _metadata(os.path.join(site, entry))
+            name = normalize(meta.get("Name", guess))
+            if name in wanted and name not in found and meta.get("Version"):
+                found[name] = {"version": meta["Version"], "location": site,
+                               "dist_info": os.path.join(site, entry)}
+    return found
+
+
+def nvcc_facts(dirs):
+    for site in dirs:
+        path = os.path.join(site, NVCC_RELATIVE)
+        if os.path.exists(path):
+            code, out, err = run([path, "--version"], timeout=60)
+            match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
+            return {"path": path, "runs": code == 0, "release": match.group(1) if match else None,
+                    "version": match.group(2) if match else None,
+                    "output": (out + err).strip().splitlines()[-1:] and (out + err).strip().splitlines()[-1]}
+    return {"path": None, "runs": False, "release": None, "version": None, "output": "no nvidia/cu13/bin/nvcc"}
+
+
+def gpu_facts():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {"nvidia_smi": None, "gpus": [], "driver": None, "cuda": None, "error": "nvidia-smi not found"}
+    code, out, err = run([smi, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"], timeout=60)
+    if code != 0:
+        return {"nvidia_smi": smi, "gpus": [], "driver": None, "cuda": None,
+                "error": "nvidia-smi failed (exit %s): %s" % (code, (out + err).strip()[-400:])}
+    gpus, driver = [], None
+    for line in out.strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 6:
+            continue
+        index, name, capability, used, total, driver = cells[:6]
+        gpus.append({"index": _int(index), "name": name, "capability": capability,
+                     "memory_used_mib": _int(used), "memory_total_mib": _int(total)})
+    code, out, err = run([smi], timeout=60)
+    match = re.search(r"CUDA Version:\s*([\d.]+)", out)
+    return {"nvidia_smi": smi, "gpus": gpus, "driver": driver, "cuda": match.group(1) if match else None,
+            "error": None}
+
+
+def _int(text):
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def os_facts():
+    pretty = None
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    pretty = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    libc, libc_version = platform.libc_ver()
+    return {"name": pretty or platform.system(), "kernel": platform.release(), "machine": platform.machine(),
+            "libc": libc, "libc_version": libc_version, "hostname": platform.node()}
+
+
+def disk_facts(path):
+    probe = path or os.path.expanduser("~")
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        usage = shutil.disk_usage(probe)
+        return {"path": probe, "free_bytes": usage.free, "total_bytes": usage.total}
+    except OSError as exc:
+        return {"path": probe, "free_bytes": None, "total_bytes": None, "error": str(exc)}
+
+
+def venv_creator():
+    """Can this python3 make a venv with pip in it? (Debian splits ensurepip into python3-venv.)"""
+    import importlib.util
+    spec = importlib.util.find_spec("ensurepip")
+    bundled = []
+    if spec and spec.origin:
+        bundled = glob.glob(os.path.join(os.path.dirname(spec.origin), "_bundled", "pip-*.whl"))
+    debian = glob.glob("/usr/share/python-wheels/pip-*.whl")
+    return {"python": sys.executable, "version": platform.python_version(), "ensurepip": bool(bundled or debian)}
+
+
+def patch_state(state_dir):
+    if not state_dir:
+        return None
+    path = os.path.join(state_dir, "patch", "state.json")
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    stack = state.get("stack") or state.get("applied") or []
+    return {"path": path, "package": state.get("package"), "version": state.get("version"),
+            "stack": stack, "files": len(state.get("files") or {})}
+
+
+def main(args):
+    venv = args.get("venv")
+    pythonpath = args.get("pythonpath")
+    venv_cfg = os.path.join(venv, "pyvenv.cfg") if venv else None
+    facts = {
+        "os": os_facts(),
+        "creator": venv_creator(),
+        "venv": {"path": venv, "exists": bool(venv_cfg and os.path.isfile(venv_cfg))},
+        "pythonpath": pythonpath,
+        "disk": disk_facts(venv or pythonpath),
+        "commands": dict((c, shutil.which(c)) for c in args.get("commands", [])),
+        "patch_state": patch_state(args.get("state_dir")),
+    }
+    interpreter = target_interpreter(args)
+    dirs = []
+    if interpreter:
+        target = probe_interpreter(interpreter, pythonpath)
+        if target.get("runs"):
+            dirs = site_dirs(target["path"])
+        target["site_dirs"] = dirs
+        target.pop("path", None)
+    else:
+        target = {"interpreter": os.path.join(venv, "bin", "python"), "runs": False, "error": "venv does not exist"}
+    facts["python"] = target
+    facts["packages"] = installed_versions(dirs, args.get("packages", [])) if dirs else {}
+    facts["nvcc"] = nvcc_facts(dirs)
+    facts.update(gpu_facts())
+    return facts
