@@ -1,0 +1,111 @@
+"""`server start/stop/status/logs` with the real CPU reference server (`transformers serve`)
+on the sandbox host, over a real SSH connection on loopback."""
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import pytest
+
+from toolkit import server
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def chat(base_url: str, model: str, prompt: str) -> dict:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "temperature": 0, "max_tokens": 16}).encode()
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with NO_PROXY.open(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def process_alive(host, pid: int) -> bool:
+    with host.connect() as transport:
+        done = transport.run(f"test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status")
+    return done.ok
+
+
+class TestRunningServer:
+    """Tests that only look at one running server share it (module fixture)."""
+
+    def test_started_server_is_ready_and_recorded(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        assert state.profile == "cpu-ref" and state.status == "ready"
+        assert state.bind == "127.0.0.1" and state.port == host.server["port"]
+        assert state.base_url_on_host == f"http://127.0.0.1:{state.port}"
+        assert state.expected_log_lines == ["Application startup complete"]
+        assert state.tp_size == 1 and state.dyn_threshold is None
+        assert state.log_path.endswith("/server/cpu-ref/server.log")
+
+    def test_chat_completion_through_the_ssh_tunnel(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        with server.endpoint(host, state) as url:
+            assert url.startswith("http://127.0.0.1:")
+            first = chat(url, state.model, "Write a Python function that returns the n-th Fibonacci number.")
+            second = chat(url, state.model, "Write a Python function that returns the n-th Fibonacci number.")
+        text = first["choices"][0]["message"]["content"]
+        assert text.strip(), "the reference model must answer with visible text at temperature 0"
+        assert first["usage"]["completion_tokens"] == 16
+        assert second["choices"][0]["message"]["content"] == text
+
+    def test_second_start_is_refused_and_leaves_the_first_alone(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        with pytest.raises(server.ServerRefused, match=rf"already running: profile cpu-ref, pid {state.pid}"):
+            server.start(host, "cpu-ref", timeout=60)
+        current = server.status(host)
+        assert current is not None and current.pid == state.pid and current.healthy is True
+
+    def test_status_reports_pid_port_uptime_health(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        current = server.status(host)
+        assert (current.profile, current.pid, current.port, current.status) == ("cpu-ref", state.pid, state.port, "ready")
+        assert current.healthy is True and current.uptime_s >= 0
+
+    def test_logs_show_the_run_and_honour_lines(self, running_cpu_ref):
+        host, _ = running_cpu_ref
+        text = server.read_log(host)
+        assert "launch.sh: starting profile cpu-ref" in text and "Application startup complete" in text
+        assert len(server.read_log(host, lines=3).splitlines()) == 3
+
+    def test_rendered_script_is_kept_beside_the_log(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        with host.connect() as transport:
+            script = transport.run(f"cat {state.script_path}").stdout
+        assert "exec " in script and "serve" in script and "--cb-num-blocks 256" in script.replace(" \\\n    ", " ")
+        assert "export HF_HUB_OFFLINE=1" in script
+
+
+def test_start_stop_leaves_nothing_running(cpu_host):
+    state = server.start(cpu_host, "cpu-ref", timeout=180)
+    assert process_alive(cpu_host, state.pid)
+    result = server.stop(cpu_host, grace=10)
+    assert result.stopped and result.was_running and result.signal == "TERM"
+    assert not process_alive(cpu_host, state.pid)
+    assert any("GPU memory check skipped" in note for note in result.notes)
+    assert server.status(cpu_host) is None
+    again = server.stop(cpu_host)
+    assert again.stopped and not again.was_running
+
+
+def test_bad_model_path_fails_with_the_log_tail_and_nothing_left(cpu_host, tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(server.ServerError) as failure:
+        server.start(cpu_host, "cpu-ref", timeout=120, overrides={"model": missing})
+    error = failure.value
+    assert not isinstance(error, server.ServerRefused)
+    assert "exited during startup" in str(error) and "nothing of it is left running" in str(error)
+    assert "no-such-model" in error.log_tail or "Error" in error.log_tail
+    assert server.status(cpu_host) is None
+    assert not process_alive(cpu_host, error.details["record"]["pid"])
+
+
+def test_port_already_taken_is_refused_before_launch(cpu_host):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", cpu_host.server["port"]))
+        squatter.listen(1)
+        with pytest.raises(server.ServerRefused, match=rf"port {cpu_host.server['port']} on 127.0.0.1 is already taken by pid \d+"):
+            server.start(cpu_host, "cpu-ref", timeout=60)
+    assert server.status(cpu_host) is None

@@ -1,0 +1,541 @@
+# Host side of `invoke server ...`: start, wait, stop, status and logs of the model server.
+# Standard library only, Python 3.8+. Layout on the host (ROOT = <state_dir>/server):
+#   ROOT/active.json              {"profile": NAME} while a server started by the toolkit is recorded
+#   ROOT/NAME/launch.sh           the rendered launch script (rerunnable by hand)
+#   ROOT/NAME/toolkit-server.service  the rendered systemd unit (not installed)
+#   ROOT/NAME/server.log          stdout+stderr of the server (previous run: server.log.prev)
+#   ROOT/NAME/server.pid          pid of the process-group leader
+#   ROOT/NAME/server.json         what was started, when, with which readiness rule, GPU idle levels
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+LOG_TAIL_LINES = 40
+
+
+# -- files --------------------------------------------------------------------------------
+
+def _read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _write_text(path, text, mode=0o644):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _tail(path, lines=LOG_TAIL_LINES, rank=None):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4 * 1024 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    rows = text.splitlines()
+    if rank is not None:
+        rows = [row for row in rows if _rank_pattern(rank).search(row)]
+    if lines:
+        rows = rows[-lines:]
+    return "\n".join(rows)
+
+
+def _rank_pattern(rank):
+    # SGLang prefixes a rank's lines as "[2026-01-01 10:00:00 DP0 TP3 EP3] ..."
+    return re.compile(r"^\[[^\]]*\bTP%d\b[^\]]*\]" % int(rank))
+
+
+# -- processes ----------------------------------------------------------------------------
+
+def _proc_stat(pid):
+    """(state, pgid, sid) from /proc, or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    return fields[0], int(fields[2]), int(fields[3])
+
+
+def _alive(pid):
+    if not pid:
+        return False
+    if os.path.isdir("/proc"):
+        stat = _proc_stat(pid)
+        return stat is not None and stat[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def _group_members(leader):
+    """Live pids whose process group or session is the leader's (TP workers, their helpers)."""
+    if not leader:
+        return []
+    if not os.path.isdir("/proc"):
+        return [leader] if _alive(leader) else []
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stat = _proc_stat(int(entry))
+        if stat and stat[0] not in ("Z", "X") and leader in (stat[1], stat[2]):
+            members.append(int(entry))
+    return sorted(members)
+
+
+def _signal_group(leader, sig):
+    for pgid in sorted({leader} | {(_proc_stat(p) or (0, leader, 0))[1] for p in _group_members(leader)}):
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for pid in _group_members(leader):  # members that moved to a group of their own
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _reap(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except OSError:
+        pass
+
+
+def _wait_gone(leader, seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(leader)
+        members = _group_members(leader)
+        if not members or time.monotonic() >= deadline:
+            return members
+        time.sleep(0.1)
+
+
+def _terminate(leader, grace):
+    """TERM the group, KILL what is left after `grace` s; returns (signal that ended it, survivors)."""
+    if not _group_members(leader):
+        return None, []
+    _signal_group(leader, signal.SIGTERM)
+    if not _wait_gone(leader, grace):
+        return "TERM", []
+    _signal_group(leader, signal.SIGKILL)
+    return "KILL", _wait_gone(leader, 10)
+
+
+# -- GPUs ---------------------------------------------------------------------------------
+
+def _nvidia_smi(binary, query):
+    path = binary if os.sep in binary else shutil.which(binary)
+    if not path or not os.access(path, os.X_OK):
+        return None
+    done = subprocess.run([path, query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError("%s %s failed (exit %d): %s" % (binary, query, done.returncode, done.stderr.strip()[:300]))
+    return [[cell.strip() for cell in row.split(",")] for row in done.stdout.splitlines() if row.strip()]
+
+
+def _gpu_memory(binary):
+    rows = _nvidia_smi(binary, "--query-gpu=index,memory.used,memory.total")
+    if rows is None:
+        return None
+    return [{"index": int(r[0]), "used_mib": int(float(r[1])), "total_mib": int(float(r[2]))} for r in rows]
+
+
+def _gpu_holders(binary):
+    rows = _nvidia_smi(binary, "--query-compute-apps=pid,used_memory")
+    if rows is None:
+        return None
+    holders = []
+    for row in rows:
+        if not row or not row[0].isdigit():
+            continue
+        used = row[1] if len(row) > 1 else ""
+        holders.append({"pid": int(row[0]), "used_mib": int(float(used)) if used.replace(".", "").isdigit() else None,
+                        "command": _cmdline(int(row[0]))})
+    return holders
+
+
+def _describe_holders(holders):
+    parts = []
+    for h in holders:
+        text = "pid %d" % h["pid"]
+        if h.get("used_mib") is not None:
+            text += " (%d MiB)" % h["used_mib"]
+        if h.get("command"):
+            text += ": " + h["command"]
+        parts.append(text)
+    return "; ".join(parts)
+
+
+# -- network ------------------------------------------------------------------------------
+
+def _port_owner(port):
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                next(handle)
+                for row in handle:
+                    cells = row.split()
+                    if int(cells[1].rsplit(":", 1)[1], 16) == port and cells[3] == "0A":
+                        inodes.add(cells[9])
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    if not inodes:
+        return None
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for fd in os.listdir("/proc/%s/fd" % entry):
+                link = os.readlink("/proc/%s/fd/%s" % (entry, fd))
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def _port_problem(bind, port):
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((bind, port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return "cannot bind %s:%d: %s" % (bind, port, exc.strerror)
+        owner = _port_owner(port)
+        who = " by pid %d (%s)" % (owner, _cmdline(owner) or "?") if owner else ""
+        return "port %d on %s is already taken%s; stop that process or choose another port (--port)" % (port, bind, who)
+    finally:
+        probe.close()
+    return None
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _healthy(url):
+    try:
+        with _NO_PROXY.open(url, timeout=3) as answer:
+            return 200 <= answer.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+# -- readiness ----------------------------------------------------------------------------
+
+def _missing_lines(log_path, record):
+    try:
+        with open(log_path, "rb") as handle:
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    missing = [line for line in record["log_lines"] if line not in text]
+    rows = None
+    for line in record["rank_log_lines"]:
+        if record["tp_size"] <= 1:
+            if line not in text:
+                missing.append(line)
+            continue
+        if rows is None:
+            rows = [row for row in text.splitlines() if row.startswith("[")]
+        for rank in range(record["tp_size"]):
+            pattern = _rank_pattern(rank)
+            if not any(line in row and pattern.search(row) for row in rows):
+                missing.append("TP%d: %s" % (rank, line))
+    return missing
+
+
+def _paths(root, profile):
+    folder = os.path.join(root, profile)
+    return {"dir": folder, "script": os.path.join(folder, "launch.sh"), "unit": os.path.join(folder, "toolkit-server.service"),
+            "log": os.path.join(folder, "server.log"), "pid": os.path.join(folder, "server.pid"),
+            "record": os.path.join(folder, "server.json"), "active": os.path.join(root, "active.json")}
+
+
+def _active(root):
+    """(profile, record) of the recorded server, or (None, None)."""
+    active = _read_json(os.path.join(root, "active.json"))
+    if not active:
+        return None, None
+    profile = active.get("profile")
+    return profile, _read_json(_paths(root, profile)["record"])
+
+
+def _failed(record, p, reason, grace=10):
+    how, survivors = _terminate(record.get("pid"), grace)
+    record.update(status="failed", failure=reason, stopped_at=time.time())
+    _write_json(p["record"], record)
+    try:
+        os.unlink(p["active"])
+    except OSError:
+        pass
+    return {"status": "failed", "reason": reason, "log_tail": _tail(p["log"]), "record": record,
+            "killed_with": how, "survivors": survivors}
+
+
+def _wait(root, profile, seconds, poll=0.25):
+    p = _paths(root, profile)
+    record = _read_json(p["record"])
+    if record is None:
+        raise RuntimeError("no server.json for profile %s under %s" % (profile, root))
+    leader = record["pid"]
+    until = min(time.time() + seconds, record["deadline"])
+    url = record["base_url_on_host"] + record["health_endpoint"]
+    healthy, missing = False, None
+    while True:
+        _reap(leader)
+        if not _alive(leader):
+            code = ""
+            return _failed(record, p, "the server exited during startup%s; see the log tail" % code)
+        healthy = _healthy(url)
+        missing = _missing_lines(p["log"], record)
+        if healthy and not missing:
+            record.update(status="ready", ready_at=time.time())
+            _write_json(p["record"], record)
+            return {"status": "ready", "record": record}
+        if time.time() >= record["deadline"]:
+            what = [] if healthy else ["%s does not answer" % url]
+            if missing:
+                what.append("log lines never printed: " + "; ".join(missing[:16]) + (" ..." if len(missing) > 16 else ""))
+            return _failed(record, p, "not ready after %ds: %s" % (record["timeout_s"], ", ".join(what)))
+        if time.time() >= until:
+            return {"status": "waiting", "healthy": healthy, "missing": missing,
+                    "waited_s": round(time.time() - record["started_at"], 1), "record": record}
+        time.sleep(poll)
+
+
+# -- actions ------------------------------------------------------------------------------
+
+def start(args):
+    root = args["root"]
+    plan = args["plan"]
+    profile = plan["profile"]
+    p = _paths(root, profile)
+    notes = []
+    running_profile, running = _active(root)
+    if running_profile:
+        if running and _group_members(running.get("pid")):
+            return {"status": "refused", "reason": "a server is already running: profile %s, pid %s, port %s; "
+                    "stop it first with: invoke server stop" % (running_profile, running.get("pid"), running.get("port"))}
+        notes.append("previous server %s (pid %s) had died; its record was cleared" %
+                     (running_profile, running and running.get("pid")))
+        os.unlink(p["active"])
+    idle = None
+    try:
+        holders = _gpu_holders(args["nvidia_smi"])
+        if holders is None:
+            notes.append("%s not found on the host: GPU memory check skipped" % args["nvidia_smi"])
+        elif holders:
+            pids = " ".join(str(h["pid"]) for h in holders)
+            return {"status": "refused", "reason": "GPU memory is held by leftover process(es): %s. Clear them with: "
+                    "kill %s (then kill -9 %s if they remain), and check with: nvidia-smi"
+                    % (_describe_holders(holders), pids, pids), "holders": holders}
+        else:
+            idle = _gpu_memory(args["nvidia_smi"])
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        return {"status": "refused", "reason": "cannot read GPU state: %s" % exc}
+    problem = _port_problem(plan["bind"], plan["port"])
+    if problem:
+        return {"status": "refused", "reason": problem}
+
+    if not os.path.isdir(p["dir"]):
+        os.makedirs(p["dir"], mode=0o755)
+    _write_text(p["script"], args["script"], 0o755)
+    if args.get("unit"):
+        _write_text(p["unit"], args["unit"])
+    if os.path.exists(p["log"]):
+        os.replace(p["log"], p["log"] + ".prev")
+    log = open(p["log"], "ab")
+    try:
+        child = subprocess.Popen(["/bin/bash", p["script"]], cwd=p["dir"], stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    finally:
+        log.close()
+    now = time.time()
+    record = dict(args["meta"])
+    record.update(profile=profile, pid=child.pid, pgid=child.pid, started_at=now, deadline=now + args["timeout_s"],
+                  timeout_s=args["timeout_s"], status="starting", script_path=p["script"], log_path=p["log"],
+                  server_dir=p["dir"], idle_gpu_memory=idle, log_lines=plan["log_lines"],
+                  rank_log_lines=plan["rank_log_lines"], tp_size=plan["tp_size"])
+    _write_text(p["pid"], "%d\n" % child.pid)
+    _write_json(p["record"], record)
+    _write_json(p["active"], {"profile": profile})
+    answer = _wait(root, profile, args["wait_s"])
+    answer["notes"] = notes
+    return answer
+
+
+def wait(args):
+    profile, record = _active(args["root"])
+    if not profile or record is None:
+        return {"status": "failed", "reason": "no server is recorded as starting (was it stopped?)", "log_tail": ""}
+    return _wait(args["root"], profile, args["wait_s"])
+
+
+def status(args):
+    root = args["root"]
+    profile, record = _active(root)
+    if not profile:
+        last = _last_record(root)
+        return {"running": False, "record": None, "last": last}
+    members = _group_members(record.get("pid")) if record else []
+    answer = {"running": bool(members), "record": record, "members": members, "profile": profile}
+    if record:
+        answer["healthy"] = bool(members) and _healthy(record["base_url_on_host"] + record["health_endpoint"])
+        answer["uptime_s"] = round(time.time() - record["started_at"], 1)
+    return answer
+
+
+def _last_record(root):
+    best = None
+    if not os.path.isdir(root):
+        return None
+    for name in os.listdir(root):
+        record = _read_json(os.path.join(root, name, "server.json"))
+        if record and (best is None or record.get("started_at", 0) > best.get("started_at", 0)):
+            best = record
+    return best
+
+
+def _memory_back_to_idle(binary, idle, slack, seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        now = _gpu_memory(binary)
+        if now is None:
+            return None, []
+        by_index = {g["index"]: g["used_mib"] for g in idle or []}
+        over = [g for g in now if g["used_mib"] > by_index.get(g["index"], 0) + slack]
+        if not over or time.monotonic() >= deadline:
+            return over, now
+        time.sleep(1)
+
+
+def stop(args):
+    root = args["root"]
+    profile, record = _active(root)
+    if not profile:
+        return {"stopped": False, "reason": "no server is recorded as running", "notes": []}
+    p = _paths(root, profile)
+    leader = (record or {}).get("pid")
+    was_running = bool(_group_members(leader))
+    t0 = time.monotonic()
+    how, survivors = _terminate(leader, args["grace"])
+    answer = {"stopped": not survivors, "profile": profile, "pid": leader, "was_running": was_running,
+              "signal": how, "survivors": survivors, "stop_s": round(time.monotonic() - t0, 2), "notes": []}
+    if survivors:
+        answer["reason"] = "processes survived SIGKILL: %s" % ", ".join("%d %s" % (s, _cmdline(s)) for s in survivors)
+        return answer
+    try:
+        os.unlink(p["active"])
+    except OSError:
+        pass
+    if record:
+        record.update(status="stopped", stopped_at=time.time(), stopped_with=how)
+        _write_json(p["record"], record)
+    over, now = _memory_back_to_idle(args["nvidia_smi"], (record or {}).get("idle_gpu_memory"),
+                                     args["slack_mib"], args["memory_wait_s"])
+    if over is None:
+        answer["gpu_memory"] = None
+        answer["notes"].append("%s not found on the host: GPU memory check skipped" % args["nvidia_smi"])
+    else:
+        answer["gpu_memory"] = now
+        if over:
+            holders = _gpu_holders(args["nvidia_smi"]) or []
+            answer["stopped"] = False
+            answer["holders"] = holders
+            idle = {g["index"]: g["used_mib"] for g in (record or {}).get("idle_gpu_memory") or []}
+            gpus = ", ".join("GPU%d %d MiB (idle %d)" % (g["index"], g["used_mib"], idle.get(g["index"], 0)) for g in over)
+            pids = " ".join(str(h["pid"]) for h in holders)
+            answer["reason"] = ("GPU memory is not back to idle after %ds: %s; held by: %s%s" % (
+                args["memory_wait_s"], gpus, _describe_holders(holders) or "no listed process",
+                "; clear with: kill -9 %s" % pids if pids else ""))
+    return answer
+
+
+def logs(args):
+    root = args["root"]
+    profile = args.get("profile")
+    if not profile:
+        profile, record = _active(root)
+        if not profile:
+            record = _last_record(root)
+            profile = record and record.get("profile")
+    if not profile:
+        return {"profile": None, "text": "", "offset": 0, "reason": "no server has been started on this host"}
+    p = _paths(root, profile)
+    offset = args.get("offset")
+    if offset is None:
+        text = _tail(p["log"], args.get("lines"), args.get("rank"))
+        try:
+            offset = os.path.getsize(p["log"])
+        except OSError:
+            offset = 0
+        return {"profile": profile, "text": text, "offset": offset, "log_path": p["log"]}
+    try:
+        with open(p["log"], "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < offset:  # a new run replaced the log
+                offset = 0
+            handle.seek(offset)
+            chunk = handle.read(1024 * 1024)
+    except OSError:
+        return {"profile": profile, "text": "", "offset": offset, "log_path": p["log"]}
+    # hand back whole lines only; a partial last line comes with the next call
+    cut = chunk.rfind(b"\n") + 1
+    text = chunk[:cut].decode("utf-8", "replace")
+    if args.get("rank") is not None:
+        pattern = _rank_pattern(args["rank"])
+        text = "".join(row for row in text.splitlines(True) if pattern.search(row))
+    return {"profile": profile, "text": text, "offset": offset + cut, "log_path": p["log"]}
+
+
+def main(args):
+    action = args["action"]
+    handlers = {"start": start, "wait": wait, "stop": stop, "status": status, "logs": logs}
+    if action not in handlers:
+        raise ValueError("unknown action %r" % action)
+    return handlers[action](args)

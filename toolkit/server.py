@@ -1,0 +1,407 @@
+"""Start, stop and inspect the model server on a host, from a profile (profiles/*.toml).
+
+    state = start(host, "cpu-ref")          # render launch.sh, start detached, wait until ready
+    with endpoint(host, state) as url:      # base URL reachable from this machine
+        ...                                  # (SSH: a tunnel from 127.0.0.1 here to the host's port)
+    stop(host)                               # TERM the group, KILL after grace, GPU memory back to idle
+
+Ready means: the profile's health endpoint answers 2xx AND every expected log line has been
+printed (lines in `ready.rank_log_lines` by each TP rank TP0..TP{n-1}). Start refuses while a
+server is recorded as running, while a process holds GPU memory, or while the port is taken;
+a server that dies or is not ready in time is stopped again and its log tail is reported.
+
+Host-side work is `toolkit/hostside/server_ctl.py`: start is one round trip for a fast server
+(it waits on the host), plus one per `wait_chunk` seconds of a slow start (progress lines).
+"""
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import select
+import shlex
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Iterator
+
+import jinja2
+
+from . import paths, profiles
+from .hostrun import HostScriptError, run_script
+from .inventory import Host
+from .transport import SSHTransport, Transport
+
+DEFAULT_TIMEOUT = 900.0     # SGLang with a large model and CUDA graphs takes minutes
+DEFAULT_GRACE = 30.0
+DEFAULT_MEMORY_WAIT = 60.0
+WAIT_CHUNK = 15.0           # seconds the host waits per round trip before reporting progress
+
+
+class ServerError(RuntimeError):
+    """Start, stop or a query failed; the message says what to do. `log_tail` holds the server's last lines."""
+
+    def __init__(self, message: str, log_tail: str = "", details: dict | None = None):
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.details = details or {}
+
+
+class ServerRefused(ServerError):
+    """Start was refused before anything was launched (already running, port taken, GPU held)."""
+
+
+@dataclass
+class ServerState:
+    host: str
+    profile: str
+    pid: int
+    port: int
+    bind: str
+    base_url_on_host: str
+    log_path: str
+    script_path: str
+    started_at: float
+    tp_size: int
+    dyn_threshold: int | None
+    expected_log_lines: list[str]
+    health_endpoint: str = "/health"
+    model: str | None = None
+    draft_model: str | None = None
+    kind: str = ""
+    status: str = "ready"           # starting | ready | dead (recorded but no process left)
+    healthy: bool | None = None
+    uptime_s: float | None = None
+    ready_after_s: float | None = None
+    idle_gpu_memory: list[dict] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def started_at_iso(self) -> str:
+        return datetime.fromtimestamp(self.started_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["started_at_iso"] = self.started_at_iso
+        return data
+
+
+@dataclass
+class StopResult:
+    host: str
+    stopped: bool                    # True: nothing of the server is left (and GPU memory is idle)
+    was_running: bool
+    profile: str | None = None
+    pid: int | None = None
+    signal: str | None = None        # TERM (exited in grace), KILL (needed), None (nothing to signal)
+    stop_s: float | None = None
+    gpu_memory: list[dict] | None = None
+    holders: list[dict] = field(default_factory=list)
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.TEMPLATES_DIR)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_launch_script(plan: profiles.LaunchPlan) -> str:
+    script_path = posixpath.join(plan.server_dir, "launch.sh")
+    return _environment().get_template("launch.sh.j2").render(plan=plan, script_path=script_path)
+
+
+def render_unit(plan: profiles.LaunchPlan, grace: float = DEFAULT_GRACE) -> str:
+    return _environment().get_template("sglang.service.j2").render(
+        plan=plan, script_path=posixpath.join(plan.server_dir, "launch.sh"),
+        unit_path=posixpath.join(plan.server_dir, "toolkit-server.service"),
+        log_path=posixpath.join(plan.server_dir, "server.log"), grace=grace)
+
+
+def plan(host: Host, profile_name: str, overrides: dict | None = None) -> profiles.LaunchPlan:
+    return profiles.resolve(host, profile_name, overrides)
+
+
+# -- host calls ---------------------------------------------------------------------------
+
+def _root(host: Host) -> str:
+    return posixpath.join(host.toolkit_state_dir, "server")
+
+
+def _ctl(transport: Transport, host: Host, action: str, timeout: float, **args) -> dict:
+    try:
+        return run_script(transport, "server_ctl", {"action": action, "root": _root(host), **args}, timeout=timeout)
+    except HostScriptError as exc:
+        raise ServerError(f"{host.name}: server {action} failed on the host: {exc}") from exc
+
+
+def _host_setting(host: Host, key: str, default):
+    return (host.server or {}).get(key, default)
+
+
+def _state_from_record(host: Host, record: dict, **live) -> ServerState:
+    started = record["started_at"]
+    ready_at = record.get("ready_at")
+    return ServerState(
+        host=host.name, profile=record["profile"], pid=record["pid"], port=record["port"], bind=record["bind"],
+        base_url_on_host=record["base_url_on_host"], log_path=record["log_path"],
+        script_path=record["script_path"], started_at=started, tp_size=record["tp_size"],
+        dyn_threshold=record.get("dyn_threshold"), expected_log_lines=record.get("expected_log_lines", []),
+        health_endpoint=record.get("health_endpoint", "/health"), model=record.get("model"),
+        draft_model=record.get("draft_model"), kind=record.get("kind", ""),
+        ready_after_s=round(ready_at - started, 1) if ready_at else None,
+        idle_gpu_memory=record.get("idle_gpu_memory"), **live)
+
+
+def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[str], None]) -> list[str]:
+    if not launch.requires_patchsets:
+        return []
+    try:
+        from . import patching
+    except ImportError:
+        return [f"patch engine not available: requirement {', '.join(launch.requires_patchsets)} not checked"]
+    result = patching.verify(host)
+    missing = [name for name in launch.requires_patchsets if name not in result.stack]
+    if missing:
+        raise ServerRefused(
+            f"{host.name}: profile {launch.profile} requires patchset(s) {', '.join(missing)}, which "
+            f"{'are' if len(missing) > 1 else 'is'} not applied (applied: {', '.join(result.stack) or 'none'}); "
+            f"apply with: invoke patch apply {missing[0]} --host {host.name}")
+    if not result.ok:
+        raise ServerRefused(f"{host.name}: the installed package has drifted from its patch state; "
+                            f"see: invoke patch verify --host {host.name}")
+    note(f"{host.name}: patchset(s) {', '.join(launch.requires_patchsets)} applied and verified")
+    return []
+
+
+def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, overrides: dict | None = None,
+          check_patches: bool = True, wait_chunk: float = WAIT_CHUNK,
+          progress: Callable[[str], None] = lambda text: None) -> ServerState:
+    """Start `profile_name` on `host` and wait until it is ready; raise ServerError otherwise."""
+    launch = plan(host, profile_name, overrides)
+    notes = list(launch.notes)
+    notes += _check_patchsets(host, launch, progress) if check_patches else (
+        [f"patchset requirement {', '.join(launch.requires_patchsets)} not checked (asked not to)"]
+        if launch.requires_patchsets else [])
+    meta = {"kind": launch.kind, "port": launch.port, "bind": launch.bind,
+            "base_url_on_host": launch.base_url_on_host, "health_endpoint": launch.health_endpoint,
+            "model": launch.model, "draft_model": launch.draft_model, "dyn_threshold": launch.dyn_threshold,
+            "dyn_hysteresis": launch.dyn_hysteresis, "expected_log_lines": launch.expected_log_lines(),
+            "host": host.name}
+    args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
+            "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
+            "nvidia_smi": launch.nvidia_smi}
+    round_trip_limit = wait_chunk + 120
+    with host.connect() as transport:
+        progress(f"{host.name}: starting {profile_name} on {launch.bind}:{launch.port} "
+                 f"(ready = {launch.health_endpoint} answers + {len(launch.expected_log_lines())} log line(s); "
+                 f"timeout {timeout:.0f}s)")
+        answer = _ctl(transport, host, "start", round_trip_limit, **args)
+        while answer["status"] == "waiting":
+            pending = []
+            if not answer.get("healthy"):
+                pending.append(f"{launch.health_endpoint} not answering")
+            if answer.get("missing"):
+                pending.append(f"{len(answer['missing'])} log line(s) missing, e.g. {answer['missing'][0]!r}")
+            progress(f"{host.name}: waiting for {profile_name}: {answer['waited_s']:.0f}s/{timeout:.0f}s, "
+                     + ", ".join(pending))
+            answer = _ctl(transport, host, "wait", round_trip_limit, wait_s=wait_chunk)
+    notes += answer.get("notes", [])
+    if answer["status"] == "refused":
+        raise ServerRefused(f"{host.name}: not starting {profile_name}: {answer['reason']}", details=answer)
+    if answer["status"] == "failed":
+        survivors = answer.get("survivors") or []
+        left = (f"; WARNING: processes {survivors} survived SIGKILL" if survivors
+                else "; nothing of it is left running")
+        raise ServerError(f"{host.name}: {profile_name} did not start: {answer['reason']}{left}",
+                          log_tail=answer.get("log_tail", ""), details=answer)
+    state = _state_from_record(host, answer["record"], status="ready", healthy=True, uptime_s=0.0)
+    state.notes = notes
+    return state
+
+
+def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopResult:
+    """TERM the server's process group, KILL after `grace` s, wait for GPU memory to be idle again."""
+    memory_wait = float(_host_setting(host, "memory_wait_s", DEFAULT_MEMORY_WAIT) if memory_wait is None else memory_wait)
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "stop", grace + memory_wait + 120, grace=grace, memory_wait_s=memory_wait,
+                      nvidia_smi=str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
+                      slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)))
+    if "profile" not in answer:  # nothing recorded
+        return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""))
+    return StopResult(host.name, stopped=answer["stopped"], was_running=answer["was_running"],
+                      profile=answer["profile"], pid=answer["pid"], signal=answer["signal"],
+                      stop_s=answer["stop_s"], gpu_memory=answer.get("gpu_memory"),
+                      holders=answer.get("holders", []), reason=answer.get("reason", ""),
+                      notes=answer.get("notes", []))
+
+
+def status(host: Host) -> ServerState | None:
+    """The recorded server (status ready/starting/dead, health, uptime), or None when none is recorded."""
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "status", 60)
+    record = answer.get("record")
+    if record is None:
+        return None
+    status_word = "dead" if not answer["running"] else record.get("status", "ready")
+    return _state_from_record(host, record, status=status_word, healthy=answer.get("healthy"),
+                              uptime_s=answer.get("uptime_s"))
+
+
+def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, since_start: bool = True,
+             profile: str | None = None) -> str:
+    """The server log of the current (or last) run; `rank` keeps TP{rank}'s lines; `lines` the last N.
+
+    since_start=False puts the previous run's log (server.log.prev) in front.
+    """
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines, profile=profile)
+        text = answer["text"]
+        if not since_start and answer.get("log_path"):
+            previous = transport.run(f"cat {shlex.quote(answer['log_path'] + '.prev')} 2>/dev/null")
+            text = previous.stdout + text
+            if lines:
+                text = "\n".join(text.splitlines()[-lines:])
+    return text
+
+
+def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration: float = 60.0,
+               interval: float = 1.0, emit: Callable[[str], None] = print,
+               should_stop: Callable[[], bool] = lambda: False) -> int:
+    """Print the last `lines`, then new lines as they come, for at most `duration` s; returns round trips."""
+    deadline = time.monotonic() + duration
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines)
+        if answer.get("text"):
+            emit(answer["text"])
+        offset, profile = answer.get("offset", 0), answer.get("profile")
+        while time.monotonic() < deadline and not should_stop():
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            answer = _ctl(transport, host, "logs", 60, rank=rank, offset=offset, profile=profile)
+            if answer.get("text"):
+                emit(answer["text"].rstrip("\n"))
+            offset = answer.get("offset", offset)
+        return transport.round_trips
+
+
+def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout: float = 600) -> dict:
+    """Make the tiny reference model on the host inside its venv (toolkit/refmodel.py sent on stdin)."""
+    from importlib import resources
+    import json
+
+    if not host.venv and not host.python:
+        raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
+    target = out_dir or (host.server or {}).get("model") or posixpath.normpath(
+        posixpath.join(host.venv or "", "..", "models", "tiny-llama"))
+    source = resources.files("toolkit").joinpath("refmodel.py").read_text()
+    with host.connect() as transport:
+        done = transport.run(f"{shlex.quote(host.venv_python)} - {shlex.quote(target)} --seed {int(seed)}",
+                             stdin=source, timeout=timeout, env={"HF_HUB_OFFLINE": "1"})
+    if not done.ok:
+        raise ServerError(f"{host.name}: making the reference model in {target} failed (exit {done.exit_code}):\n"
+                          f"{done.tail(20)}")
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ServerError(f"{host.name}: the model maker answered nothing readable:\n{done.tail(20)}")
+
+
+# -- reaching the server from this machine ---------------------------------------------------
+
+class _Forwarder:
+    """127.0.0.1:<free port> here -> (host's address, port) over the SSH connection (direct-tcpip)."""
+
+    def __init__(self, ssh: SSHTransport, remote: tuple[str, int]):
+        self.ssh, self.remote = ssh, remote
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(128)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.closing = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.acceptor = threading.Thread(target=self._accept, name="toolkit-forward", daemon=True)
+        self.acceptor.start()
+
+    def _accept(self):
+        paramiko_transport = self.ssh.connection.client.get_transport()
+        while not self.closing.is_set():
+            try:
+                client, origin = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                channel = paramiko_transport.open_channel("direct-tcpip", self.remote, origin, timeout=30)
+            except Exception:  # the host refused (server gone): drop this client, keep serving
+                client.close()
+                continue
+            pump = threading.Thread(target=self._pump, args=(client, channel), daemon=True)
+            pump.start()
+            self.threads.append(pump)
+
+    def _pump(self, client: socket.socket, channel):
+        try:
+            while not self.closing.is_set():
+                ready, _, _ = select.select([client, channel], [], [], 0.5)
+                if client in ready:
+                    data = client.recv(65536)
+                    if not data:
+                        break
+                    channel.sendall(data)
+                if channel in ready:
+                    data = channel.recv(65536)
+                    if not data:
+                        break
+                    client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            channel.close()
+            client.close()
+
+    def close(self):
+        self.closing.set()
+        self.listener.close()
+        self.acceptor.join(timeout=2)
+        for pump in self.threads:
+            pump.join(timeout=2)
+
+
+@contextlib.contextmanager
+def endpoint(host: Host, state: ServerState) -> Iterator[str]:
+    """A base URL (no trailing slash) that reaches the server from this machine, for the block's duration.
+
+    Local transport: the server's own URL. SSH: a forward from a free 127.0.0.1 port on this
+    machine to the host's bind address and port through the SSH connection; nothing listens
+    beyond loopback here, and the server keeps its own bind on the host.
+    """
+    if host.transport == "local":
+        yield state.base_url_on_host
+        return
+    transport = host.connect()
+    if not isinstance(transport, SSHTransport):
+        transport.close()
+        yield state.base_url_on_host
+        return
+    remote_address = state.base_url_on_host.split("//", 1)[1].rsplit(":", 1)[0]
+    try:
+        transport.connection  # connect now, so a failure shows here and not in the first request
+        forwarder = _Forwarder(transport, (remote_address, state.port))
+        try:
+            yield f"http://127.0.0.1:{forwarder.port}"
+        finally:
+            forwarder.close()
+    finally:
+        transport.close()
