@@ -212,16 +212,19 @@ async def _warm_up(base_url: str, options: BenchOptions, calibrate: bool) -> dic
     return facts
 
 
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
 def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl, *,
               on_level: Callable[[dict], None], listener: SweepListener | None = None,
-              run_facts: dict | None = None) -> SweepResult:
+              run_facts: dict | None = None, run_id: str | None = None) -> SweepResult:
     """Every profile x level; `on_level(record)` gets each level's record as soon as it is done.
 
     A profile whose server fails to start or dies is reported in `errors` and the sweep moves on.
     """
     listener = listener or SweepListener()
-    result = SweepResult(run_id=dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-")
-                         + uuid.uuid4().hex[:6])
+    result = SweepResult(run_id=run_id or new_run_id())
     calibrated = not options.prompts.is_synthetic
     for profile in profiles:
         total = sum(options.requests_for(c) for c in options.concurrency)

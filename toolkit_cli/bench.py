@@ -1,0 +1,312 @@
+"""`invoke bench [options]` (a concurrency sweep over profiles) and `invoke bench compare FILES`."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from invoke import Exit
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from toolkit import paths, report, server
+from toolkit.bench import outputs, recommend as recommend_mod
+from toolkit.bench.compare import compare as compare_runs
+from toolkit.bench.outputs import OutputError, RunWriter
+from toolkit.bench.plot import plot_throughput
+from toolkit.bench.prompts import PromptError, PromptSource
+from toolkit.bench.runner import (BenchError, BenchOptions, RunningServer, ServedProfile, SweepListener,
+                                  new_run_id, run_sweep)
+from toolkit.inventory import Host
+
+from .common import HOST_HELP, fail, hosts_or_exit, wants_help
+from .parsing import command
+
+DEFAULT_PROFILES = "baseline,eagle3,eagle3-dyn"
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
+USAGE = """usage:
+  invoke bench [--profiles baseline,eagle3,eagle3-dyn] [--concurrency 1,2,4,...] [--requests N]
+               [--dataset builtin|synthetic|FILE.jsonl] [--input-len L] [--output-len M] [--seed S]
+               [--no-restart] [--url URL] [--out DIR] [--host NAME]
+  invoke bench compare RUN[,RUN...]     (RUN: a results.jsonl or a bench output folder)"""
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        fail(f"{what} takes comma-separated integers, got {text!r}", code=2)
+    if not values or any(v < 1 for v in values):
+        fail(f"{what} needs integers >= 1, got {text!r}", code=2)
+    return values
+
+
+class HostServers:
+    """Start each profile's server on the host, reach it through `server.endpoint`, stop it after."""
+
+    def __init__(self, host: Host, *, timeout: float, note):
+        self.host = host
+        self.timeout = timeout
+        self.note = note
+
+    @contextlib.contextmanager
+    def serve(self, profile: str) -> Iterator[ServedProfile]:
+        running = server.status(self.host)
+        if running is not None and running.status != "dead":
+            self.note(f"{self.host.name}: stopping the running {running.profile} server first")
+            stopped = server.stop(self.host)
+            if not stopped.stopped:
+                raise BenchError(f"could not stop the running {running.profile} server: {stopped.reason}")
+        self.note(f"{self.host.name}: starting {profile}")
+        state = server.start(self.host, profile, timeout=self.timeout, progress=self.note)
+        try:
+            with server.endpoint(self.host, state) as url:
+                yield ServedProfile(profile, url, _server_facts(self.host, state))
+        finally:
+            result = server.stop(self.host)
+            if not result.stopped:
+                self.note(f"{self.host.name}: WARNING: {profile} server not fully stopped: {result.reason}")
+
+
+def _server_facts(host: Host, state) -> dict:
+    return {"host": host.name, "kind": state.kind, "tp_size": state.tp_size,
+            "dyn_threshold": state.dyn_threshold, "served_model": state.model,
+            "draft_model": state.draft_model}
+
+
+def _host_facts(host: Host) -> dict:
+    """What the provisioning facts say about the host and its stack (one round trip); {} if unavailable."""
+    try:
+        from toolkit import facts as facts_mod
+
+        gathered = facts_mod.gather(host, extra_packages=["sglang", "sglang-kernel", "torch",
+                                                          "flashinfer-python", "transformers", "vllm"])
+    except Exception as exc:   # facts are a bonus in the record, never a reason to fail
+        report.note(f"{host.name}: host facts unavailable ({exc})")
+        return {"host": {"name": host.name}, "versions": {}}
+    raw = gathered.raw
+    gpus = raw.get("gpus") or []
+    return {"host": {"name": host.name, "os": (raw.get("os") or {}).get("name"),
+                     "gpus": [g.get("name") for g in gpus], "gpu_count": len(gpus),
+                     "driver": raw.get("driver"), "cuda": raw.get("cuda")},
+            "versions": {"python": gathered.python_version,
+                         **{name: entry.get("version") for name, entry in gathered.packages.items()}}}
+
+
+class ProgressListener(SweepListener):
+    """A rich progress bar on stderr over every request of the sweep."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress = progress
+        self.task = progress.add_task("bench", total=total)
+        self.failed = 0
+
+    def level_started(self, profile, concurrency, requests):
+        self.progress.update(self.task, description=f"{profile} c={concurrency}")
+
+    def request_done(self, record):
+        self.failed += 0 if record.ok else 1
+        self.progress.advance(self.task)
+
+    def level_done(self, record):
+        m = record["metrics"]
+        self.progress.console.print(
+            f"{record['profile']} c={record['concurrency']}: {m['completed']} ok, {m['failed']} failed, "
+            f"{_fmt(m['output_throughput'])} output tok/s", markup=False)
+
+    def note(self, text):
+        self.progress.console.print(text, markup=False)
+
+
+def _fmt(value, digits=1):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_levels(records: list[dict]) -> None:
+    rows = []
+    for r in records:
+        m = r["metrics"]
+        rows.append((r["profile"], r["concurrency"], f"{m['completed']}/{m['completed'] + m['failed']}",
+                     _fmt(m["request_throughput"], 2), _fmt(m["output_throughput"]),
+                     _fmt(m["mean_request_output_throughput_tok_s"]), _fmt(m["median_ttft_ms"]),
+                     _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2), _fmt(m["median_itl_ms"], 2),
+                     _fmt(m["median_e2el_ms"], 0), _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
+    report.table("bench: per level (latencies p50 unless said)",
+                 ["profile", "conc", "ok", "req/s", "out tok/s", "per-req tok/s", "TTFT ms", "TTFT p99",
+                  "TPOT ms", "ITL ms", "E2E ms", "accept len"], rows)
+
+
+def print_recommendation(rec: recommend_mod.Recommendation) -> None:
+    if any(level.eagle3_dyn is not None or level.eagle3 is not None for level in rec.levels):
+        rows = [(l.concurrency, _fmt(l.baseline), _fmt(l.eagle3), _fmt(l.eagle3_dyn),
+                 _fmt(l.eagle3_over_baseline, 2), _fmt(l.dyn_over_best, 2)) for l in rec.levels]
+        report.table("output tok/s by profile", ["conc", "baseline", "eagle3", "eagle3-dyn",
+                                                 "eagle3/baseline", "dyn/best"], rows)
+    report.line(f"recommendation: {rec.text}")
+
+
+def finalize(writer: RunWriter, records: list[dict], title: str) -> recommend_mod.Recommendation | None:
+    """CSV, plot and recommendation from the levels that finished (also after Ctrl-C)."""
+    if not records:
+        return None
+    writer.write_csv(records)
+    rec = recommend_mod.recommend(records)
+    writer.write_recommendation(rec.to_dict())
+    plot_throughput(records, writer.plot, title=title, crossover=rec.crossover_concurrency)
+    return rec
+
+
+def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
+           out, url, json_, max_level_seconds, warmup, timeout):
+    if url and no_restart:
+        fail("--url already means 'use this running server'; leave out --no-restart", code=2)
+    try:
+        prompts = PromptSource(dataset=dataset or "builtin", input_len=int(input_len or 256),
+                               output_len=int(output_len or 256))
+        options = BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
+                               prompts=prompts, requests=int(requests) if requests else None,
+                               seed=int(seed or 0), warmup=int(warmup if warmup is not None else 2),
+                               max_level_seconds=float(max_level_seconds or 600))
+    except (PromptError, BenchError, ValueError) as exc:
+        fail(str(exc), code=2)
+    profile_names = [p.strip() for p in (profiles or "").split(",") if p.strip()]
+    run_facts: dict = {}
+    if url:
+        control = RunningServer(url, {"kind": "external", "url": url})
+        profile_names = profile_names or ["server"]
+        if len(profile_names) > 1:
+            fail("--url benches one running server: give at most one name in --profiles", code=2)
+    else:
+        hosts = hosts_or_exit(host)
+        if len(hosts) != 1:
+            fail("bench runs on one host at a time (its servers are started and stopped in turn)", code=2)
+        target = hosts[0]
+        if no_restart:
+            state = server.status(target)
+            if state is None or state.status == "dead":
+                fail(f"--no-restart: no running server on {target.name}; start one with "
+                     f"invoke server start PROFILE --host {target.name}")
+            if profile_names and profile_names != [state.profile]:
+                fail(f"--no-restart uses the running server ({state.profile}); --profiles "
+                     f"{','.join(profile_names)} does not match it", code=2)
+            profile_names = [state.profile]
+            control = _RunningOnHost(target, state)
+        else:
+            profile_names = profile_names or DEFAULT_PROFILES.split(",")
+            control = HostServers(target, timeout=float(timeout or server.DEFAULT_TIMEOUT), note=report.note)
+        run_facts = _host_facts(target)
+    run_id = new_run_id()
+    out_dir = Path(out) if out else paths.PROJECT_ROOT / "out" / "bench" / run_id
+    writer = RunWriter(out_dir)
+    report.note(f"bench {run_id}: profiles {','.join(profile_names)}, concurrency "
+                f"{','.join(map(str, options.concurrency))}; results in {out_dir}")
+    total = len(profile_names) * sum(options.requests_for(c) for c in options.concurrency)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=report.err_console, transient=False)
+    interrupted = False
+    records: list[dict] = []
+    errors: list[str] = []
+    with progress:
+        listener = ProgressListener(progress, total)
+        if isinstance(control, HostServers):
+            control.note = listener.note
+        def keep(record: dict) -> None:
+            writer.append(record)   # on disk first: a Ctrl-C after this keeps the level
+            records.append(record)
+
+        try:
+            result = run_sweep(profile_names, options, control, on_level=keep, listener=listener,
+                               run_facts=run_facts, run_id=run_id)
+            errors = result.errors
+        except KeyboardInterrupt:
+            interrupted = True
+    title = f"bench {run_id} ({options.prompts.dataset}, output {options.prompts.output_len} tokens)"
+    rec = finalize(writer, records, title)
+    if json_:
+        report.emit_json({"run_id": run_id, "out": str(out_dir), "records": records,
+                          "recommendation": rec.to_dict() if rec else None, "errors": errors,
+                          "interrupted": interrupted})
+    else:
+        if records:
+            print_levels(records)
+            print_recommendation(rec)
+        report.line(f"written: {writer.jsonl}" + (f", {writer.csv}, {writer.plot}, {writer.recommendation}"
+                                                    if records else " (no level finished)"))
+    for error in errors:
+        report.error(error)
+    if interrupted:
+        raise Exit("interrupted: the levels that finished are kept", code=130)
+    if errors or not records:
+        raise Exit(code=1)
+
+
+class _RunningOnHost:
+    """--no-restart: the host's running server, reached through the endpoint; never stopped."""
+
+    def __init__(self, host: Host, state):
+        self.host, self.state = host, state
+
+    @contextlib.contextmanager
+    def serve(self, profile: str) -> Iterator[ServedProfile]:
+        with server.endpoint(self.host, self.state) as url:
+            yield ServedProfile(profile, url, _server_facts(self.host, self.state))
+
+
+def _compare(files, json_, plot):
+    names = [f.strip() for f in (files or "").split(",") if f.strip()]
+    if not names:
+        fail("invoke bench compare needs runs: RUN[,RUN...] (results.jsonl files or bench output folders)", code=2)
+    try:
+        comparison = compare_runs([Path(n) for n in names])
+    except OutputError as exc:
+        fail(str(exc), code=2)
+    if json_:
+        report.emit_json(comparison.to_dict())
+    else:
+        for heading, rows in comparison.tables.items():
+            report.table(escape(heading), ["conc", *[escape(c) for c in comparison.columns]],
+                         [[row[0], *[_fmt(v) for v in row[1:]]] for row in rows])
+    if plot:
+        records = [{**r, "profile": r["_label"]} for r in comparison.records]
+        plot_throughput(records, Path(plot), title="bench compare: " + ", ".join(names))
+        report.note(f"plot written: {plot}")
+
+
+@command(positional=["action", "files"], optional=["action", "files"], help={
+    "action": "leave out to run a sweep; `compare` to put earlier runs side by side",
+    "files": "compare: runs to compare, comma-separated (results.jsonl files or bench output folders)",
+    "host": HOST_HELP,
+    "profiles": f"server profiles to sweep, comma-separated (default {DEFAULT_PROFILES})",
+    "concurrency": f"in-flight request counts, comma-separated (default {DEFAULT_CONCURRENCY})",
+    "requests": "requests per level (default max(16, 4 x concurrency))",
+    "dataset": "builtin (coding + agentic prompts, default) | synthetic (fixed lengths) | FILE.jsonl",
+    "input_len": "synthetic: prompt tokens (default 256)",
+    "output_len": "max tokens per answer; synthetic: exact where the server takes ignore_eos (default 256)",
+    "seed": "seed for the prompt order and synthetic words (default 0)",
+    "no_restart": "use the server already running on the host (its profile) instead of starting each",
+    "url": "bench an OpenAI-compatible server at this base URL (no host, no start/stop)",
+    "out": "output folder (default out/bench/RUN_ID)",
+    "json_": "print the records and the recommendation as JSON",
+    "max_level_seconds": "time bound per level: no new requests after it (default 600)",
+    "warmup": "warm-up requests per profile before the first level (default 2)",
+    "timeout": "seconds to wait for each profile's server to be ready (default 900)",
+    "plot": "compare: also write a PNG with every run's curves to this path",
+})
+def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None, requests=None,
+          dataset=None, input_len=None, output_len=None, seed=None, no_restart=False, url=None, out=None,
+          json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None):
+    """Sweep concurrency levels over server profiles; find where EAGLE-3 stops paying off."""
+    if wants_help(action):
+        report.line(USAGE)
+        return
+    if action == "compare":
+        return _compare(files, json_, plot)
+    if action:
+        fail(f"unknown action {action!r} (files for compare go after `compare`)\n{USAGE}", code=2)
+    try:
+        _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
+               out, url, json_, max_level_seconds, warmup, timeout)
+    except (server.ServerError, OutputError) as exc:
+        fail(str(exc))
+    sys.stdout.flush()

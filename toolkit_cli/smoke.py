@@ -1,0 +1,84 @@
+"""`invoke smoke [--host NAME] [--json] [--url URL]`: check that the running server really works."""
+from __future__ import annotations
+
+from invoke import task
+from rich.markup import escape
+
+from toolkit import report, server
+from toolkit import smoke as engine
+from toolkit.inventory import Host
+
+from .common import HOST_HELP, fail, finish, run_on_hosts
+
+
+class SmokeSetupError(RuntimeError):
+    pass
+
+
+def smoke_host(host: Host, burst: int | None = None) -> tuple[engine.SmokeResult, dict]:
+    try:
+        state = server.status(host)
+    except server.ServerError as exc:
+        raise SmokeSetupError(f"cannot read the server state: {exc}") from exc
+    if state is None:
+        raise SmokeSetupError(f"no server is recorded as running on {host.name}; "
+                              f"start one: invoke server start PROFILE --host {host.name}")
+    if state.status == "dead":
+        raise SmokeSetupError(f"the {state.profile} server on {host.name} is recorded but its process is gone; "
+                              f"see: invoke server logs --host {host.name}, then start it again")
+    about = {"host": host.name, "profile": state.profile, "kind": state.kind,
+             "dyn_threshold": state.dyn_threshold}
+    size = burst or engine.burst_size(state.dyn_threshold)
+    with server.endpoint(host, state) as url:
+        result = engine.run_smoke(url, read_log=lambda: server.read_log(host, since_start=True), burst=size)
+    return result, about
+
+
+def print_result(result: engine.SmokeResult, about: dict) -> None:
+    where = about.get("host") or "?"
+    title = f"smoke: {where} ({about.get('profile') or 'server'}, model {result.model})"
+    if where != result.base_url:
+        title += f" at {result.base_url}"
+    rows = [(check.name, check.status, f"{check.seconds:.2f}", escape(check.detail)) for check in result.checks]
+    report.table(escape(title), ["check", "status", "s", "detail"], rows, status_column=1)
+    if result.rejected_fields:
+        report.note(f"the server rejects {', '.join(result.rejected_fields)}: sent without them")
+    failed = [check.name for check in result.checks if check.status == "fail"]
+    report.line(f"FAILED: {', '.join(failed)}" if failed else "all checks passed")
+
+
+@task(help={
+    "host": HOST_HELP,
+    "json_": "print one JSON object (host -> checks) instead of tables",
+    "url": "smoke an OpenAI-compatible server at this base URL instead of a host's recorded server "
+           "(no log check); e.g. http://127.0.0.1:8000",
+    "burst": "concurrent requests in the burst check (default: 2 x the profile's dyn-disable "
+             f"threshold + 2, or {engine.DEFAULT_BURST})",
+})
+def smoke(c, host=None, json_=False, url=None, burst=None):
+    """Check the running server: models, chat + usage, determinism, streaming, a burst, health, log."""
+    burst = int(burst) if burst else None
+    if burst is not None and burst < 1:
+        fail("--burst must be >= 1", code=2)
+    if url:
+        if host:
+            fail("give either --url or --host, not both", code=2)
+        result = engine.run_smoke(url, burst=burst or engine.DEFAULT_BURST)
+        about = {"host": url, "profile": None}
+        if json_:
+            report.emit_json({url: {**result.to_dict(), **about}})
+        else:
+            print_result(result, about)
+        if not result.ok:
+            fail("smoke failed")
+        return
+
+    outcomes = run_on_hosts(host, lambda h: smoke_host(h, burst))
+    if json_:
+        report.emit_json({o.host.name: ({**o.value[0].to_dict(), **o.value[1]} if o.error is None
+                                        else {"ok": False, "error": str(o.error)}) for o in outcomes})
+    else:
+        for outcome in outcomes:
+            if outcome.error is None:
+                print_result(*outcome.value)
+    finish(outcomes, failed=lambda value: not value[0].ok)
