@@ -4,6 +4,8 @@ Thin by design: tasks parse arguments, call the `toolkit` engine and print.
 """
 from invoke import Collection
 
+from toolkit_cli.bench import bench
 from toolkit_cli.sandbox import sandbox
+from toolkit_cli.smoke import smoke
 
-ns = Collection(sandbox)
+ns = Collection(bench, sandbox, smoke)
