@@ -1,0 +1,125 @@
+"""Process handling of `server start/stop` with a stand-in server (tests/server/fake_server.py)
+over real SSH: TERM-ignoring servers, deaths at start, TP-rank readiness lines, GPU memory.
+
+The GPU checks read a stand-in `nvidia-smi` that prints stored H200 outputs
+(tests/data/nvidia-smi/): a mock, because this machine has no GPU. The real tool is
+exercised on the GPU machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from toolkit import server
+
+
+def group_alive(host, pgid: int) -> list[int]:
+    """Live pids (not zombies) of a process group on the host."""
+    with host.connect() as transport:
+        done = transport.run(f"ps -e -o pid=,pgid=,stat= | awk '$2 == {pgid} && $3 !~ /^Z/ {{print $1}}'")
+    return [int(p) for p in done.stdout.split()]
+
+
+def with_nvidia_smi(host, fake):
+    return dataclasses.replace(host, server={**host.server, "nvidia_smi": str(fake.path)})
+
+
+def test_stop_kills_a_server_that_ignores_term_after_the_grace(fake_host):
+    state = server.start(fake_host, "fake-stubborn", timeout=60)
+    assert len(group_alive(fake_host, state.pid)) == 2, "leader and its worker child run in one group"
+    result = server.stop(fake_host, grace=1.5)
+    assert result.stopped and result.signal == "KILL"
+    assert group_alive(fake_host, state.pid) == []
+    assert "SIGTERM ignored" in server.read_log(fake_host)
+
+
+def test_server_dying_at_start_reports_its_log_and_leaves_nothing(fake_host):
+    with pytest.raises(server.ServerError, match="exited during startup") as failure:
+        server.start(fake_host, "fake-dies", timeout=60)
+    assert "RuntimeError: cannot load model" in failure.value.log_tail
+    assert server.status(fake_host) is None
+    assert group_alive(fake_host, failure.value.details["record"]["pid"]) == []
+
+
+def test_not_ready_in_time_is_stopped_and_explained(fake_host):
+    with pytest.raises(server.ServerError, match=r"not ready after 3s: .*/health does not answer") as failure:
+        server.start(fake_host, "fake-unhealthy", timeout=3)
+    assert "listening on" in failure.value.log_tail
+    assert group_alive(fake_host, failure.value.details["record"]["pid"]) == []
+
+
+def test_every_tp_rank_must_print_its_line(fake_host):
+    state = server.start(fake_host, "fake-tp", timeout=60)
+    line = "Dynamic speculation disable enabled: threshold=5"
+    assert state.expected_log_lines == [f"TP{r}: {line}" for r in range(4)]
+    assert state.dyn_threshold == 5 and state.tp_size == 4
+    rank2 = server.read_log(fake_host, rank=2)
+    assert rank2.count(line) == 1 and "TP2]" in rank2 and "TP1]" not in rank2
+    server.stop(fake_host, grace=5)
+
+
+def test_a_missing_rank_line_fails_naming_the_rank(fake_host):
+    with pytest.raises(server.ServerError, match=r"log lines never printed: TP3: Dynamic speculation") as failure:
+        server.start(fake_host, "fake-tp", timeout=4, overrides={"flags": ["--skip-rank", "3"]})
+    assert "TP0:" not in str(failure.value)
+    assert group_alive(fake_host, failure.value.details["record"]["pid"]) == []
+
+
+def test_progress_is_reported_while_waiting(fake_host):
+    lines = []
+    with pytest.raises(server.ServerError):
+        server.start(fake_host, "fake-unhealthy", timeout=3, wait_chunk=1, progress=lines.append)
+    assert lines[0].startswith(f"{fake_host.name}: starting fake-unhealthy on 127.0.0.1:")
+    assert any("waiting for fake-unhealthy" in line and "/health not answering" in line for line in lines)
+
+
+def test_leftover_gpu_process_refuses_start_and_names_it(fake_host, nvidia_smi):
+    """Mock nvidia-smi (no GPU here): a leftover python holds 80 GiB on GPU 0."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    nvidia_smi.show("h200-leftover")
+    with pytest.raises(server.ServerRefused, match=r"GPU memory is held by leftover process\(es\): pid 48213 \(81920 MiB\)"
+                                                   r".*kill 48213") as refused:
+        server.start(host, "fake", timeout=30)
+    assert refused.value.details["holders"][0]["pid"] == 48213
+    assert server.status(host) is None
+
+
+def test_stop_waits_for_gpu_memory_back_to_idle(fake_host, nvidia_smi):
+    """Mock nvidia-smi (no GPU here): idle at start and after stop."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    state = server.start(host, "fake", timeout=30)
+    assert [g["used_mib"] for g in state.idle_gpu_memory] == [0] * 8
+    result = server.stop(host, grace=5)
+    assert result.stopped and [g["used_mib"] for g in result.gpu_memory] == [0] * 8
+
+
+def test_stop_fails_when_gpu_memory_stays_held_and_names_the_pids(fake_host, nvidia_smi):
+    """Mock nvidia-smi (no GPU here): the memory is still held after the group is gone."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    server.start(host, "fake", timeout=30)
+    nvidia_smi.show("h200-leftover")
+    result = server.stop(host, grace=5, memory_wait=1)
+    assert not result.stopped
+    assert "GPU0 82437 MiB (idle 0)" in result.reason and "pid 48213 (81920 MiB)" in result.reason
+    assert "kill -9 48213" in result.reason
+    assert [h["pid"] for h in result.holders] == [48213]
+
+
+def test_without_nvidia_smi_the_gpu_checks_are_skipped_and_said(fake_host):
+    state = server.start(fake_host, "fake", timeout=30)
+    assert any("GPU memory check skipped" in note for note in state.notes)
+    assert state.idle_gpu_memory is None
+    result = server.stop(fake_host, grace=5)
+    assert result.stopped and any("GPU memory check skipped" in note for note in result.notes)
+
+
+def test_a_dead_recorded_server_shows_as_dead_and_does_not_block_start(fake_host):
+    state = server.start(fake_host, "fake", timeout=30)
+    with fake_host.connect() as transport:
+        transport.run(f"kill -9 -{state.pid}")
+    current = server.status(fake_host)
+    assert current.status == "dead" and current.healthy is False
+    again = server.start(fake_host, "fake", timeout=30)
+    assert any("had died" in note for note in again.notes)
+    server.stop(fake_host, grace=5)
