@@ -5,7 +5,9 @@ Thin by design: tasks parse arguments, call the `toolkit` engine and print.
 from invoke import Collection
 
 from toolkit_cli.bench import bench
+from toolkit_cli.patch import patch
+from toolkit_cli.provision import facts, provision, wheelhouse
 from toolkit_cli.sandbox import sandbox
 from toolkit_cli.smoke import smoke
 
-ns = Collection(bench, sandbox, smoke)
+ns = Collection(bench, facts, patch, provision, sandbox, smoke, wheelhouse)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -64,6 +65,7 @@ class ProvisionReport:
     wheels_sent: list[str] = field(default_factory=list)
     wheels_present: int = 0
     notes: list[str] = field(default_factory=list)
+    reapply: str | None = None       # the command that re-applies patches a reinstall replaced
     facts: dict | None = None
 
     @property
@@ -78,7 +80,7 @@ class ProvisionReport:
         return {"host": self.host, "stack": self.stack, "dry_run": self.dry_run, "changed": self.changed,
                 "failed": self.failed, "round_trips": self.round_trips, "seconds": self.seconds,
                 "log": self.log, "wheels_sent": self.wheels_sent, "wheels_present": self.wheels_present,
-                "notes": self.notes,
+                "notes": self.notes, "reapply": self.reapply,
                 "steps": [s.__dict__ for s in self.steps]}
 
 
@@ -187,7 +189,9 @@ def run_step(transport: Transport, args: dict, env: dict | None = None) -> dict:
 
 
 def _send_wheels(transport: Transport, host: Host, stack: Stack, manifest, dry_run: bool,
-                 report: ProvisionReport, note) -> str:
+                 report: ProvisionReport, note, incoming: list | None = None) -> str:
+    """List the host's wheelhouse (one round trip) and send what it lacks as .part files; the
+    next step run checks their sha256 and renames them into place under the host lock."""
     folder = f"{state_dir(host, stack)}/wheelhouse"
     listing = hostrun.run_script(transport, "provision_wheels", {"dir": folder, "create": not dry_run}, timeout=600)
     have = listing["wheels"]
@@ -201,10 +205,13 @@ def _send_wheels(transport: Transport, host: Host, stack: Stack, manifest, dry_r
         return folder
     total = sum(w.size for w in missing)
     sent = 0
+    token = uuid.uuid4().hex[:12]
     for number, wheel in enumerate(missing, 1):
         note(f"{host.name}: sending wheel {number}/{len(missing)} {wheel.file} ({wheel.size / 1e6:.1f} MB;"
              f" {sent / 1e6:.0f}/{total / 1e6:.0f} MB done)")
-        transport.put(Path(manifest.folder) / wheel.file, f"{folder}/{wheel.file}")
+        part = f"{folder}/.incoming-{token}-{wheel.file}.part"
+        transport.put(Path(manifest.folder) / wheel.file, part)
+        incoming.append({"part": part, "final": f"{folder}/{wheel.file}", "sha256": wheel.sha256})
         sent += wheel.size
         report.wheels_sent.append(wheel.file)
     return folder
@@ -233,11 +240,14 @@ def _check_patches(host: Host, facts: Facts, report: ProvisionReport, note) -> N
     if verified.ok and not bad:
         report.notes.append(f"patches intact after provisioning: {', '.join(verified.stack)}")
         return
-    reapply = verified.stack[-1] if verified.stack else state["stack"][-1]
+    top = verified.stack[-1] if verified.stack else state["stack"][-1]
+    stale = state.get("version") and verified.version and state.get("version") != verified.version
+    command = (f"invoke patch revert --all --force --host {host.name} && " if stale else "") + \
+        f"invoke patch apply {top} --host {host.name}"
+    report.reapply = command
     report.notes.append(
         f"provisioning replaced {len(bad)} patched file(s) of {package} ({', '.join(f.path for f in bad[:5])}"
-        f"{'...' if len(bad) > 5 else ''}); re-apply with: invoke patch revert --force --host {host.name}"
-        f" && invoke patch apply {reapply} --host {host.name}"
+        f"{'...' if len(bad) > 5 else ''}); re-apply the patches with: {command}"
         + (f" ({'; '.join(verified.notes)})" if verified.notes else ""))
 
 
@@ -277,6 +287,7 @@ def provision(host: Host, stack: Stack, *, dry_run: bool = False, wheelhouse: st
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         report.log = f"{state_dir(host, stack)}/logs/provision-{stamp}.log"
         host_wheels = None
+        incoming: list[dict] = []
         failed = False
         for item in planned:
             if failed:
@@ -286,9 +297,10 @@ def provision(host: Host, stack: Stack, *, dry_run: bool = False, wheelhouse: st
                 report.steps.append(StepResult(item.name, "ok", item.detail))
                 continue
             if item.kind == "pip" and manifest and host_wheels is None:
-                host_wheels = _send_wheels(transport, host, stack, manifest, False, report, note)
+                host_wheels = _send_wheels(transport, host, stack, manifest, False, report, note, incoming)
             note(f"{host.name}: {item.name}: {item.detail} ... (full output: {report.log})")
             args = _step_args(host, stack, item, report.log, host_wheels, lock_timeout)
+            args["incoming"], incoming = incoming, []
             try:
                 answer = run_step(transport, args, env)
             except HostScriptError as exc:

@@ -179,6 +179,28 @@ def step_pip(args):
             + " (was: " + "; ".join(wrong) + ")"}
 
 
+def _sha256(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def take_incoming(incoming):
+    """Move wheels that just arrived (as .part files) into the wheelhouse once their sha256
+    checks out; a rename, so a concurrent run never installs from a half-sent file."""
+    for item in incoming:
+        if not os.path.exists(item["part"]):
+            continue  # a concurrent run already took it
+        if _sha256(item["part"]) != item["sha256"]:
+            os.unlink(item["part"])
+            raise RuntimeError("%s arrived corrupted (sha256 differs); run provision again"
+                               % os.path.basename(item["final"]))
+        os.rename(item["part"], item["final"])
+
+
 STEPS = {"venv": step_venv, "system": step_system, "pip": step_pip}
 
 
@@ -186,6 +208,7 @@ def main(args):
     started = time.time()
     os.makedirs(args["state_dir"], exist_ok=True)
     with _Lock(os.path.join(args["state_dir"], "provision.lock"), args.get("lock_timeout", 1800)) as lock:
+        take_incoming(args.get("incoming") or [])
         answer = STEPS[args["kind"]](args)
     answer["seconds"] = round(time.time() - started, 2)
     answer["waited_s"] = round(lock.waited, 2)

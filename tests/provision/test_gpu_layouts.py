@@ -1,0 +1,98 @@
+"""The `gpu` stack on hosts shaped like the GPU machine, faked on the CPU: a system Python with
+torch plus a trimmed site dir on PYTHONPATH, and a stand-in nvidia-smi (the only mock: there is
+no GPU here). Also the refusals: no GPU, a failing nvidia-smi, an old driver, an old Python."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from toolkit import facts, provision, stack
+from toolkit.provision import ProvisionError
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_facts_read_a_trimmed_site_over_a_system_python(staged_site, fake_gpu):
+    fake_gpu(gpus=2)
+    found = facts.gather(staged_site, stack.load("gpu"))
+    assert found.round_trips == 1
+    assert [g["name"] for g in found.gpus] == ["NVIDIA H200", "NVIDIA H200"]
+    assert found.gpus[0]["capability"] == "9.0" and found.gpus[0]["memory_total_mib"] == 143771
+    assert found.driver == "580.95.05" and found.driver_major == 580 and found.raw["cuda"] == "13.0"
+    assert found.version("torch") == "2.11.0+cu130"
+    assert found.version("sglang") == "0.5.11"                      # PYTHONPATH first, as an import would
+    assert found.packages["sglang"]["location"] == staged_site.pythonpath
+    assert found.version("flashinfer_python") == "0.6.8.post1"
+    assert found.version("sglang-kernel") is None and found.version("flashinfer-cubin") is None
+    assert found.nvcc["path"] is None and not found.nvcc["runs"]
+    assert found.raw["venv"]["path"] is None
+
+
+def test_gpu_dry_run_on_the_staged_site_says_exactly_what_is_missing(staged_site, fake_gpu):
+    fake_gpu()
+    before = tree(Path(staged_site.pythonpath))
+    result = provision.provision(staged_site, stack.load("gpu"), dry_run=True)
+    steps = {s.name: s for s in result.steps}
+    assert steps["venv"].status == "ok" and "PYTHONPATH=" in steps["venv"].detail
+    assert steps["sglang"].status == "ok"
+    assert steps["flashinfer"].status == "would change"
+    assert steps["flashinfer"].detail == "flashinfer-cubin missing -> 0.6.8.post1"
+    assert steps["sglang-kernel"].detail == "sglang-kernel missing -> 0.4.2"
+    assert steps["torch"].detail == "cuda-toolkit missing -> 13.0.2"      # torch itself is fine
+    assert "nvidia-cuda-nvcc missing -> 13.0.88" in steps["cuda-compiler"].detail
+    assert result.round_trips == 1 and result.log is None
+    assert tree(Path(staged_site.pythonpath)) == before                   # nothing written, no .toolkit
+
+
+def test_old_driver_is_refused_before_anything_is_installed(staged_site, fake_gpu):
+    fake_gpu(driver="550.54.15")
+    with pytest.raises(ProvisionError, match="driver 550.54.15 is older than 580") as info:
+        provision.provision(staged_site, stack.load("gpu"))
+    assert "Nothing was installed" in str(info.value)
+    assert not (Path(staged_site.pythonpath) / ".toolkit").exists()
+
+
+def test_no_nvidia_smi_means_no_gpu(staged_site, no_gpu):
+    found = facts.gather(staged_site, stack.load("gpu"))
+    assert found.gpus == [] and found.raw["error"] == "nvidia-smi not found"
+    with pytest.raises(ProvisionError, match="needs an NVIDIA GPU.*nvidia-smi not found.*--stack cpu-ref"):
+        provision.provision(staged_site, stack.load("gpu"))
+    # the CPU stack does not need one: its dry run goes through
+    assert provision.provision(staged_site, stack.load("cpu-ref"), dry_run=True).changed > 0
+
+
+def test_nvidia_smi_without_a_driver_is_refused(staged_site, fake_gpu):
+    fake_gpu(smi_fail=1)
+    found = facts.gather(staged_site, stack.load("gpu"))
+    assert found.gpus == [] and "couldn't communicate with the NVIDIA driver" in found.raw["error"]
+    with pytest.raises(ProvisionError, match="needs an NVIDIA GPU"):
+        provision.provision(staged_site, stack.load("gpu"))
+
+
+def test_python_older_than_the_stack_needs_is_a_clear_error(staged_site, tmp_path):
+    future = dataclasses.replace(stack.load("cpu-ref"), python="3.99")
+    with pytest.raises(ProvisionError, match=r"Python 3\.\d+\.\d+; stack cpu-ref needs >= 3.99"):
+        provision.provision(staged_site, future, dry_run=True)
+    fresh = dataclasses.replace(staged_site, python=None, pythonpath=None, venv=str(tmp_path / "new" / "venv"))
+    with pytest.raises(ProvisionError, match=r"python3 on the host is 3\.\d+\.\d+; stack cpu-ref needs Python >= 3.99"):
+        provision.provision(fresh, future)
+    assert not (tmp_path / "new").exists()
+
+
+def test_facts_of_a_missing_venv(tmp_path, no_gpu):
+    host = dataclasses.replace(_local(), venv=str(tmp_path / "absent"))
+    found = facts.gather(host, stack.load("cpu-ref"))
+    assert not found.venv_exists and found.packages == {}
+    assert found.raw["python"]["error"] == "venv does not exist"
+    assert found.raw["disk"]["free_bytes"] > 0 and found.raw["disk"]["path"] == str(tmp_path)
+    assert "g++" in found.raw["commands"]                    # the stack's system command is looked up
+
+
+def _local():
+    from toolkit.inventory import Host
+    return Host(name="local-test", transport="local", stack="cpu-ref")
