@@ -130,7 +130,7 @@ def check(name: str | None = None, note=_quiet) -> CompileReport:
             if any(v not in ps.versions for ps in stack):
                 continue
             image = compiler.compile_stack(stack, v, note)
-            result.files = [FileChange(p, "patched", f.by, f"{f.pristine_sha256 or 'new'} -> {f.sha256 or 'deleted'}")
+            result.files = [FileChange(p, "patched", f.by, f"{(f.pristine_sha256 or 'new')[:12]} -> {(f.sha256 or 'deleted')[:12]}")
                             for p, f in sorted(image.files.items())]
     except (compiler.CompileError, PatchsetError, wheels.WheelError) as exc:
         result.ok, result.error = False, str(exc)

@@ -29,6 +29,8 @@ TWENTY = [
     "sglang/srt/utils/poll_based_barrier.py", "sglang/srt/utils/profile_merger.py",
     "sglang/srt/utils/profile_utils.py",
 ]
+THREE = ["sglang/srt/utils/request_logger.py", "sglang/srt/utils/runai_utils.py",
+         "sglang/srt/utils/scheduler_status_logger.py"]
 AUTH = "sglang/srt/utils/auth.py"
 JSON = "sglang/srt/utils/json_response.py"
 RPD = "sglang/srt/utils/rpd_utils.py"
@@ -70,6 +72,8 @@ def main() -> None:
         make("clash", lambda t: replace(t, AUTH, "error_status_code: int = 401",
                                         "error_status_code: int = 418  # synthetic clash"),
              summary="changes the line one-file changes: conflicts when stacked")
+        make("three", lambda t: [replace(t, rel, "\n", "\n# synthetic three\n") for rel in THREE],
+             summary="one line added to each of 3 files (every cut point is tested on it)")
         for name in os.listdir(tmp):
             shutil.rmtree(out / name, ignore_errors=True)
             shutil.copytree(Path(tmp) / name, out / name)

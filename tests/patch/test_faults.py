@@ -1,0 +1,187 @@
+"""Cut runs: the host-side apply killed at every point, the SSH connection cut, two applies at once.
+
+After any cut, the next command (apply, verify or revert) must leave a host where no file is
+half-patched and the state file agrees with the files."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit import hostrun, patching
+from toolkit.transport import TransportError
+
+from .conftest import sha256
+
+COMMANDS = ("apply", "verify", "revert")
+THREE_FILES = 3
+
+
+def patch_dir(host) -> Path:
+    return Path(host.toolkit_state_dir) / "patch"
+
+
+def assert_consistent(host, site, sglang_wheel, name="twenty"):
+    """No journal, no temporary files, every recorded file has its recorded hash, verify passes."""
+    assert not (patch_dir(host) / "journal.json").exists()
+    assert not list((site / "sglang").rglob("*.toolkit-new"))
+    state_file = patch_dir(host) / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {"stack": [], "files": {}}
+    for path, entry in state["files"].items():
+        assert sha256(site / path) == entry["expected"], path
+    for path in patching.load_patchsets()[name].touched():
+        if path not in state["files"]:
+            assert sha256(site / path) == sglang_wheel.record[path], path
+    assert patching.verify(host).ok
+    return [s["name"] for s in state["stack"]]
+
+
+def run_next(command, host, name):
+    if command == "apply":
+        return patching.apply(host, name)
+    if command == "verify":
+        return patching.verify(host)
+    return patching.revert(host)
+
+
+def params():
+    """Every rename k of n (0..n) with each next command; the other cut points with one each."""
+    cases = [(f"after-rename-{k}", c) for k in range(THREE_FILES + 1) for c in COMMANDS]
+    others = ["after-backups", "after-prepare", "after-new-files", "after-state"]
+    return cases + [(point, COMMANDS[i % 3]) for i, point in enumerate(others)] + [("after-state", "revert")]
+
+
+@pytest.mark.parametrize("point, next_command", params())
+def test_killed_host_run_is_finished_by_the_next_command(host, site, patchsets_dir, sglang_wheel, monkeypatch,
+                                                         point, next_command):
+    cut_and_finish(host, site, sglang_wheel, monkeypatch, point, next_command, "three")
+
+
+def test_killed_midway_through_twenty_files(host, site, patchsets_dir, sglang_wheel, monkeypatch):
+    cut_and_finish(host, site, sglang_wheel, monkeypatch, "after-rename-13", "verify", "twenty")
+
+
+def cut_and_finish(host, site, sglang_wheel, monkeypatch, point, next_command, name):
+    monkeypatch.setenv("TOOLKIT_FAULT_AT", point)
+    with pytest.raises(hostrun.HostScriptError, match="exit 137"):
+        patching.apply(host, name)
+    monkeypatch.delenv("TOOLKIT_FAULT_AT")
+    journal_left = (patch_dir(host) / "journal.json").exists()
+    assert journal_left == (point != "after-backups")
+    result = run_next(next_command, host, name)
+    if journal_left:
+        assert result.recovered is not None
+        expected = "rolled forward" if point.startswith("after-rename") or point == "after-state" else "rolled back"
+        assert result.recovered["outcome"] == expected
+    stack = assert_consistent(host, site, sglang_wheel, name)
+    if next_command == "apply":
+        assert stack == [name]
+    if next_command == "revert":
+        assert stack == []
+        assert all(sha256(site / p) == sglang_wheel.record[p] for p in patching.load_patchsets()[name].touched())
+
+
+def test_fault_after_renames_alias(host, site, patchsets_dir, sglang_wheel, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_FAULT_AFTER_RENAMES", "3")
+    with pytest.raises(hostrun.HostScriptError):
+        patching.apply(host, "twenty")
+    monkeypatch.delenv("TOOLKIT_FAULT_AFTER_RENAMES")
+    assert patching.verify(host).recovered["outcome"] == "rolled forward"
+    assert assert_consistent(host, site, sglang_wheel) == ["twenty"]
+
+
+def test_lost_new_file_makes_recovery_roll_back_from_backups(host, site, patchsets_dir, sglang_wheel, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_FAULT_AT", "after-rename-5")
+    with pytest.raises(hostrun.HostScriptError):
+        patching.apply(host, "twenty")
+    monkeypatch.delenv("TOOLKIT_FAULT_AT")
+    journal = json.loads((patch_dir(host) / "journal.json").read_text())
+    os.unlink(site / journal["entries"][12]["tmp"])  # as if the disk lost it
+    result = patching.verify(host)
+    assert result.recovered["outcome"] == "rolled back"
+    assert assert_consistent(host, site, sglang_wheel) == []
+
+
+def _ancestors(pid: int):
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        yield pid, comm
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _wait_for(path: Path, seconds: float = 60) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear within {seconds}s")
+
+
+@pytest.mark.parametrize("host_process_survives", [False, True])
+def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, sandbox_env, monkeypatch, tmp_path,
+                                      host_process_survives):
+    pidfile = tmp_path / "fault.pid"
+    monkeypatch.setenv("TOOLKIT_FAULT_AT", "after-rename-7")
+    monkeypatch.setenv("TOOLKIT_FAULT_ACTION", "sleep:3" if host_process_survives else "sleep:120")
+    monkeypatch.setenv("TOOLKIT_FAULT_PIDFILE", str(pidfile))
+    errors = []
+
+    def cut_run():
+        try:
+            patching.apply(host, "twenty")
+        except Exception as exc:  # the connection breaks under it
+            errors.append(exc)
+
+    worker = threading.Thread(target=cut_run)
+    worker.start()
+    script_pid = _wait_for(pidfile)
+    session = next(pid for pid, comm in _ancestors(script_pid) if comm.startswith("sshd") and pid != sandbox_env.pid)
+    os.kill(session, signal.SIGKILL)  # the SSH connection drops
+    if not host_process_survives:
+        os.kill(script_pid, signal.SIGKILL)
+    worker.join(60)
+    assert not worker.is_alive() and errors and isinstance(errors[0], (TransportError, hostrun.HostScriptError))
+    for key in ("TOOLKIT_FAULT_AT", "TOOLKIT_FAULT_ACTION", "TOOLKIT_FAULT_PIDFILE"):
+        monkeypatch.delenv(key)
+    result = patching.verify(host)  # waits for a surviving host run (lock), or recovers a dead one
+    if not host_process_survives:
+        assert result.recovered["outcome"] == "rolled forward"
+    assert assert_consistent(host, site, sglang_wheel) == ["twenty"]
+
+
+HOLDER = """
+import dataclasses, sys
+from toolkit import patching
+from toolkit.inventory import resolve_hosts
+host = dataclasses.replace(resolve_hosts("sandbox")[0], venv=sys.argv[1])
+print(patching.apply(host, "twenty").changed)
+"""
+
+
+def test_two_concurrent_applies_never_both_write(host, host_venv, site, patchsets_dir, sglang_wheel, tmp_path,
+                                                 monkeypatch):
+    pidfile = tmp_path / "holder.pid"
+    env = dict(os.environ, TOOLKIT_FAULT_AT="after-backups", TOOLKIT_FAULT_ACTION="sleep:4",
+               TOOLKIT_FAULT_PIDFILE=str(pidfile), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(host_venv)], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        _wait_for(pidfile)  # the holder has the lock and sleeps inside its run
+        monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "0.3")
+        with pytest.raises(patching.PatchRefused, match="holds the lock"):
+            patching.apply(host, "twenty")
+        monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "60")
+        with pytest.raises(patching.PatchRefused, match="changed since (it was|they were) probed"):
+            patching.apply(host, "twenty")  # waits for the lock, then finds the holder's work done
+    finally:
+        out, _ = holder.communicate(timeout=60)
+    assert holder.returncode == 0 and out.strip() == "20"
+    assert assert_consistent(host, site, sglang_wheel) == ["twenty"]
+    assert patching.apply(host, "twenty").changed == 0

@@ -1,0 +1,97 @@
+"""Offline parts: patchset validation, the wheel's RECORD check, compiling stacks (no host)."""
+import shutil
+import zipfile
+
+import pytest
+
+from toolkit import compiler, patching, patchsets, wheels
+from toolkit.patchsets import PatchsetError
+
+from .conftest import DATA, add_patchset
+
+
+def test_list_orders_patchsets_and_reads_requires(patchsets_dir):
+    known = patching.load_patchsets()
+    assert patchsets.sort_stack(known, known) == ["one-file", "pair-base", "pair-top", "twenty", "clash", "three"]
+    assert known["pair-top"].requires == ["pair-base"]
+    assert patchsets.requirement_closure("pair-top", known) == ["pair-base", "pair-top"]
+
+
+def test_check_reports_files_hunks_and_lines(patchsets_dir):
+    result = patching.check("pair-top")
+    assert result.ok, result.error
+    assert result.stack == ["pair-base", "pair-top"]
+    assert result.patchsets[1].totals == {"files": 2, "hunks": 2, "added": 2, "removed": 1}
+    assert {f.path: f.by for f in result.files} == {
+        "sglang/srt/utils/json_response.py": "pair-top", "sglang/srt/utils/rpd_utils.py": "pair-top"}
+
+
+def test_compiled_image_matches_patched_text(patchsets_dir, sglang_wheel):
+    known = patching.load_patchsets()
+    image = compiler.compile_stack([known["pair-base"], known["pair-top"]], "0.5.11", use_cache=False)
+    content = image.files["sglang/srt/utils/json_response.py"].content.decode()
+    assert "PAIR_LEVEL = 'top'" in content and "PAIR_LEVEL = 'base'" not in content
+    assert image.files["sglang/srt/utils/json_response.py"].pristine_sha256 == \
+        sglang_wheel.record["sglang/srt/utils/json_response.py"]
+
+
+def test_conflict_between_patchsets_is_found_offline(patchsets_dir):
+    assert patching.check("clash").ok  # alone it applies
+    result = patching.check()  # the whole stack: clash sits on top of one-file
+    assert not result.ok
+    assert "clash/0001-clash.patch does not apply on top of pristine + one-file" in result.error
+    assert "sglang/srt/utils/auth.py" in result.error
+
+
+@pytest.mark.parametrize("name, message", [("escape", "leaves the package"), ("binary", "binary hunks")])
+def test_bad_patches_are_rejected(patchsets_dir, name, message):
+    add_patchset(patchsets_dir, name)
+    result = patching.check(name)
+    assert not result.ok and message in result.error
+
+
+def test_git_style_binary_marker_and_absolute_paths_are_rejected(tmp_path):
+    bad = tmp_path / "x.patch"
+    bad.write_text("diff --git a/sglang/a.bin b/sglang/a.bin\nindex 1..2 100644\nBinary files a/sglang/a.bin and"
+                   " b/sglang/a.bin differ\n")
+    with pytest.raises(PatchsetError, match="binary"):
+        patchsets.read_patch(bad, "sglang")
+    for path in ("/etc/passwd", "sglang/../../x.py", "other/x.py", "sglang/./x.py"):
+        with pytest.raises(PatchsetError, match="leaves the package"):
+            patchsets.check_path(path, "sglang", "t")
+
+
+def test_missing_requirement_and_unknown_names_are_clear(patchsets_dir):
+    shutil.rmtree(patchsets_dir / "pair-base")
+    with pytest.raises(PatchsetError, match="pair-top requires 'pair-base'"):
+        patching.load_patchsets()
+
+
+def test_wheel_file_that_does_not_match_record_is_refused(sglang_wheel, tmp_path):
+    bad = tmp_path / sglang_wheel.path.name
+    with zipfile.ZipFile(sglang_wheel.path) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "sglang/srt/utils/auth.py":
+                data += b"# tampered\n"
+            dst.writestr(item, data)
+    wheel = wheels.Wheel(bad, "sglang", "0.5.11")
+    assert wheel.read("sglang/version.py") == sglang_wheel.read("sglang/version.py")
+    with pytest.raises(wheels.WheelError, match="does not match the wheel's RECORD"):
+        wheel.read("sglang/srt/utils/auth.py")
+
+
+def test_damaged_image_cache_is_recompiled(patchsets_dir):
+    known = patching.load_patchsets()
+    stack = [known["one-file"]]
+    first = compiler.compile_stack(stack, "0.5.11")
+    wheel = wheels.pristine("sglang", "0.5.11")
+    cache = compiler._cache_path(compiler.cache_key(stack, "0.5.11", wheel.sha256))
+    cache.write_text(cache.read_text().replace(first.files["sglang/srt/utils/auth.py"].sha256, "0" * 64))
+    again = compiler.compile_stack(stack, "0.5.11")
+    assert again.files["sglang/srt/utils/auth.py"].sha256 == first.files["sglang/srt/utils/auth.py"].sha256
+
+
+def test_synthetic_data_is_complete():
+    assert {p.name for p in DATA.iterdir()} >= {"one-file", "pair-base", "pair-top", "twenty", "clash",
+                                                "three", "escape", "binary"}

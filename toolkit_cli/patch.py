@@ -1,0 +1,180 @@
+"""`invoke patch list|check|apply|verify|revert|edit|refresh [NAME]`: patchsets on installed SGLang."""
+from __future__ import annotations
+
+import json
+
+from invoke.exceptions import Exit
+from rich.markup import escape
+
+from toolkit import authoring, compiler, patching, report, wheels
+from toolkit.patchsets import PatchsetError
+
+from .common import HOST_HELP, fail, run_on_hosts, wants_help
+from .parsing import command
+
+ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh")
+USAGE = """usage: invoke patch ACTION [NAME] [options]
+  list                      the patchsets in patchsets/ with their stacking order
+  check [NAME]              compile NAME's stack (all patchsets without NAME) against the pinned wheel; no host
+  apply NAME [--dry-run]    apply NAME (and keep what is applied below/above it) on --host
+  verify [--all-files] [--json]   per file: pristine / patched by X / drifted / missing; exit 1 unless as recorded
+  revert [NAME|--all] [--force] [--dry-run]   pop the stack down to and including NAME (default: all)
+  edit NAME [--requires a,b] [--fresh]   lay out a git work tree of the pristine release + stack to edit in
+  refresh NAME              export the edits in that work tree as NAME's patch file
+every host action takes --host NAME[,NAME...] (default: sandbox)"""
+
+ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wheels.WheelError,
+                 authoring.AuthoringError)
+
+
+@command(positional=["action", "name"], optional=["name"], help={
+    "action": "list | check | apply | verify | revert | edit | refresh",
+    "name": "patchset name (a folder in patchsets/); apply/edit/refresh need it, check/revert take it optionally",
+    "host": HOST_HELP,
+    "dry_run": "apply/revert: print the plan (which files would change), write nothing",
+    "all_files": "verify: also check every file of the package against the installed RECORD",
+    "json_": "verify: print one JSON object per host (one per line) instead of tables",
+    "force": "revert: overwrite files changed by hand; restore files a cut run could not",
+    "all_": "revert: pop every patchset (the default when no NAME is given)",
+    "requires": "edit: for a new patchset, the patchsets (comma-separated) to lay out below it",
+    "fresh": "edit: throw away an existing edit tree and lay it out again",
+})
+def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
+          all_=False, requires=None, fresh=False):
+    """Patchsets on the installed SGLang: list, check offline, apply, verify, revert, edit, refresh."""
+    if wants_help(action):
+        report.line(USAGE)
+        return
+    if action not in ACTIONS:
+        fail(f"unknown action {action!r}\n{USAGE}", code=2)
+    name = name or None
+    if action in ("apply", "edit", "refresh") and not name:
+        fail(f"`invoke patch {action}` needs a patchset name; see `invoke patch list`", code=2)
+    if action == "revert" and name and all_:
+        fail("give either a patchset NAME or --all, not both", code=2)
+    try:
+        if action == "list":
+            return _list()
+        if action == "check":
+            return _check(name)
+        if action == "edit":
+            return _edit(name, requires, fresh)
+        if action == "refresh":
+            return _refresh(name)
+    except ENGINE_ERRORS as exc:
+        fail(escape(str(exc)))
+    if action == "apply":
+        outcomes = run_on_hosts(host, lambda h: patching.apply(h, name, dry_run=dry_run, note=report.note))
+        _finish(outcomes, _print_apply)
+    elif action == "revert":
+        outcomes = run_on_hosts(host, lambda h: patching.revert(h, name, force=force, dry_run=dry_run,
+                                                                note=report.note))
+        _finish(outcomes, _print_revert, failed=lambda r: not r.record_ok)
+    else:
+        outcomes = run_on_hosts(host, lambda h: patching.verify(h, all_files=all_files,
+                                                                note=(lambda t: None) if json_ else report.note))
+        if json_:
+            for o in outcomes:
+                data = o.value.to_json() if o.ok else {"host": o.host.name, "ok": False, "error": str(o.error)}
+                print(json.dumps(data, sort_keys=True))
+            if any(not o.ok or not o.value.ok for o in outcomes):
+                raise Exit(code=1)
+            return
+        _finish(outcomes, _print_verify, failed=lambda r: not r.ok)
+
+
+def _finish(outcomes, show, failed=lambda value: False) -> None:
+    bad = 0
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report.error(escape(f"{outcome.host.name}: {outcome.error}"))
+            bad += 1
+        else:
+            show(outcome.value)
+            bad += bool(failed(outcome.value))
+    if bad:
+        raise Exit(code=1)
+
+
+def _rows(files):
+    return [(f.path, f.status, f.by or "", f.detail) for f in files]
+
+
+def _print_apply(r: patching.ApplyResult) -> None:
+    if r.recovered:
+        report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
+    shown = [f for f in r.files if f.status != "unchanged"] if len(r.files) > 30 else r.files
+    if shown:
+        report.table(f"{r.host}: apply {r.patchset}", ["file", "status", "patchset", ""], _rows(shown), 1)
+    verb = "would change" if r.dry_run else "changed"
+    report.line(f"{r.host}: {r.changed} {verb}; stack {' + '.join(r.stack_after)}"
+                f" ({r.round_trips} round trips{', dry run: nothing written' if r.dry_run else ''})")
+
+
+def _print_revert(r: patching.RevertResult) -> None:
+    for text in r.notes:
+        report.note(f"{r.host}: {text}")
+    changed = [f for f in r.files if f.status != "unchanged"]
+    if changed:
+        report.table(f"{r.host}: revert", ["file", "status", "patchset now", ""], _rows(changed), 1)
+    verb = "would change" if r.dry_run else "changed"
+    stack = " + ".join(r.stack_after) or "nothing (pristine)"
+    report.line(f"{r.host}: {r.changed} {verb}; stack now {stack}; restored files"
+                f" {'match RECORD' if r.record_ok else 'DO NOT match RECORD'} ({r.round_trips} round trips)")
+
+
+def _print_verify(r: patching.VerifyResult) -> None:
+    if r.recovered:
+        report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
+    for text in r.notes:
+        report.note(f"{r.host}: {text}")
+    report.table(f"{r.host}: {r.package} {r.version or '(not installed)'}", ["file", "status", "patchset", ""],
+                 _rows(r.files), 1)
+    extra = f"; {r.all_files_checked} RECORD files checked" if r.all_files_checked else ""
+    state = "matches its recorded state" if r.ok else "DOES NOT match its recorded state"
+    report.line(f"{r.host}: {state}; stack {' + '.join(r.stack) or 'none'}{extra} ({r.round_trips} round trips)")
+
+
+def _list() -> None:
+    known = patching.load_patchsets()
+    if not known:
+        report.line("no patchsets in patchsets/")
+        return
+    rows = []
+    for ps in sorted(known.values(), key=lambda p: (p.order, p.name)):
+        rows.append((ps.order, ps.name, ", ".join(ps.versions), ", ".join(ps.requires), ps.summary))
+    report.table("patchsets (applied in this order)", ["order", "name", "versions", "requires", "summary"], rows)
+
+
+def _check(name) -> None:
+    result = patching.check(name, note=report.note)
+    rows = [(ps.name, p["name"], p["files"], p["hunks"], f"+{p['added']}", f"-{p['removed']}")
+            for ps in result.patchsets for p in ps.patches]
+    if rows:
+        report.table(f"stack: {' + '.join(result.stack)}", ["patchset", "patch", "files", "hunks", "+", "-"], rows)
+    if result.files:
+        report.table(None, ["file", "last touched by", "sha256 pristine -> patched"],
+                     [(f.path, f.by, f.detail) for f in result.files])
+    if not result.ok:
+        fail(escape(result.error))
+    totals = {k: sum(ps.totals[k] for ps in result.patchsets) for k in ("hunks", "added", "removed")}
+    report.line(f"ok: {' + '.join(result.stack) or 'nothing'} compiles against {result.version or 'the pinned wheel'}:"
+                f" {len(result.files)} files, {totals['hunks']} hunks, +{totals['added']} -{totals['removed']} lines")
+
+
+def _edit(name, requires, fresh) -> None:
+    reqs = [r.strip() for r in (requires or "").split(",") if r.strip()]
+    result = authoring.edit(name, requires=reqs, fresh=fresh, note=report.note)
+    below = " + ".join(result.below) or "nothing"
+    report.line(f"edit tree for {name}: {result.tree}")
+    report.line(f"  {result.files} pristine files of {result.version}, committed; below: {below};"
+                f" {name}'s patches: {', '.join(result.own_patches) or 'none yet (new)'}")
+    report.line(f"  edit files there (commit or not, new files too), then run: invoke patch refresh {name}")
+
+
+def _refresh(name) -> None:
+    result = authoring.refresh(name, note=report.note)
+    report.line(f"wrote {result.patch}: {result.files} files, {result.hunks} hunks, +{result.added} -{result.removed}")
+    if result.wrote_toml:
+        report.line(f"new patchset: fill in summary/description in {result.patch.parent / 'patchset.toml'}")
+    _check(name)
