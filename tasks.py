@@ -8,6 +8,7 @@ from toolkit_cli.bench import bench
 from toolkit_cli.patch import patch
 from toolkit_cli.provision import facts, provision, wheelhouse
 from toolkit_cli.sandbox import sandbox
+from toolkit_cli.server import server_task
 from toolkit_cli.smoke import smoke
 
-ns = Collection(bench, facts, patch, provision, sandbox, smoke, wheelhouse)
+ns = Collection(bench, facts, patch, provision, sandbox, server_task, smoke, wheelhouse)

@@ -115,9 +115,20 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def command_lines(argv: list[str]) -> list[str]:
+    """The argv, shell-quoted, one `--flag value...` per line (for a script a person reads)."""
+    lines: list[list[str]] = [[]]
+    for arg in argv:
+        if arg.startswith("-") and lines[-1] and len(lines) + len(lines[-1]) > 1:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return [" ".join(words) for words in lines]
+
+
 def render_launch_script(plan: profiles.LaunchPlan) -> str:
     script_path = posixpath.join(plan.server_dir, "launch.sh")
-    return _environment().get_template("launch.sh.j2").render(plan=plan, script_path=script_path)
+    return _environment().get_template("launch.sh.j2").render(
+        plan=plan, script_path=script_path, command_lines=command_lines(plan.argv))
 
 
 def render_unit(plan: profiles.LaunchPlan, grace: float = DEFAULT_GRACE) -> str:
@@ -169,7 +180,12 @@ def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[st
         from . import patching
     except ImportError:
         return [f"patch engine not available: requirement {', '.join(launch.requires_patchsets)} not checked"]
-    result = patching.verify(host)
+    try:
+        result = patching.verify(host)
+    except Exception as exc:  # the patch engine's own errors: any of them means "cannot tell"
+        raise ServerRefused(f"{host.name}: cannot check that patchset(s) {', '.join(launch.requires_patchsets)} "
+                            f"required by {launch.profile} are applied: {exc}; fix that, or pass "
+                            f"--skip-patch-check to start anyway") from exc
     missing = [name for name in launch.requires_patchsets if name not in result.stack]
     if missing:
         raise ServerRefused(

@@ -70,6 +70,7 @@ def test_profiles(tmp_path_factory):
         "fake-stubborn": ('flags = ["--ignore-term", "--child"]\n', ""),
         "fake-dies": ('flags = ["--die-at-start"]\n', ""),
         "fake-unhealthy": ('flags = ["--no-health"]\n', ""),
+        "fake-needs-dyn": ('requires_patchsets = ["dyn-disable"]\n', ""),
         "fake-tp": ('tp_size = 4\ndyn_threshold = 5\nflags = ["--tp", "{tp_size}", "--rank-line", '
                     '"Dynamic speculation disable enabled: threshold={dyn_threshold}"]\n',
                     'rank_log_lines = ["Dynamic speculation disable enabled: threshold={dyn_threshold}"]\n'),

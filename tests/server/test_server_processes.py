@@ -123,3 +123,19 @@ def test_a_dead_recorded_server_shows_as_dead_and_does_not_block_start(fake_host
     again = server.start(fake_host, "fake", timeout=30)
     assert any("had died" in note for note in again.notes)
     server.stop(fake_host, grace=5)
+
+
+def test_a_patch_state_that_cannot_be_read_refuses_start(fake_host):
+    with pytest.raises(server.ServerRefused, match=r"cannot check that patchset\(s\) dyn-disable.*--skip-patch-check"):
+        server.start(fake_host, "fake-needs-dyn", timeout=30)
+
+
+def test_a_required_patchset_that_is_not_applied_refuses_start(fake_host, cpu_ref_venv):
+    # The patch engine probes the host's venv for real: nothing is applied there, so start is refused.
+    fake_host = dataclasses.replace(fake_host, venv=str(cpu_ref_venv))
+    with pytest.raises(server.ServerRefused, match=r"requires patchset\(s\) dyn-disable.*invoke patch apply dyn-disable"):
+        server.start(fake_host, "fake-needs-dyn", timeout=30)
+    assert server.status(fake_host) is None
+    state = server.start(fake_host, "fake-needs-dyn", timeout=30, check_patches=False)
+    assert any("not checked" in note for note in state.notes)
+    server.stop(fake_host, grace=5)

@@ -1,0 +1,147 @@
+"""Profiles (profiles/*.toml) resolved against hosts, and the launch script / unit they render."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from toolkit import profiles, server
+from toolkit.inventory import Host
+
+GPU_HOST = Host(name="blackwell-01", address="blackwell-01.example", venv="/opt/sglang/venv", gpus=8,
+                server={"model": "/models/Kimi-K2.5", "draft_model": "/models/Kimi-K2.5-eagle3"})
+
+
+def test_every_shipped_profile_loads():
+    names = set(profiles.load_profiles())
+    assert {"baseline", "eagle3", "eagle3-dyn", "eagle3-v2-dyn", "cpu-ref"} <= names
+
+
+def test_baseline_is_plain_sglang_with_per_rank_readiness():
+    plan = server.plan(GPU_HOST, "baseline")
+    assert plan.argv[:3] == ["/opt/sglang/venv/bin/python", "-m", "sglang.launch_server"]
+    assert "--speculative-algorithm" not in plan.argv
+    assert plan.argv[plan.argv.index("--tp-size") + 1] == "8"
+    assert plan.argv[plan.argv.index("--host") + 1] == "127.0.0.1"
+    assert plan.expected_log_lines()[0] == "The server is fired up and ready to roll!"
+    assert plan.expected_log_lines()[1:] == [f"TP{r}: Load weight end" for r in range(8)]
+
+
+def test_eagle3_uses_the_v1_worker_settings_and_the_hosts_draft():
+    argv = server.plan(GPU_HOST, "eagle3").argv
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags["--speculative-algorithm"] == "EAGLE3"
+    assert flags["--speculative-draft-model-path"] == "/models/Kimi-K2.5-eagle3"
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("2", "4", "16")
+
+
+def test_eagle3_dyn_sets_the_threshold_requires_the_patchset_and_waits_for_every_rank():
+    plan = server.plan(GPU_HOST, "eagle3-dyn")
+    assert plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "5" and plan.dyn_threshold == 5
+    assert plan.requires_patchsets == ["dyn-disable"]
+    lines = plan.expected_log_lines()
+    for rank in range(8):
+        assert f"TP{rank}: Dynamic speculation disable enabled: threshold=5 hysteresis=1" in lines
+    assert "--speculative-eagle-topk" in plan.argv and "SGLANG_ENABLE_SPEC_V2" not in plan.env
+
+
+def test_threshold_override_reaches_env_and_expected_lines():
+    plan = server.plan(GPU_HOST, "eagle3-dyn", {"dyn_threshold": 12, "dyn_hysteresis": 3})
+    assert plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "12"
+    assert "TP7: Dynamic speculation disable enabled: threshold=12 hysteresis=3" in plan.expected_log_lines()
+
+
+def test_eagle3_v2_dyn_is_topk_1_with_spec_v2_and_keeps_the_dyn_env():
+    plan = server.plan(GPU_HOST, "eagle3-v2-dyn")
+    flags = dict(zip(plan.argv[3::2], plan.argv[4::2]))
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_SPEC_DISABLE_THRESHOLD": "5",
+                        "SGLANG_SPEC_DISABLE_HYSTERESIS": "1"}
+
+
+def test_cpu_ref_runs_transformers_serve_from_the_venv_with_the_model_beside_it():
+    host = Host(name="sandbox", address="127.0.0.1", venv="/srv/host/venv", server={"port": 18111})
+    plan = server.plan(host, "cpu-ref")
+    assert plan.argv[:3] == ["/srv/host/venv/bin/transformers", "serve", "/srv/host/models/tiny-llama"]
+    assert plan.argv[plan.argv.index("--port") + 1] == "18111"
+    assert {"--device", "cpu", "--continuous-batching", "--cb-num-blocks"} <= set(plan.argv)
+    assert plan.env == {"HF_HUB_OFFLINE": "1"} and plan.expected_log_lines() == ["Application startup complete"]
+
+
+def test_sglang_profile_without_a_model_says_where_to_set_it():
+    with pytest.raises(profiles.ProfileError, match=r"set `model = .*` in its \[bare.server\] table, or pass --model"):
+        server.plan(Host(name="bare", venv="/v"), "baseline")
+
+
+def test_eagle3_without_a_draft_model_is_refused():
+    with pytest.raises(profiles.ProfileError, match="needs a draft model"):
+        server.plan(Host(name="h", venv="/v", server={"model": "/m"}), "eagle3")
+
+
+def test_a_secret_in_inline_env_is_refused():
+    host = Host(name="h", venv="/v", server={"model": "/m", "env": {"HF_TOKEN": "hf_abc"}})
+    with pytest.raises(profiles.ProfileError, match="HF_TOKEN looks like a secret.*env_file") as refused:
+        server.plan(host, "baseline")
+    assert "hf_abc" not in str(refused.value)
+
+
+def test_unknown_host_server_key_and_unknown_override_are_named():
+    with pytest.raises(profiles.ProfileError, match="unknown keys in \\[server\\]: modle"):
+        server.plan(Host(name="h", venv="/v", server={"modle": "/m"}), "baseline")
+    with pytest.raises(profiles.ProfileError, match="cannot override colour"):
+        server.plan(GPU_HOST, "baseline", {"colour": "red"})
+
+
+def test_bad_profiles_are_reported_with_their_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_PROFILES", str(tmp_path))
+    (tmp_path / "loop-a.toml").write_text('extends = "loop-b"\nkind = "sglang"\n')
+    (tmp_path / "loop-b.toml").write_text('extends = "loop-a"\n')
+    with pytest.raises(profiles.ProfileError, match="cycle"):
+        profiles.load_profile("loop-a")
+    (tmp_path / "loop-a.toml").unlink()
+    (tmp_path / "loop-b.toml").unlink()
+    (tmp_path / "typo.toml").write_text('kind = "sglang"\ntp_sise = 2\n')
+    with pytest.raises(profiles.ProfileError, match="profile typo .*unknown keys tp_sise"):
+        profiles.load_profile("typo")
+    (tmp_path / "typo.toml").write_text('kind = "sglang"\nflags = ["{modle}"]\n')
+    with pytest.raises(profiles.ProfileError, match=r"unknown placeholder \{modle\}"):
+        server.plan(GPU_HOST, "typo")
+    with pytest.raises(profiles.ProfileError, match="unknown profile 'nope'"):
+        profiles.load_profile("nope")
+
+
+def test_launch_script_sources_secrets_quotes_arguments_and_is_valid_bash(tmp_path):
+    host = Host(name="h", venv="/opt/venv", server={"model": "/models/with space", "draft_model": "/d",
+                                                     "env_file": "/etc/toolkit/hf.env", "env": {"NCCL_DEBUG": "WARN"}})
+    plan = server.plan(host, "eagle3-dyn")
+    script = server.render_launch_script(plan)
+    assert ". /etc/toolkit/hf.env" in script and "set -a" in script
+    assert "--model-path '/models/with space'" in script
+    assert "export NCCL_DEBUG=WARN" in script and "export SGLANG_SPEC_DISABLE_THRESHOLD=5" in script
+    path = tmp_path / "launch.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_launch_script_refuses_to_run_without_its_env_file(tmp_path):
+    host = Host(name="h", venv=str(tmp_path / "venv"), state_dir=str(tmp_path / "state"),
+                server={"model": "/m", "env_file": str(tmp_path / "missing.env")})
+    plan = server.plan(host, "baseline")
+    path = tmp_path / "launch.sh"
+    path.write_text(server.render_launch_script(plan))
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True)
+    assert done.returncode == 78 and "missing.env is missing or unreadable" in done.stderr
+
+
+def test_systemd_unit_runs_the_launch_script_and_kills_the_group():
+    unit = server.render_unit(server.plan(GPU_HOST, "baseline"), grace=45)
+    assert "ExecStart=/bin/bash /opt/sglang/venv/.toolkit/server/baseline/launch.sh" in unit
+    assert "KillMode=control-group" in unit and "TimeoutStopSec=45" in unit
+
+
+def test_a_wildcard_bind_is_noted_and_probed_on_loopback():
+    plan = server.plan(Host(name="h", venv="/v", server={"model": "/m", "bind": "0.0.0.0"}), "baseline")
+    assert plan.base_url_on_host == "http://127.0.0.1:30000"
+    assert any("reachable beyond this host" in note for note in plan.notes)

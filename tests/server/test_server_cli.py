@@ -1,0 +1,97 @@
+"""`invoke server ...` as a person types it, against the sandbox sshd with the real cpu-ref server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+INVOKE = [sys.executable, "-m", "invoke"]
+
+
+@pytest.fixture
+def cli(ssh_host, cpu_ref_venv, ref_model, tmp_path, test_profiles):
+    """Run `invoke server ...` against a host `cpu-test` defined in a private inventory file."""
+    inventory = tmp_path / "hosts.toml"
+    port = free_port()
+    inventory.write_text(
+        "[cpu-test]\n"
+        f'address = "127.0.0.1"\nport = {ssh_host.port}\nuser = "{ssh_host.user}"\n'
+        f'key = "{ssh_host.key}"\nknown_hosts = "{ssh_host.known_hosts}"\n'
+        f'venv = "{cpu_ref_venv}"\nstate_dir = "{tmp_path / "state"}"\n'
+        "[cpu-test.server]\n"
+        f'model = "{ref_model}"\nport = {port}\nbind = "127.0.0.1"\nmemory_wait_s = 5\n')
+    env = {**os.environ, "TOOLKIT_INVENTORY": str(inventory), "COLUMNS": "200"}
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([*INVOKE, "server", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    run.port = port
+    return run
+
+
+def test_start_status_logs_stop_through_invoke(cli):
+    started = cli("start", "cpu-ref", "--host", "cpu-test", "--timeout", "180")
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "ready" in started.stdout and f"127.0.0.1:{cli.port}" in started.stdout
+        assert "starting cpu-ref on 127.0.0.1" in started.stderr
+
+        again = cli("start", "cpu-ref", "--host", "cpu-test")
+        assert again.returncode == 1 and "already running: profile cpu-ref" in again.stderr
+
+        status = cli("status", "--host", "cpu-test", "--json")
+        assert status.returncode == 0, status.stderr
+        [entry] = json.loads(status.stdout)
+        assert entry["server"]["profile"] == "cpu-ref" and entry["server"]["healthy"] is True
+
+        logs = cli("logs", "--host", "cpu-test", "--lines", "4")
+        assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 4
+
+        followed = cli("logs", "--host", "cpu-test", "-f", "--duration", "2", "--lines", "0")
+        assert followed.returncode == 0 and "Application startup complete" in followed.stdout
+    finally:
+        stopped = cli("stop", "--host", "cpu-test", "--grace", "10")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "SIGTERM" in stopped.stdout and "GPU check skipped" in stopped.stdout
+    status = cli("status", "--host", "cpu-test")
+    assert status.returncode == 0 and "not running" in status.stdout
+
+
+def test_dry_run_prints_the_script_and_starts_nothing(cli):
+    done = cli("start", "cpu-ref", "--host", "cpu-test", "--dry-run", "--port", "18999")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("#!/usr/bin/env bash") and "--port 18999" in done.stdout
+    assert "Nothing started" in done.stderr
+    assert "not running" in cli("status", "--host", "cpu-test").stdout
+
+
+def test_a_failed_start_prints_the_log_tail_and_exits_1(cli, tmp_path):
+    done = cli("start", "fake-dies", "--host", "cpu-test", "--timeout", "30")
+    assert done.returncode == 1
+    assert "RuntimeError: cannot load model" in done.stderr and "exited during startup" in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["start"], "needs a profile; one of: "),
+    (["frobnicate"], "unknown action 'frobnicate'"),
+    (["stop", "cpu-ref"], "takes no profile"),
+    (["start", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
+    (["status", "--host", "nowhere"], "unknown host 'nowhere'"),
+])
+def test_bad_input_is_named_with_exit_2(cli, args, message):
+    done = cli(*args)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_help_describes_every_argument(cli):
+    done = subprocess.run([*INVOKE, "--help", "server"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0
+    for flag in ("--host", "--timeout", "--grace", "--follow", "--rank", "--lines", "--dry-run", "--threshold"):
+        assert flag in done.stdout

@@ -1,0 +1,238 @@
+"""`invoke server start PROFILE | stop | status | logs | model | profiles | render PROFILE`."""
+from __future__ import annotations
+
+import signal
+import threading
+
+from rich.markup import escape
+
+from toolkit import profiles, report, server
+
+from .common import HOST_HELP, fail, finish, hosts_or_exit, run_on_hosts, wants_help
+from .parsing import command
+
+ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
+USAGE = """usage: invoke server ACTION [PROFILE] [options]
+  start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N]
+                [--skip-patch-check] [--dry-run]
+                           render launch.sh on the host, start detached, wait until ready
+  stop [--grace S] [--memory-wait S]
+                           TERM the server's process group, KILL after the grace, wait for GPU memory
+  status [--json]          running?, profile, pid, port, uptime, health
+  logs [-f] [--rank N] [--lines N] [--duration S]
+                           the server log of the current/last run; -f follows it
+  model [--out DIR] [--seed N]
+                           make the tiny reference model on the host (in its venv; for cpu-ref)
+  profiles                 the profiles in profiles/ (no host)
+  render PROFILE           print the launch script a start would write (no host contact)
+every host action takes --host NAME[,NAME...] (default: sandbox)"""
+
+
+def _overrides(port, model, draft_model, tp, threshold) -> dict:
+    return {"port": int(port) if port else None, "model": model or None, "draft_model": draft_model or None,
+            "tp_size": int(tp) if tp else None, "dyn_threshold": int(threshold) if threshold else None}
+
+
+@command(positional=["action", "profile"], optional=["profile"], help={
+    "action": "start | stop | status | logs | model | profiles | render",
+    "profile": "profile name (profiles/NAME.toml); start and render need it",
+    "host": HOST_HELP,
+    "timeout": f"start: seconds to wait for readiness before stopping it again (default {server.DEFAULT_TIMEOUT:.0f})",
+    "grace": f"stop: seconds between SIGTERM and SIGKILL (default {server.DEFAULT_GRACE:.0f})",
+    "memory_wait": f"stop: seconds to wait for GPU memory back to idle (default {server.DEFAULT_MEMORY_WAIT:.0f})",
+    "port": "start/render: port instead of the profile's/host's",
+    "model": "start/render: model path on the host instead of the host's server.model",
+    "draft_model": "start/render: draft model path on the host instead of server.draft_model",
+    "tp": "start/render: tensor-parallel size instead of the profile's/host's",
+    "threshold": "start/render: dyn-disable threshold (running requests above which drafting stops)",
+    "skip_patch_check": "start: do not check that the profile's required patchsets are applied",
+    "dry_run": "start: print the launch script it would write and the checks it would make; start nothing",
+    "follow": "logs: keep printing new lines (for --duration seconds or until Ctrl-C)",
+    "rank": "logs: only the lines of tensor-parallel rank N ([... TPN] prefix)",
+    "lines": "logs: the last N lines (default: 50; 0 for all)",
+    "duration": "logs -f: stop following after S seconds (default 600)",
+    "out": "model: folder on the host (default: host's server.model, else <venv>/../models/tiny-llama)",
+    "seed": "model: seed of the random weights (default 0)",
+    "json_": "status/start/stop: print JSON instead of a table",
+}, name="server")
+def server_task(c, action, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
+                model=None, draft_model=None, tp=None, threshold=None, skip_patch_check=False, dry_run=False,
+                follow=False, rank=None, lines=None, duration=None, out=None, seed=None, json_=False):
+    """The model server on a host: start a profile, stop it, status, logs; make the reference model."""
+    if wants_help(action):
+        report.line(USAGE)
+        return
+    if action not in ACTIONS:
+        fail(f"unknown action {action!r}\n{USAGE}", code=2)
+    profile = profile or None
+    if action in ("start", "render") and not profile:
+        fail(f"`invoke server {action}` needs a profile; one of: {', '.join(_profile_names())}", code=2)
+    if action not in ("start", "render") and profile:
+        fail(f"`invoke server {action}` takes no profile (got {profile!r})", code=2)
+    overrides = _overrides(port, model, draft_model, tp, threshold)
+    try:
+        if profile:
+            profiles.load_profile(profile)  # a bad name is bad input (exit 2), not a host failure
+        if action == "profiles":
+            return _list_profiles()
+        if action == "render" or (action == "start" and dry_run):
+            return _render(host, profile, overrides, action == "start")
+        if action == "start":
+            return _start(host, profile, overrides, float(timeout or server.DEFAULT_TIMEOUT), not skip_patch_check, json_)
+        if action == "stop":
+            return _stop(host, float(server.DEFAULT_GRACE if grace is None else grace),
+                         None if memory_wait is None else float(memory_wait), json_)
+        if action == "status":
+            return _status(host, json_)
+        if action == "logs":
+            return _logs(host, follow, None if rank is None else int(rank), 50 if lines is None else int(lines),
+                         float(duration or 600))
+        return _model(host, out, int(seed or 0))
+    except (profiles.ProfileError, ValueError) as exc:
+        fail(escape(str(exc)), code=2)
+
+
+def _profile_names() -> list[str]:
+    try:
+        return sorted(profiles.load_profiles())
+    except profiles.ProfileError:
+        return []
+
+
+def _list_profiles() -> None:
+    rows = []
+    for name, data in sorted(profiles.load_profiles().items()):
+        rows.append([name, data.get("kind", "?"), data.get("tp_size", 1), data.get("port", ""),
+                     ", ".join(data.get("requires_patchsets", [])) or "-",
+                     data.get("dyn_threshold", "-"), data.get("summary", "")])
+    report.table("server profiles", ["profile", "kind", "tp", "port", "requires", "dyn threshold", "summary"], rows)
+
+
+def _render(host_spec, profile, overrides, for_start: bool) -> None:
+    for host in hosts_or_exit(host_spec):
+        launch = server.plan(host, profile, overrides)
+        report.note(f"# {host.name}: {launch.server_dir}/launch.sh")
+        report.line(server.render_launch_script(launch).rstrip("\n"))
+        if for_start:
+            checks = ["no toolkit server recorded as running", f"port {launch.port} free on {launch.bind}",
+                      f"no process holds GPU memory ({launch.nvidia_smi}; skipped if absent)"]
+            if launch.requires_patchsets:
+                checks.append(f"patchset(s) applied: {', '.join(launch.requires_patchsets)}")
+            report.note(f"# dry run: would check {'; '.join(checks)}; then start and wait for "
+                        f"{launch.health_endpoint} + {len(launch.expected_log_lines())} log line(s). Nothing started.")
+
+
+def _start(host_spec, profile, overrides, timeout, check_patches, json_) -> None:
+    def one(host):
+        return server.start(host, profile, timeout=timeout, overrides=overrides, check_patches=check_patches,
+                            progress=report.note)
+
+    outcomes = run_on_hosts(host_spec, one)
+    for outcome in outcomes:
+        if isinstance(outcome.error, server.ServerError) and outcome.error.log_tail:
+            report.note(f"--- {outcome.host.name}: last lines of the server log ---\n{outcome.error.log_tail}\n---")
+    if json_:
+        report.emit_json([o.value.to_json() for o in outcomes if o.ok])
+    else:
+        rows = [[s.host, s.profile, "ready", s.pid, f"{s.bind}:{s.port}", f"{s.ready_after_s}s", s.log_path]
+                for s in (o.value for o in outcomes if o.ok)]
+        if rows:
+            report.table(None, ["host", "profile", "status", "pid", "listening", "ready after", "log"], rows,
+                         status_column=2)
+        for o in outcomes:
+            for note in (o.value.notes if o.ok else []):
+                report.note(f"{o.host.name}: {note}")
+    finish(outcomes)
+
+
+def _stop(host_spec, grace, memory_wait, json_) -> None:
+    outcomes = run_on_hosts(host_spec, lambda h: server.stop(h, grace=grace, memory_wait=memory_wait))
+    if json_:
+        report.emit_json([o.value.to_json() for o in outcomes if o.ok])
+    else:
+        rows = []
+        for o in outcomes:
+            if not o.ok:
+                continue
+            r = o.value
+            if not r.was_running and r.stopped:
+                state = "ok"
+                detail = r.reason or "nothing was running"
+            else:
+                state = "ok" if r.stopped else "failed"
+                gpu = ("GPU memory idle" if r.gpu_memory else "GPU check skipped") if r.stopped else r.reason
+                detail = f"{r.profile} pid {r.pid}: {'SIGTERM' if r.signal == 'TERM' else 'SIGKILL after grace' if r.signal == 'KILL' else 'already gone'} ({r.stop_s}s); {gpu}"
+            rows.append([o.host.name, state, detail])
+            for note in r.notes:
+                report.note(f"{o.host.name}: {note}")
+        if rows:
+            report.table(None, ["host", "stop", "detail"], rows, status_column=1)
+    finish(outcomes, failed=lambda r: not r.stopped)
+
+
+def _status(host_spec, json_) -> None:
+    outcomes = run_on_hosts(host_spec, server.status)
+    if json_:
+        report.emit_json([{"host": o.host.name, "server": o.value.to_json() if o.value else None}
+                          for o in outcomes if o.ok])
+    else:
+        rows = []
+        for o in outcomes:
+            if not o.ok:
+                continue
+            s = o.value
+            if s is None:
+                rows.append([o.host.name, "-", "not running", "", "", "", ""])
+            else:
+                health = "ok" if s.healthy else "failed"
+                rows.append([o.host.name, s.profile, s.status, s.pid, f"{s.bind}:{s.port}",
+                             _uptime(s.uptime_s), health if s.status != "dead" else "-"])
+        report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
+    finish(outcomes, failed=lambda s: s is not None and s.status == "dead")
+
+
+def _uptime(seconds) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _logs(host_spec, follow, rank, lines, duration) -> None:
+    hosts = hosts_or_exit(host_spec)
+    if follow:
+        if len(hosts) != 1:
+            fail("logs -f follows one host; name it with --host", code=2)
+        interrupted = threading.Event()
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+        try:
+            report.note(f"following the server log on {hosts[0].name} for up to {duration:.0f}s (Ctrl-C stops)")
+            server.follow_log(hosts[0], rank=rank, lines=lines, duration=duration, emit=print,
+                              should_stop=interrupted.is_set)
+        except server.ServerError as exc:
+            fail(escape(str(exc)))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return
+    outcomes = run_on_hosts(host_spec, lambda h: server.read_log(h, rank=rank, lines=lines or None))
+    for o in outcomes:
+        if o.ok:
+            if len(outcomes) > 1:
+                report.note(f"--- {o.host.name} ---")
+            print(o.value)
+    finish(outcomes)
+
+
+def _model(host_spec, out, seed) -> None:
+    def one(host):
+        report.note(f"{host.name}: making the reference model in the host's venv ({host.venv})")
+        return server.make_model(host, out, seed=seed)
+
+    outcomes = run_on_hosts(host_spec, one)
+    for o in outcomes:
+        if o.ok:
+            report.line(f"{o.host.name}: {'made' if o.value['made'] else 'already current'}: {o.value['model']}")
+    finish(outcomes)
+
