@@ -150,14 +150,14 @@ def _answer_of(record: RequestRecord) -> str:
     return record.text or record.reasoning
 
 
-async def _chat_check(client: OpenAIClient, *, stream: bool) -> tuple[RequestRecord, str]:
+async def _chat_check(client: OpenAIClient, *, stream: bool, max_tokens: int) -> tuple[RequestRecord, str]:
     record = await client.chat([{"role": "user", "content": FIBONACCI_PROMPT}],
-                               max_tokens=CHAT_MAX_TOKENS, temperature=0.0, stream=stream)
+                               max_tokens=max_tokens, temperature=0.0, stream=stream)
     if not record.ok:
         raise CheckFailed(record.error or "request failed")
     if not _answer_of(record).strip():
         raise CheckFailed(f"empty answer (finish_reason={record.finish_reason})")
-    problem = _usage_problem(record, CHAT_MAX_TOKENS)
+    problem = _usage_problem(record, max_tokens)
     if problem:
         raise CheckFailed(problem)
     kind = "content" if record.text.strip() else "reasoning only"
@@ -168,6 +168,7 @@ async def _chat_check(client: OpenAIClient, *, stream: bool) -> tuple[RequestRec
 
 async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None = None,
                           burst: int = DEFAULT_BURST, burst_max_tokens: int = BURST_MAX_TOKENS,
+                          chat_max_tokens: int = CHAT_MAX_TOKENS,
                           request_timeout: float = 300.0, log_allow=DEFAULT_LOG_ALLOW,
                           on_check: Callable[[str], None | Awaitable[None]] | None = None,
                           model: str | None = None) -> SmokeResult:
@@ -183,12 +184,12 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
             return f"{len(names)} model(s); using {client.model}"
 
         async def chat() -> str:
-            record, detail = await _chat_check(client, stream=False)
+            record, detail = await _chat_check(client, stream=False, max_tokens=chat_max_tokens)
             state["first"] = _answer_of(record)
             return f"{detail}, {record.latency:.2f} s"
 
         async def determinism() -> str:
-            record, _ = await _chat_check(client, stream=False)
+            record, _ = await _chat_check(client, stream=False, max_tokens=chat_max_tokens)
             first = state.get("first")
             if first is None:
                 raise CheckFailed("the chat check gave no answer to compare with")
@@ -198,7 +199,7 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
             return f"same {len(first)} characters twice"
 
         async def stream() -> str:
-            record, detail = await _chat_check(client, stream=True)
+            record, detail = await _chat_check(client, stream=True, max_tokens=chat_max_tokens)
             if record.chunks < 2 and (record.completion_tokens or 0) > 1:
                 raise CheckFailed(f"{record.completion_tokens} tokens came in {record.chunks} chunk")
             done = "[DONE] seen" if record.saw_done else "no [DONE] (tolerated)"

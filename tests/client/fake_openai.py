@@ -1,0 +1,210 @@
+"""A small OpenAI-compatible chat server on loopback (asyncio, standard library only).
+
+It stands in where the real CPU server cannot show a behaviour on demand: streams cut in the
+middle, no usage, HTTP errors, a strict request schema, slow answers; and it is fast enough to
+measure how many requests per second a client can drive (benchmarks/bench_client_vs_vllm.py).
+
+    server = FakeOpenAI(mode=...); server.start(); ... server.base_url ...; server.stop()
+    python tests/client/fake_openai.py PORT [--chunks N]    (standalone, for the benchmark)
+
+Modes (per server, or per request with the user message "mode:NAME"):
+  ok            `chunks` content chunks, a finish chunk with usage, then `data: [DONE]`
+  no-done       like ok, without `data: [DONE]` (transformers serve does this)
+  no-usage      like ok, without usage
+  break         two chunks, then the connection is closed mid-stream
+  truncated     the chunks, then a clean end of the body: no finish_reason, no usage, no [DONE]
+  error500      HTTP 500
+  strict        HTTP 422 when the request has fields outside the OpenAI API (like transformers serve)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+
+OPENAI_FIELDS = {"model", "messages", "max_tokens", "temperature", "stream", "stream_options", "top_p",
+                 "n", "stop", "seed", "presence_penalty", "frequency_penalty", "user", "logprobs",
+                 "max_completion_tokens"}
+
+
+class FakeOpenAI:
+    def __init__(self, *, mode: str = "ok", chunks: int = 8, delay: float = 0.0, host: str = "127.0.0.1",
+                 port: int = 0, strict: bool = False):
+        self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
+        self.host, self.port = host, port
+        self.requests: list[dict] = []          # bodies of the chat requests received
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # --- lifecycle (a thread with its own event loop) --------------------------------------------
+    def start(self) -> "FakeOpenAI":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._serve())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+
+        async def close():
+            self._server.close()
+            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # --- HTTP ------------------------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request_line = await reader.readline()
+                if not request_line:
+                    return
+                method, path, _ = request_line.decode().split(" ", 2)
+                headers = {}
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b"\n", b""):
+                        break
+                    key, _, value = line.decode().partition(":")
+                    headers[key.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", 0) or 0))
+                keep = await self._route(method, path.split("?")[0], body, writer)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError):
+            return
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    @staticmethod
+    def _send(writer, status: str, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+                     .encode() + data)
+
+    async def _route(self, method: str, path: str, body: bytes, writer) -> bool:
+        if method == "GET" and path == "/health":
+            self._send(writer, "200 OK", {"status": "ok"})
+        elif method == "GET" and path == "/v1/models":
+            self._send(writer, "200 OK", {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        elif method == "POST" and path == "/v1/chat/completions":
+            return await self._chat(json.loads(body or b"{}"), writer)
+        else:
+            self._send(writer, "404 Not Found", {"detail": "Not Found"})
+        await writer.drain()
+        return True
+
+    async def _chat(self, request: dict, writer) -> bool:
+        self.requests.append(request)
+        mode = self.mode
+        text = str(request.get("messages", [{}])[-1].get("content", ""))
+        if text.startswith("mode:"):
+            mode = text[5:].split()[0]
+        unknown = set(request) - OPENAI_FIELDS
+        if (self.strict or mode == "strict") and unknown:
+            self._send(writer, "422 Unprocessable Entity", {"detail": f"Unexpected fields in the request: {unknown}"})
+            await writer.drain()
+            return True
+        if mode == "error500":
+            self._send(writer, "500 Internal Server Error", {"error": "boom"})
+            await writer.drain()
+            return True
+        chunks = min(self.chunks, int(request.get("max_tokens") or self.chunks))
+        prompt_tokens = max(1, len(text.split()))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if not request.get("stream"):
+                if self.delay:
+                    await asyncio.sleep(self.delay * chunks)
+                self._send(writer, "200 OK", {
+                    "id": "x", "object": "chat.completion", "choices": [{
+                        "index": 0, "message": {"role": "assistant", "content": "tok " * chunks},
+                        "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
+                              "total_tokens": prompt_tokens + chunks}})
+                await writer.drain()
+                return True
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+            def event(payload) -> None:
+                data = f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+            for i in range(chunks):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                event({"id": "x", "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "delta": {"content": "tok "}}]})
+                await writer.drain()
+                if mode == "break" and i == 1:
+                    writer.transport.abort()
+                    return False
+            if mode == "truncated":
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                return True
+            final = {"id": "x", "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            if mode != "no-usage":
+                final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
+                                  "total_tokens": prompt_tokens + chunks}
+            event(final)
+            if mode not in ("no-done",):
+                event("[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        finally:
+            self.in_flight -= 1
+
+
+def main(argv: list[str]) -> int:
+    port = int(argv[0]) if argv else 0
+    chunks = int(argv[argv.index("--chunks") + 1]) if "--chunks" in argv else 8
+    server = FakeOpenAI(port=port, chunks=chunks).start()
+    print(f"fake OpenAI server on {server.base_url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

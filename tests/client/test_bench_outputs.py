@@ -1,0 +1,120 @@
+"""Recommendation arithmetic, JSONL/CSV round trips, compare and the plot (no server)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from toolkit.bench.compare import compare
+from toolkit.bench.outputs import OutputError, RunWriter, load_records
+from toolkit.bench.plot import plot_throughput
+from toolkit.bench.recommend import crossover, recommend
+
+
+def record(profile, concurrency, output_tps, per_request=None, run_id="r1", completed=10):
+    return {"run_id": run_id, "profile": profile, "concurrency": concurrency, "requests": 10,
+            "params": {"dataset": "builtin", "output_len": 64, "seed": 0}, "server": {"kind": "test"},
+            "metrics": {"completed": completed, "failed": 0, "output_throughput": output_tps,
+                        "mean_request_output_throughput_tok_s": per_request or output_tps / concurrency,
+                        "median_ttft_ms": 10.0 * concurrency}}
+
+
+def sweep(base, eagle, dyn=None, levels=(1, 2, 4, 8, 16)):
+    out = [record("baseline", c, v) for c, v in zip(levels, base)]
+    out += [record("eagle3", c, v) for c, v in zip(levels, eagle)]
+    if dyn:
+        out += [record("eagle3-dyn", c, v) for c, v in zip(levels, dyn)]
+    return out
+
+
+def test_crossover_interpolates_in_log2_concurrency():
+    # ratio 1.5 at 4, 0.5 at 16: halfway in log2 -> 8
+    assert crossover([4, 16], [1.5, 0.5]) == pytest.approx(8.0)
+    # ratio 1.2 at 8, 0.9 at 16: 2/3 of the way from log2(8)=3 to 4
+    assert crossover([8, 16], [1.2, 0.9]) == pytest.approx(2 ** (3 + 2 / 3))
+    assert crossover([1, 2], [1.1, 1.05]) is None
+
+
+def test_recommendation_threshold_and_dyn_ratio():
+    rec = recommend(sweep(base=[100, 190, 360, 640, 1000], eagle=[200, 360, 600, 640 * 0.9, 800],
+                          dyn=[195, 350, 590, 630, 990]))
+    assert rec.verdict == "crossover"
+    # eagle3/baseline: 2.0, 1.89, 1.67, 0.9, 0.8 -> falls through 1 between 4 and 8
+    expected = 2 ** (2 + (1.6666666 - 1.0) / (1.6666666 - 0.9))
+    assert rec.crossover_concurrency == pytest.approx(expected, rel=1e-4)
+    assert rec.threshold == math.floor(expected) == 7
+    by_level = {level.concurrency: level for level in rec.levels}
+    assert by_level[1].dyn_over_best == pytest.approx(195 / 200)
+    assert by_level[16].dyn_over_best == pytest.approx(990 / 1000)
+    assert "threshold: 7" in rec.text
+
+
+def test_recommendation_when_eagle3_always_or_never_wins():
+    always = recommend(sweep(base=[100, 200, 300, 400, 500], eagle=[150, 260, 330, 410, 510]))
+    assert always.verdict == "eagle3-always-wins" and always.threshold is None
+    assert "16" in always.text
+    never = recommend(sweep(base=[100, 200, 300, 400, 500], eagle=[90, 150, 200, 300, 400]))
+    assert never.verdict == "eagle3-never-wins" and never.threshold is None
+    missing = recommend([record("baseline", 1, 100)])
+    assert missing.verdict == "not-enough-data"
+
+
+def test_failed_levels_are_left_out_of_the_curves():
+    records = sweep(base=[100, 200], eagle=[150, 150], levels=(1, 2))
+    records.append(record("eagle3", 4, 0.0, completed=0))
+    records.append(record("baseline", 4, 300))
+    rec = recommend(records)
+    # ratios 1.5 at 1 and 0.75 at 2 (the failed eagle3 level at 4 is no data point, not a zero)
+    assert rec.verdict == "crossover"
+    assert rec.crossover_concurrency == pytest.approx(2 ** (0.5 / 0.75))
+    assert {l.concurrency: l.eagle3 for l in rec.levels}[4] is None
+
+
+def test_jsonl_csv_round_trip_and_torn_last_line(tmp_path):
+    writer = RunWriter(tmp_path / "run")
+    records = sweep(base=[100, 200], eagle=[150, 180], levels=(1, 4))
+    for r in records:
+        writer.append(r)
+    with open(writer.jsonl, "a") as handle:
+        handle.write('{"profile": "baseline", "concur')      # a run killed mid-write
+    loaded = load_records(tmp_path / "run")
+    assert loaded == records
+    writer.write_csv(loaded)
+    rows = list(csv.DictReader(open(writer.csv)))
+    assert [(r["profile"], r["concurrency"], float(r["output_throughput"])) for r in rows] == \
+        [("baseline", "1", 100.0), ("baseline", "4", 200.0), ("eagle3", "1", 150.0), ("eagle3", "4", 180.0)]
+
+
+def test_load_records_rejects_what_is_not_a_run(tmp_path):
+    with pytest.raises(OutputError, match="no such file"):
+        load_records(tmp_path / "missing")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{"b": 2}\n')
+    with pytest.raises(OutputError, match="not a bench record"):
+        load_records(bad)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("not json\n" + json.dumps(record("baseline", 1, 1.0)) + "\n")
+    with pytest.raises(OutputError, match=":1: not a JSON line"):
+        load_records(broken)
+
+
+def test_compare_puts_runs_side_by_side(tmp_path):
+    for name, value in (("monday", 100.0), ("tuesday", 120.0)):
+        writer = RunWriter(tmp_path / name)
+        for c in (1, 4):
+            writer.append(record("baseline", c, value * c, run_id=name))
+        writer.append(record("eagle3", 1, value * 2, run_id=name))
+    comparison = compare([tmp_path / "monday", tmp_path / "tuesday" / "results.jsonl"])
+    assert comparison.columns == ["monday:baseline", "monday:eagle3", "tuesday:baseline", "tuesday:eagle3"]
+    table = comparison.tables["output tok/s"]
+    assert table == [[1, 100.0, 200.0, 120.0, 240.0], [4, 400.0, None, 480.0, None]]
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = plot_throughput(sweep(base=[100, 190, 360], eagle=[200, 250, 300], levels=(1, 2, 4)),
+                           tmp_path / "plot.png", title="test", crossover=3.0)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

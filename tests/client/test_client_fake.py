@@ -1,0 +1,100 @@
+"""The client and the level runner against the fake server: the quirks and faults on demand."""
+from __future__ import annotations
+
+import asyncio
+
+from toolkit.bench.metrics import compute
+from toolkit.bench.prompts import BenchRequest, PromptSource
+from toolkit.bench.runner import run_level
+from toolkit.client import OpenAIClient
+
+
+def chat(base_url, content="hello", **kwargs):
+    async def go():
+        async with OpenAIClient(base_url) as client:
+            record = await client.chat([{"role": "user", "content": content}], **kwargs)
+            return record, client
+    return asyncio.run(go())
+
+
+def test_stream_with_and_without_done(fake_server):
+    server = fake_server(chunks=5)
+    with_done, _ = chat(server.base_url, max_tokens=5)
+    without, _ = chat(server.base_url, "mode:no-done", max_tokens=5)
+    for record in (with_done, without):
+        assert record.ok, record.error
+        assert record.chunks == 5 and record.completion_tokens == 5 and record.finish_reason == "length"
+        assert len(record.itl) == 4 and record.ttft <= record.latency
+    assert with_done.saw_done and not without.saw_done
+    assert server.requests[0]["stream_options"] == {"include_usage": True}
+
+
+def test_stream_cut_or_ending_without_finish_is_a_failure(fake_server):
+    server = fake_server(chunks=5)
+    broken, _ = chat(server.base_url, "mode:break", max_tokens=5)
+    assert not broken.ok and "stream broke after 2 chunk(s)" in broken.error
+    truncated, _ = chat(server.base_url, "mode:truncated", max_tokens=5)
+    assert not truncated.ok and "without finish_reason or [DONE]" in truncated.error
+
+
+def test_http_error_is_a_failed_record_not_an_exception(fake_server):
+    server = fake_server()
+    record, _ = chat(server.base_url, "mode:error500")
+    assert not record.ok and record.status_code == 500 and "HTTP 500" in record.error
+    plain, _ = chat(server.base_url, "mode:error500", stream=False)
+    assert not plain.ok and "HTTP 500" in plain.error
+
+
+def test_rejected_fields_are_dropped_and_remembered(fake_server):
+    server = fake_server(strict=True, chunks=3)
+
+    async def go():
+        async with OpenAIClient(server.base_url) as client:
+            first = await client.chat([{"role": "user", "content": "a"}], max_tokens=3,
+                                      extra={"ignore_eos": True, "top_k": 1})
+            second = await client.chat([{"role": "user", "content": "b"}], max_tokens=3,
+                                       extra={"ignore_eos": True, "top_k": 1})
+            return first, second, client.rejected_fields
+    first, second, rejected = asyncio.run(go())
+    assert first.ok and second.ok
+    assert rejected == {"ignore_eos", "top_k"}
+    assert first.dropped_fields == ["ignore_eos", "top_k"]
+    sent = [set(r) & {"ignore_eos", "top_k"} for r in server.requests if "messages" in r]
+    # first request: with the fields (422), again without; second request: without at once
+    assert sent == [{"ignore_eos", "top_k"}, set(), set()]
+
+
+def test_unreachable_server_is_a_failed_record():
+    record, _ = chat("http://127.0.0.1:9", max_tokens=3)
+    assert not record.ok and record.error
+
+
+def test_level_keeps_the_in_flight_count_and_counts_failures(fake_server):
+    server = fake_server(chunks=4, delay=0.005)
+    requests = [BenchRequest([{"role": "user", "content": "mode:break" if i % 5 == 0 else f"q{i}"}], 4)
+                for i in range(20)]
+    level = run_level(server.base_url, requests, 4)
+    assert server.max_in_flight == 4
+    assert len(level.records) == 20 and not level.stopped_early
+    m = compute(level.records, level.duration_s)
+    assert (m["completed"], m["failed"]) == (16, 4)
+    assert m["total_output_tokens"] == 16 * 4
+    assert list(m["errors"].values()) == [4]
+
+
+def test_level_time_bound_stops_new_requests(fake_server):
+    server = fake_server(chunks=4, delay=0.1)   # 0.4 s a request
+    requests = PromptSource().requests(50, seed=1)
+    level = run_level(server.base_url, requests, 2, max_seconds=0.5)
+    assert level.stopped_early
+    assert 2 <= len(level.records) < 50
+    assert all(r.ok for r in level.records)
+
+
+def test_prompt_order_repeats_with_the_seed():
+    source = PromptSource()
+    assert [r.messages for r in source.requests(30, 3)] == [r.messages for r in source.requests(30, 3)]
+    assert [r.messages for r in source.requests(30, 3)] != [r.messages for r in source.requests(30, 4)]
+    synthetic = PromptSource(dataset="synthetic", input_len=64, output_len=16)
+    requests = synthetic.requests(3, 0)
+    assert all(r.extra == {"ignore_eos": True} and r.max_tokens == 16 for r in requests)

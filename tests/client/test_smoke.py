@@ -1,0 +1,85 @@
+"""`invoke smoke`'s engine against the real CPU server, a killed one, and logs with problems.
+
+The chat checks ask for fewer tokens than the command's 200 (CHAT_MAX_TOKENS): the reference
+model always runs to max_tokens, and 200 tokens one at a time take ~10 s on a busy 2-core box.
+"""
+from __future__ import annotations
+
+from toolkit.smoke import CHECK_NAMES, burst_size, run_smoke, scan_log
+
+SHORT = 32
+
+HARMLESS_SGLANG = """[2026-11-29 08:00:01] INFO server_args=ServerArgs(...)
+[2026-11-29 08:00:09] Can not initialize OpenAIServingResponses, error: Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/http_server.py", line 370, in lifespan
+    from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+  File "/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/openai/serving_responses.py", line 20, in <module>
+    from openai_harmony import Message
+ModuleNotFoundError: No module named 'openai_harmony'
+
+[2026-11-29 08:00:10] INFO:     Application startup complete.
+"""
+
+REAL_CRASH = """INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 2400, in event_loop
+    self.run_batch(batch)
+RuntimeError: CUDA error: an illegal memory access was encountered
+INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK
+"""
+
+
+def test_burst_size_crosses_the_threshold():
+    assert burst_size(5) == 12
+    assert burst_size(None) == 8
+
+
+def test_log_scan_excuses_known_harmless_and_finds_real_problems():
+    problems, excused = scan_log(HARMLESS_SGLANG)
+    assert problems == [] and len(excused) == 1
+    problems, _ = scan_log(HARMLESS_SGLANG + REAL_CRASH)
+    assert len(problems) == 1
+    assert "RuntimeError: CUDA error" in problems[0].summary()
+    assert problems[0].line_number == HARMLESS_SGLANG.count("\n") + 2
+    single, _ = scan_log("[2026-11-29 08:00:00 TP3] ERROR scheduler: watchdog timeout\nINFO fine\n")
+    assert [p.line_number for p in single] == [1]
+    clean, _ = scan_log("INFO: 422 Unprocessable Entity\nWARNING: errors=0 in the last window\n")
+    assert clean == []
+
+
+def test_smoke_passes_against_the_real_cpu_server(cpu_server):
+    result = run_smoke(cpu_server.base_url, read_log=cpu_server.read_log, burst=burst_size(3),
+                       chat_max_tokens=SHORT)
+    by_name = {check.name: check for check in result.checks}
+    assert [check.name for check in result.checks] == list(CHECK_NAMES)
+    assert result.ok, [(c.name, c.detail) for c in result.checks if c.status != "pass"]
+    assert all(check.status == "pass" for check in result.checks)
+    assert "8 concurrent streams ok" in by_name["burst"].detail
+    assert "no [DONE] (tolerated)" in by_name["stream"].detail
+    # transformers serve rejects ignore_eos with HTTP 422; the burst went through without it
+    assert result.rejected_fields == ["ignore_eos"]
+
+
+def test_a_traceback_in_the_log_fails_the_log_check(cpu_server):
+    result = run_smoke(cpu_server.base_url, read_log=lambda: cpu_server.read_log() + REAL_CRASH, burst=2,
+                       chat_max_tokens=SHORT)
+    by_name = {check.name: check for check in result.checks}
+    assert not result.ok
+    assert by_name["log"].status == "fail"
+    assert "RuntimeError: CUDA error" in by_name["log"].detail
+    assert all(check.status == "pass" for check in result.checks if check.name != "log")
+
+
+def test_server_killed_mid_smoke_fails_named_checks(fresh_cpu_server):
+    def kill_before_burst(name):
+        if name == "burst":
+            fresh_cpu_server.kill()
+
+    result = run_smoke(fresh_cpu_server.base_url, read_log=fresh_cpu_server.read_log, burst=4,
+                       on_check=kill_before_burst, request_timeout=30, chat_max_tokens=SHORT)
+    status = {check.name: check.status for check in result.checks}
+    assert status["models"] == status["chat"] == status["stream"] == "pass"
+    assert status["burst"] == "fail" and status["health"] == "fail"
+    burst = next(check for check in result.checks if check.name == "burst")
+    assert "4/4 failed" in burst.detail and "Connect" in burst.detail
+    assert not result.ok
