@@ -203,7 +203,7 @@ def patch_state(state_dir):
             state = json.load(f)
     except (OSError, ValueError):
         return None
-    stack = state.get("stack") or state.get("applied") or []
+    stack = [e.get("name") if isinstance(e, dict) else e for e in state.get("stack") or []]
     return {"path": path, "package": state.get("package"), "version": state.get("version"),
             "stack": stack, "files": len(state.get("files") or {})}
 
