@@ -22,6 +22,7 @@ import shlex
 import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterator
@@ -31,7 +32,7 @@ import jinja2
 from . import paths, profiles
 from .hostrun import HostScriptError, run_script
 from .inventory import Host
-from .transport import SSHTransport, Transport
+from .transport import SSHTransport, Transport, TransportError
 
 DEFAULT_TIMEOUT = 900.0     # SGLang with a large model and CUDA graphs takes minutes
 DEFAULT_GRACE = 30.0
@@ -212,25 +213,24 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
             "base_url_on_host": launch.base_url_on_host, "health_endpoint": launch.health_endpoint,
             "model": launch.model, "draft_model": launch.draft_model, "dyn_threshold": launch.dyn_threshold,
             "dyn_hysteresis": launch.dyn_hysteresis, "expected_log_lines": launch.expected_log_lines(),
-            "host": host.name}
+            "host": host.name, "launch_id": uuid.uuid4().hex}
     args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
             "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
             "nvidia_smi": launch.nvidia_smi}
-    round_trip_limit = wait_chunk + 120
-    with host.connect() as transport:
-        progress(f"{host.name}: starting {profile_name} on {launch.bind}:{launch.port} "
-                 f"(ready = {launch.health_endpoint} answers + {len(launch.expected_log_lines())} log line(s); "
-                 f"timeout {timeout:.0f}s)")
-        answer = _ctl(transport, host, "start", round_trip_limit, **args)
-        while answer["status"] == "waiting":
-            pending = []
-            if not answer.get("healthy"):
-                pending.append(f"{launch.health_endpoint} not answering")
-            if answer.get("missing"):
-                pending.append(f"{len(answer['missing'])} log line(s) missing, e.g. {answer['missing'][0]!r}")
-            progress(f"{host.name}: waiting for {profile_name}: {answer['waited_s']:.0f}s/{timeout:.0f}s, "
-                     + ", ".join(pending))
-            answer = _ctl(transport, host, "wait", round_trip_limit, wait_s=wait_chunk)
+    try:
+        answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
+    except (KeyboardInterrupt, TransportError) as exc:
+        # The launch may have happened before the interruption: take it down again.
+        try:
+            with host.connect() as transport:
+                recorded = _ctl(transport, host, "status", 60).get("record") or {}
+            if recorded.get("launch_id") == meta["launch_id"]:
+                progress(f"{host.name}: start of {profile_name} interrupted; stopping what it launched")
+                stop(host, grace=10, memory_wait=0)
+        except Exception as cleanup:  # report both: the server may be left running
+            raise ServerError(f"{host.name}: start of {profile_name} was interrupted and the cleanup failed "
+                              f"({cleanup}); check with: invoke server status --host {host.name}") from exc
+        raise
     notes += answer.get("notes", [])
     if answer["status"] == "refused":
         raise ServerRefused(f"{host.name}: not starting {profile_name}: {answer['reason']}", details=answer)
@@ -243,6 +243,25 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
     state = _state_from_record(host, answer["record"], status="ready", healthy=True, uptime_s=0.0)
     state.notes = notes
     return state
+
+
+def _start_and_wait(host, launch, args, timeout, wait_chunk, progress) -> dict:
+    round_trip_limit = wait_chunk + 120
+    with host.connect() as transport:
+        progress(f"{host.name}: starting {launch.profile} on {launch.bind}:{launch.port} "
+                 f"(ready = {launch.health_endpoint} answers + {len(launch.expected_log_lines())} log line(s); "
+                 f"timeout {timeout:.0f}s)")
+        answer = _ctl(transport, host, "start", round_trip_limit, **args)
+        while answer["status"] == "waiting":
+            pending = []
+            if not answer.get("healthy"):
+                pending.append(f"{launch.health_endpoint} not answering")
+            if answer.get("missing"):
+                pending.append(f"{len(answer['missing'])} log line(s) missing, e.g. {answer['missing'][0]!r}")
+            progress(f"{host.name}: waiting for {launch.profile}: {answer['waited_s']:.0f}s/{timeout:.0f}s, "
+                     + ", ".join(pending))
+            answer = _ctl(transport, host, "wait", round_trip_limit, wait_s=wait_chunk)
+    return answer
 
 
 def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -50,6 +51,28 @@ class TestRunningServer:
         assert text.strip(), "the reference model must answer with visible text at temperature 0"
         assert first["usage"]["completion_tokens"] == 16
         assert second["choices"][0]["message"]["content"] == text
+
+    def test_the_tunnel_carries_concurrent_and_streamed_requests(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        prompts = [f"Tell me about item {n}" for n in range(16)]
+        with server.endpoint(host, state) as url:
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                answers = list(pool.map(lambda p: chat(url, state.model, p), prompts))
+            body = json.dumps({"model": state.model, "stream": True, "max_tokens": 8, "temperature": 0,
+                               "messages": [{"role": "user", "content": "Hello"}]}).encode()
+            request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with NO_PROXY.open(request, timeout=60) as stream:
+                events = [line for line in stream.read().decode().splitlines() if line.startswith("data:")]
+        assert all(a["choices"][0]["message"]["content"].strip() for a in answers)
+        assert len(events) >= 8
+
+    def test_the_tunnel_closes_with_the_block(self, running_cpu_ref):
+        host, state = running_cpu_ref
+        with server.endpoint(host, state) as url:
+            port = int(url.rsplit(":", 1)[1])
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
     def test_second_start_is_refused_and_leaves_the_first_alone(self, running_cpu_ref):
         host, state = running_cpu_ref

@@ -139,3 +139,36 @@ def test_a_required_patchset_that_is_not_applied_refuses_start(fake_host, cpu_re
     state = server.start(fake_host, "fake-needs-dyn", timeout=30, check_patches=False)
     assert any("not checked" in note for note in state.notes)
     server.stop(fake_host, grace=5)
+
+
+def _interrupt_on(word):
+    def progress(line):
+        if word in line:
+            raise KeyboardInterrupt
+    return progress
+
+
+def test_an_interrupted_start_takes_down_what_it_launched(fake_host):
+    with pytest.raises(KeyboardInterrupt):
+        server.start(fake_host, "fake-unhealthy", timeout=60, wait_chunk=1, progress=_interrupt_on("waiting for"))
+    assert server.status(fake_host) is None
+    assert "launch.sh: starting profile fake-unhealthy" in server.read_log(fake_host)
+
+
+def test_an_interrupted_start_leaves_a_server_it_did_not_launch_alone(fake_host):
+    running = server.start(fake_host, "fake", timeout=30)
+    with pytest.raises(KeyboardInterrupt):
+        server.start(fake_host, "fake", timeout=30, progress=_interrupt_on("starting"))
+    current = server.status(fake_host)
+    assert current is not None and current.pid == running.pid and current.status == "ready"
+    server.stop(fake_host, grace=5)
+
+
+def test_the_same_engine_works_on_this_machine_without_ssh(fake_host):
+    local = dataclasses.replace(fake_host, name="local", transport="local")
+    state = server.start(local, "fake", timeout=30)
+    with server.endpoint(local, state) as url:
+        assert url == state.base_url_on_host
+    assert server.status(local).healthy is True
+    result = server.stop(local, grace=5)
+    assert result.stopped and group_alive(fake_host, state.pid) == []
