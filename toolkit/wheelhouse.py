@@ -100,13 +100,32 @@ def _downloaded(output: str) -> list[str]:
     return sorted({Path(m.group(1)).name for line in output.splitlines() if (m := _SAVED.match(line.strip()))})
 
 
-def build(stack: Stack, *, python: str, platform: str, out: Path | None = None,
+def up_to_date(folder: Path, stack: Stack, python: str, platform: str) -> Manifest | None:
+    """The folder's manifest if it was built for exactly these pins, Python and platform and
+    every wheel in it still hashes to its record (then nothing needs downloading)."""
+    try:
+        manifest = load(folder)
+        if (manifest.stack, manifest.python, manifest.platform) != (stack.name, python, platform):
+            return None
+        if manifest.pins != [p.spec for p in stack.pins]:
+            return None
+        check_files(manifest)
+        return manifest
+    except WheelhouseError:
+        return None
+
+
+def build(stack: Stack, *, python: str, platform: str, out: Path | None = None, refresh: bool = False,
           note=lambda text: None, timeout: float = 3600) -> Manifest:
     if not re.fullmatch(r"3\.\d+", python):
         raise WheelhouseError(f"--python must look like 3.12, got {python!r}")
     if not stack.python_ok(python):
         raise WheelhouseError(f"stack {stack.name} needs Python >= {stack.python}; {python} is older")
     folder = Path(out) if out else default_folder(stack, python, platform)
+    current = None if refresh else up_to_date(folder, stack, python, platform)
+    if current:
+        note(f"wheelhouse {folder} is up to date for stack {stack.name} (--refresh downloads again)")
+        return current
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     files: set[str] = set()

@@ -129,7 +129,7 @@ def _print_report(host: Host, result: engine.ProvisionReport) -> None:
         report.line(f"{host.name}: {text}")
 
 
-WHEELHOUSE_USAGE = """usage: invoke wheelhouse build --stack STACK [--python 3.12] [--platform TAG] [--out DIR] [--host NAME]
+WHEELHOUSE_USAGE = """usage: invoke wheelhouse build --stack STACK [--python 3.12] [--platform TAG] [--out DIR] [--host NAME] [--refresh]
   fills DIR with every wheel STACK needs for that Python and platform, plus manifest.json (sha256);
   --python/--platform default to --host's (one facts round trip) or else to this machine's"""
 
@@ -141,9 +141,11 @@ WHEELHOUSE_USAGE = """usage: invoke wheelhouse build --stack STACK [--python 3.1
     "platform": "target platform tag, e.g. manylinux_2_35_x86_64 (default: the --host's, else this machine's)",
     "out": "folder to fill (default: .cache/wheelhouse/STACK-pyX.Y-PLATFORM)",
     "host": "take --python/--platform from this host's facts (one round trip); default: this machine",
+    "refresh": "download again even when the folder's manifest already matches the stack",
     "json_": "print the manifest as JSON",
 })
-def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host=None, json_=False):
+def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host=None, refresh=False,
+               json_=False):
     """Download a stack's wheels for an air-gapped host (then: invoke provision --wheelhouse DIR)."""
     if wants_help(action) or action != "build":
         fail(WHEELHOUSE_USAGE, code=2)
@@ -163,7 +165,7 @@ def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host
     report.note(f"wheelhouse for stack {chosen.name}, Python {python}, {platform}")
     try:
         manifest = wheels.build(chosen, python=python, platform=platform, out=Path(out) if out else None,
-                                note=report.note)
+                                refresh=refresh, note=report.note)
     except wheels.WheelhouseError as exc:
         fail(str(exc))
     if json_:
