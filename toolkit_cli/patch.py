@@ -5,6 +5,7 @@ import json
 
 from invoke.exceptions import Exit
 from rich.markup import escape
+from rich.table import Table
 
 from toolkit import authoring, compiler, patching, report, wheels
 from toolkit.patchsets import PatchsetError
@@ -96,8 +97,19 @@ def _finish(outcomes, show, failed=lambda value: False) -> None:
         raise Exit(code=1)
 
 
-def _rows(files):
-    return [(f.path, f.status, f.by or "", f.detail) for f in files]
+def _file_table(title, files, by_header="patchset") -> None:
+    """Files with their status; long paths fold instead of being cut, empty detail is left out."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("file", overflow="fold", min_width=44)
+    table.add_column("status")
+    table.add_column(by_header)
+    detail = any(f.detail for f in files)
+    if detail:
+        table.add_column("", overflow="fold")
+    for f in files:
+        cells = [escape(f.path), report.styled(f.status), escape(f.by or "")]
+        table.add_row(*(cells + [escape(f.detail)] if detail else cells))
+    report.console.print(table)
 
 
 def _print_apply(r: patching.ApplyResult) -> None:
@@ -105,7 +117,7 @@ def _print_apply(r: patching.ApplyResult) -> None:
         report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
     shown = [f for f in r.files if f.status != "unchanged"] if len(r.files) > 30 else r.files
     if shown:
-        report.table(f"{r.host}: apply {r.patchset}", ["file", "status", "patchset", ""], _rows(shown), 1)
+        _file_table(f"{r.host}: apply {r.patchset}", shown)
     verb = "would change" if r.dry_run else "changed"
     report.line(f"{r.host}: {r.changed} {verb}; stack {' + '.join(r.stack_after)}"
                 f" ({r.round_trips} round trips{', dry run: nothing written' if r.dry_run else ''})")
@@ -116,7 +128,7 @@ def _print_revert(r: patching.RevertResult) -> None:
         report.note(f"{r.host}: {text}")
     changed = [f for f in r.files if f.status != "unchanged"]
     if changed:
-        report.table(f"{r.host}: revert", ["file", "status", "patchset now", ""], _rows(changed), 1)
+        _file_table(f"{r.host}: revert", changed, "patchset now")
     verb = "would change" if r.dry_run else "changed"
     stack = " + ".join(r.stack_after) or "nothing (pristine)"
     report.line(f"{r.host}: {r.changed} {verb}; stack now {stack}; restored files"
@@ -128,8 +140,7 @@ def _print_verify(r: patching.VerifyResult) -> None:
         report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
     for text in r.notes:
         report.note(f"{r.host}: {text}")
-    report.table(f"{r.host}: {r.package} {r.version or '(not installed)'}", ["file", "status", "patchset", ""],
-                 _rows(r.files), 1)
+    _file_table(f"{r.host}: {r.package} {r.version or '(not installed)'}", r.files)
     extra = f"; {r.all_files_checked} RECORD files checked" if r.all_files_checked else ""
     state = "matches its recorded state" if r.ok else "DOES NOT match its recorded state"
     report.line(f"{r.host}: {state}; stack {' + '.join(r.stack) or 'none'}{extra} ({r.round_trips} round trips)")
@@ -153,8 +164,13 @@ def _check(name) -> None:
     if rows:
         report.table(f"stack: {' + '.join(result.stack)}", ["patchset", "patch", "files", "hunks", "+", "-"], rows)
     if result.files:
-        report.table(None, ["file", "last touched by", "sha256 pristine -> patched"],
-                     [(f.path, f.by, f.detail) for f in result.files])
+        table = Table(title=f"files of the compiled image ({result.version})", title_justify="left")
+        table.add_column("file", overflow="fold", min_width=44)
+        table.add_column("last touched by")
+        table.add_column("sha256 pristine -> patched", overflow="fold")
+        for f in result.files:
+            table.add_row(escape(f.path), escape(f.by or ""), f.detail)
+        report.console.print(table)
     if not result.ok:
         fail(escape(result.error))
     totals = {k: sum(ps.totals[k] for ps in result.patchsets) for k in ("hunks", "added", "removed")}

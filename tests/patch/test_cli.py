@@ -1,0 +1,88 @@
+"""`invoke patch ...` as the user types it: through Invoke's Program in a subprocess, real sshd."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import sha256
+
+ROOT = Path(__file__).resolve().parents[2]
+NETWORK = "sglang/srt/utils/network.py"
+
+
+def invoke(*args, env_extra=None):
+    env = dict(os.environ, COLUMNS="200", **(env_extra or {}))
+    done = subprocess.run([sys.executable, "-m", "invoke", "patch", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture
+def two_hosts(inventory, base_venv, tmp_path, patchsets_dir):
+    venvs = []
+    for i in (1, 2):
+        copy = tmp_path / f"v{i}"
+        subprocess.run(["cp", "-al", str(base_venv), str(copy)], check=True)
+        venvs.append(copy)
+    return inventory(*venvs), venvs
+
+
+def test_help_list_and_check(patchsets_dir):
+    code, out, _ = invoke("--help")
+    assert code == 0 and "revert [NAME|--all]" in out
+    code, out, _ = invoke("list")
+    assert code == 0 and "pair-top" in out and "pair-base" in out
+    code, out, _ = invoke("check", "pair-top")
+    assert code == 0, out
+    assert "ok: pair-base + pair-top compiles against 0.5.11: 2 files, 3 hunks, +5 -1 lines" in out
+    code, out, err = invoke("check")
+    assert code == 1 and "does not apply on top of pristine + one-file" in err
+    code, _, err = invoke("frobnicate")
+    assert code == 2 and "unknown action" in err
+    code, _, err = invoke("apply")
+    assert code == 2 and "needs a patchset name" in err
+
+
+def test_apply_verify_revert_on_two_hosts(two_hosts, sglang_wheel):
+    (first, second), venvs = two_hosts
+    hosts = f"{first},{second}"
+    code, out, err = invoke("apply", "twenty", "--host", hosts)
+    assert code == 0, err
+    assert f"{first}: 20 changed; stack twenty (2 round trips)" in out
+    assert f"{second}: 20 changed" in out and "probing" in err
+    code, out, _ = invoke("apply", "twenty", "--host", hosts)
+    assert code == 0 and f"{first}: 0 changed" in out and f"{second}: 0 changed" in out
+
+    code, out, _ = invoke("verify", "--host", hosts, "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["host"] for r in rows] == [first, second] and all(r["ok"] for r in rows)
+    assert {f["status"] for f in rows[0]["files"] if f["path"] == NETWORK} == {"patched"}
+
+    site = next(venvs[1].glob("lib/python*/site-packages"))
+    (site / NETWORK).unlink()
+    (site / NETWORK).write_text("edited by hand\n")  # a new inode: the base venv stays intact
+    code, out, _ = invoke("verify", "--host", hosts)
+    assert code == 1 and f"{first}: matches its recorded state" in out
+    assert f"{second}: DOES NOT match" in out and "drifted" in out
+
+    code, out, err = invoke("apply", "one-file", "--host", second)
+    assert code == 1 and "changed by hand" in err and "+edited by hand" in err
+
+    code, out, err = invoke("revert", "--host", second)
+    assert code == 1 and "--force" in err
+    code, out, err = invoke("revert", "--host", hosts, "--force", "--dry-run")
+    assert code == 0 and "20 would change" in out and sha256(site / NETWORK) != sglang_wheel.record[NETWORK]
+    code, out, err = invoke("revert", "--all", "--host", hosts, "--force")
+    assert code == 0, err
+    assert "stack now nothing (pristine); restored files match RECORD" in out
+    assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
+    code, out, _ = invoke("verify", "--all-files", "--host", hosts)
+    assert code == 0 and "RECORD files checked" in out
+
+
+def test_unreachable_and_unknown_hosts_fail_clearly(two_hosts):
+    code, _, err = invoke("verify", "--host", "nosuchhost")
+    assert code == 2 and "unknown host 'nosuchhost'" in err

@@ -1,0 +1,44 @@
+"""The project's own patchsets (patchsets/: sm120, dyn-disable, ...) through the engine, on real files."""
+import pytest
+
+from toolkit import paths, patching, patchsets
+
+REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / "patchset.toml").is_file())
+
+
+@pytest.fixture
+def real_patchsets(monkeypatch):
+    monkeypatch.delenv("TOOLKIT_PATCHSETS", raising=False)
+    monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "60")
+    return patching.load_patchsets()
+
+
+@pytest.mark.skipif(not REAL, reason="no patchsets in patchsets/ yet")
+def test_the_whole_stack_compiles_and_byte_compiles(real_patchsets):
+    result = patching.check()
+    assert result.ok, result.error
+    known = patching.load_patchsets()
+    from toolkit import compiler
+
+    stack = patchsets.sort_stack(known, known)
+    image = compiler.compile_stack([known[n] for n in stack], known[stack[0]].versions[0])
+    for path, f in image.files.items():
+        if path.endswith(".py") and f.content is not None:
+            compile(f.content, path, "exec")
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_apply_verify_revert(real_patchsets, host, site, sglang_wheel, name):
+    known = real_patchsets
+    for required in patchsets.requirement_closure(name, known):
+        applied = patching.apply(host, required)
+        assert applied.round_trips <= 3
+    verdict = patching.verify(host)
+    assert verdict.ok, [f for f in verdict.files if f.status not in ("pristine", "patched")]
+    assert {f.by for f in verdict.files if f.status == "patched"} <= set(patchsets.requirement_closure(name, known))
+    assert patching.apply(host, name).changed == 0
+    undone = patching.revert(host)
+    assert undone.record_ok
+    for path in known[name].touched():
+        data = (site / path).read_bytes() if (site / path).exists() else None
+        assert data == (sglang_wheel.read(path) if sglang_wheel.has(path) else None), path
