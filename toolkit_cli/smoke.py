@@ -15,7 +15,8 @@ class SmokeSetupError(RuntimeError):
     pass
 
 
-def smoke_host(host: Host, burst: int | None = None) -> tuple[engine.SmokeResult, dict]:
+def smoke_host(host: Host, burst: int | None = None,
+               max_tokens: int = engine.CHAT_MAX_TOKENS) -> tuple[engine.SmokeResult, dict]:
     try:
         state = server.status(host)
     except server.ServerError as exc:
@@ -30,7 +31,8 @@ def smoke_host(host: Host, burst: int | None = None) -> tuple[engine.SmokeResult
              "dyn_threshold": state.dyn_threshold}
     size = burst or engine.burst_size(state.dyn_threshold)
     with server.endpoint(host, state) as url:
-        result = engine.run_smoke(url, read_log=lambda: server.read_log(host, since_start=True), burst=size)
+        result = engine.run_smoke(url, read_log=lambda: server.read_log(host, since_start=True), burst=size,
+                                  chat_max_tokens=max_tokens)
     return result, about
 
 
@@ -54,16 +56,21 @@ def print_result(result: engine.SmokeResult, about: dict) -> None:
            "(no log check); e.g. http://127.0.0.1:8000",
     "burst": "concurrent requests in the burst check (default: 2 x the profile's dyn-disable "
              f"threshold + 2, or {engine.DEFAULT_BURST})",
+    "max_tokens": f"max_tokens of the chat, determinism and stream checks (default {engine.CHAT_MAX_TOKENS})",
 })
-def smoke(c, host=None, json_=False, url=None, burst=None):
+def smoke(c, host=None, json_=False, url=None, burst=None, max_tokens=None):
     """Check the running server: models, chat + usage, determinism, streaming, a burst, health, log."""
-    burst = int(burst) if burst else None
-    if burst is not None and burst < 1:
-        fail("--burst must be >= 1", code=2)
+    try:
+        burst = int(burst) if burst else None
+        max_tokens = int(max_tokens) if max_tokens else engine.CHAT_MAX_TOKENS
+    except ValueError:
+        fail("--burst and --max-tokens take integers", code=2)
+    if (burst is not None and burst < 1) or max_tokens < 1:
+        fail("--burst and --max-tokens must be >= 1", code=2)
     if url:
         if host:
             fail("give either --url or --host, not both", code=2)
-        result = engine.run_smoke(url, burst=burst or engine.DEFAULT_BURST)
+        result = engine.run_smoke(url, burst=burst or engine.DEFAULT_BURST, chat_max_tokens=max_tokens)
         about = {"host": url, "profile": None}
         if json_:
             report.emit_json({url: {**result.to_dict(), **about}})
@@ -73,7 +80,7 @@ def smoke(c, host=None, json_=False, url=None, burst=None):
             fail("smoke failed")
         return
 
-    outcomes = run_on_hosts(host, lambda h: smoke_host(h, burst))
+    outcomes = run_on_hosts(host, lambda h: smoke_host(h, burst, max_tokens))
     if json_:
         report.emit_json({o.host.name: ({**o.value[0].to_dict(), **o.value[1]} if o.error is None
                                         else {"ok": False, "error": str(o.error)}) for o in outcomes})

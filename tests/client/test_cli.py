@@ -1,0 +1,141 @@
+"""`invoke smoke` and `invoke bench [compare]` as the user types them (subprocesses).
+
+The host tests go the whole way: an inventory host over the sandbox sshd, the cpu-ref profile
+started and stopped by the server engine, requests through its SSH tunnel.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from toolkit import server
+from toolkit.inventory import resolve_hosts
+from toolkit.paths import PROJECT_ROOT
+
+
+def invoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_bench_sweep_on_the_cpu_server_writes_jsonl_csv_png(cpu_server, tmp_path):
+    out = tmp_path / "run"
+    result = invoke("bench", "--url", cpu_server.base_url, "--profiles", "cpu-ref", "--concurrency", "1,4,16",
+                    "--requests", "16", "--output-len", "16", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["profile"], r["concurrency"]) for r in lines] == [("cpu-ref", 1), ("cpu-ref", 4), ("cpu-ref", 16)]
+    for record in lines:
+        m = record["metrics"]
+        assert m["completed"] == 16 and m["failed"] == 0
+        assert 0 < m["total_output_tokens"] <= 16 * 16       # from the server's usage
+        assert m["median_ttft_ms"] > 0 and m["output_throughput"] > 0
+        assert record["params"]["seed"] == 0 and record["server"]["model"]
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [row["concurrency"] for row in rows] == ["1", "4", "16"]
+    assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert "recommendation:" in result.stdout        # not enough data without baseline/eagle3: says so
+    compared = invoke("bench", "compare", f"{out},{out / 'results.jsonl'}", "--json")
+    assert compared.returncode == 0, compared.stderr
+    data = json.loads(compared.stdout)
+    assert data["levels"] == [1, 4, 16] and len(data["columns"]) == 2
+
+
+def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
+    slow = fake_server(chunks=4, delay=0.05)     # 0.2 s a request
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--url", slow.base_url, "--concurrency", "1,2,4,8",
+         "--requests", "4", "--warmup", "0", "--out", str(out)],
+        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    jsonl = out / "results.jsonl"
+    while time.monotonic() < deadline and not (jsonl.exists() and jsonl.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stdout + stderr
+    kept = jsonl.read_text().splitlines()
+    assert 1 <= len(kept) < 4
+    assert (out / "results.csv").exists() and (out / "throughput.png").exists()
+    assert "interrupted" in stderr
+
+
+def test_bench_and_smoke_reject_bad_input(tmp_path):
+    bad = invoke("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x")
+    assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
+    no_files = invoke("bench", "compare")
+    assert no_files.returncode == 2 and "needs runs" in no_files.stderr
+    missing = invoke("bench", "compare", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    dataset = invoke("bench", "--url", "http://127.0.0.1:9", "--dataset", str(tmp_path / "none.jsonl"))
+    assert dataset.returncode == 2 and "existing .jsonl" in dataset.stderr
+    both = invoke("smoke", "--url", "http://127.0.0.1:9", "--host", "sandbox")
+    assert both.returncode == 2
+
+
+def test_smoke_url_against_a_dead_port_fails_by_check():
+    result = invoke("smoke", "--url", f"http://127.0.0.1:{free_port()}", "--json", "--max-tokens", "8")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    checks = next(iter(data.values()))["checks"]
+    assert [c["status"] for c in checks][:6] == ["fail"] * 6
+
+
+@pytest.fixture
+def inventory_host(sandbox_env, cpu_ref_venv, ref_model_dir, tmp_path):
+    """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers serve."""
+    base = resolve_hosts("sandbox")[0]
+    name = "client-test"
+    (tmp_path / "hosts.toml").write_text(
+        f"[{name}]\naddress = \"127.0.0.1\"\nport = {base.port}\nuser = \"{base.user}\"\n"
+        f"key = \"{base.key}\"\nknown_hosts = \"{base.known_hosts}\"\nvenv = \"{cpu_ref_venv}\"\n"
+        f"state_dir = \"{tmp_path / 'state'}\"\n"
+        f"[{name}.server]\nmodel = \"{ref_model_dir}\"\nbind = \"127.0.0.1\"\nport = {free_port()}\n"
+        f"memory_wait_s = 5\n")
+    env = {"TOOLKIT_INVENTORY": str(tmp_path / "hosts.toml")}
+    saved = os.environ.get("TOOLKIT_INVENTORY")
+    os.environ.update(env)
+    try:
+        yield resolve_hosts(name)[0], env
+    finally:
+        server.stop(resolve_hosts(name)[0], grace=10)
+        if saved is None:
+            os.environ.pop("TOOLKIT_INVENTORY", None)
+        else:
+            os.environ["TOOLKIT_INVENTORY"] = saved
+
+
+def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
+    host, env = inventory_host
+    nothing = invoke("smoke", "--host", host.name, env=env)
+    assert nothing.returncode == 1 and "no server is recorded as running" in nothing.stderr
+
+    server.start(host, "cpu-ref", timeout=240)
+    smoke = invoke("smoke", "--host", host.name, "--json", "--max-tokens", "32", env=env)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    report = json.loads(smoke.stdout)[host.name]
+    assert report["ok"] and report["profile"] == "cpu-ref"
+    assert {c["name"]: c["status"] for c in report["checks"]}["log"] == "pass"   # the real server log, over SSH
+
+    # --no-restart benches the running server; then a normal sweep starts and stops cpu-ref itself
+    kept = invoke("bench", "--host", host.name, "--no-restart", "--concurrency", "2", "--requests", "4",
+                  "--output-len", "8", "--out", str(tmp_path / "kept"), env=env)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert server.status(host).status == "ready"
+    swept = invoke("bench", "--host", host.name, "--profiles", "cpu-ref", "--concurrency", "1,2",
+                   "--requests", "4", "--output-len", "8", "--out", str(tmp_path / "swept"), env=env)
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    records = [json.loads(line) for line in (tmp_path / "swept" / "results.jsonl").read_text().splitlines()]
+    assert [r["concurrency"] for r in records] == [1, 2]
+    assert records[0]["server"]["kind"] == "transformers-serve" and records[0]["host"]["name"] == host.name
+    assert server.status(host) is None or server.status(host).status != "ready"   # bench stopped it
