@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -174,6 +176,25 @@ def _step_args(host: Host, stack: Stack, planned: PlannedStep, log: str, host_wh
     return args
 
 
+@contextmanager
+def _ticker(tell, every: float = 15.0):
+    """Progress for a long step: the host answers only at the end, so say it is still going."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def loop():
+        while not done.wait(every):
+            tell(time.monotonic() - started)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def step_payload(args: dict) -> str:
     """provision_step.py after facts.py (whose helpers it uses), with the usual bootstrap."""
     encoded = base64.b64encode(json.dumps(args).encode()).decode()
@@ -302,7 +323,8 @@ def provision(host: Host, stack: Stack, *, dry_run: bool = False, wheelhouse: st
             args = _step_args(host, stack, item, report.log, host_wheels, lock_timeout)
             args["incoming"], incoming = incoming, []
             try:
-                answer = run_step(transport, args, env)
+                with _ticker(lambda elapsed: note(f"{host.name}: {item.name}: still running ({elapsed:.0f}s)")):
+                    answer = run_step(transport, args, env)
             except HostScriptError as exc:
                 answer = {"status": "failed", "detail": str(exc).splitlines()[0],
                           "tail": exc.result.tail() if exc.result else ""}
