@@ -64,6 +64,12 @@ def test_start_status_logs_stop_through_invoke(cli):
     assert status.returncode == 0 and "not running" in status.stdout
 
 
+def test_model_action_makes_the_reference_model_on_the_host_once(cli, ref_model):
+    done = cli("model", "--host", "cpu-test")
+    assert done.returncode == 0, done.stderr
+    assert f"cpu-test: already current: {ref_model}" in done.stdout
+
+
 def test_dry_run_prints_the_script_and_starts_nothing(cli):
     done = cli("start", "cpu-ref", "--host", "cpu-test", "--dry-run", "--port", "18999")
     assert done.returncode == 0, done.stderr

@@ -35,7 +35,7 @@ def test_stop_kills_a_server_that_ignores_term_after_the_grace(fake_host):
 
 
 def test_server_dying_at_start_reports_its_log_and_leaves_nothing(fake_host):
-    with pytest.raises(server.ServerError, match="exited during startup") as failure:
+    with pytest.raises(server.ServerError, match=r"exited during startup \(exit code 3\)") as failure:
         server.start(fake_host, "fake-dies", timeout=60)
     assert "RuntimeError: cannot load model" in failure.value.log_tail
     assert server.status(fake_host) is None

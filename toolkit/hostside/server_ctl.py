@@ -135,10 +135,16 @@ def _signal_group(leader, sig):
 
 
 def _reap(pid):
+    """Collect the exit of our own child (start's launch); returns its exit code once, else None."""
     try:
-        os.waitpid(pid, os.WNOHANG)
-    except OSError:
-        pass
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except (OSError, TypeError):
+        return None
+    if done != pid:
+        return None
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
 
 
 def _wait_gone(leader, seconds):
@@ -326,10 +332,13 @@ def _wait(root, profile, seconds, poll=0.25):
     until = min(time.time() + seconds, record["deadline"])
     url = record["base_url_on_host"] + record["health_endpoint"]
     healthy, missing = False, None
+    exit_code = None
     while True:
-        _reap(leader)
+        reaped = _reap(leader)
+        exit_code = reaped if reaped is not None else exit_code
         if not _alive(leader):
-            code = ""
+            code = "" if exit_code is None else (" (exit code %d)" % exit_code if exit_code >= 0
+                                                 else " (killed by signal %d)" % -exit_code)
             return _failed(record, p, "the server exited during startup%s; see the log tail" % code)
         healthy = _healthy(url)
         missing = _missing_lines(p["log"], record)
