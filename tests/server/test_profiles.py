@@ -67,7 +67,7 @@ def test_cpu_ref_runs_transformers_serve_from_the_venv_with_the_model_beside_it(
     assert plan.argv[:3] == ["/srv/host/venv/bin/transformers", "serve", "/srv/host/models/tiny-llama"]
     assert plan.argv[plan.argv.index("--port") + 1] == "18111"
     assert {"--device", "cpu", "--continuous-batching", "--cb-num-blocks"} <= set(plan.argv)
-    assert plan.env == {"HF_HUB_OFFLINE": "1"} and plan.expected_log_lines() == ["Application startup complete"]
+    assert plan.env == {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"} and plan.expected_log_lines() == ["Application startup complete"]
 
 
 def test_sglang_profile_without_a_model_says_where_to_set_it():
