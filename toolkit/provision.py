@@ -124,6 +124,18 @@ def preflight(stack: Stack, facts: Facts, host: Host) -> None:
                                  f" {stack.name} needs >= {stack.python}")
 
 
+def check_disk(stack: Stack, facts: Facts, host: Host, planned: list[PlannedStep]) -> None:
+    """Refuse to start pip installs that cannot fit (a full disk mid-install is the worst case)."""
+    disk = facts.raw.get("disk", {})
+    free = disk.get("free_bytes")
+    if free is None or not stack.min_free_gb or not any(p.needed and p.kind == "pip" for p in planned):
+        return
+    if free < stack.min_free_gb * 2**30:
+        raise ProvisionError(f"{host.name}: only {free / 2**30:.1f} GiB free at {disk.get('path')}; stack"
+                             f" {stack.name} needs about {stack.min_free_gb:g} GiB for a fresh install. Free some"
+                             f" space and provision again; nothing was installed.")
+
+
 def plan(stack: Stack, facts: Facts, host: Host) -> list[PlannedStep]:
     steps: list[PlannedStep] = []
     venv = host_venv(host, stack)
@@ -291,6 +303,7 @@ def provision(host: Host, stack: Stack, *, dry_run: bool = False, wheelhouse: st
         report = ProvisionReport(host.name, stack.name, dry_run, [], facts=facts.raw)
         preflight(stack, facts, host)
         planned = plan(stack, facts, host)
+        check_disk(stack, facts, host, planned)
         if manifest and any(p.needed and p.kind == "pip" for p in planned):
             host_tag = facts.python_tag()
             if host_tag != manifest.python:

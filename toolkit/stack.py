@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import paths
 
-_STACK_KEYS = {"name", "summary", "python", "venv", "gpu", "min_driver", "cuda", "system", "indexes", "steps"}
+_STACK_KEYS = {"name", "summary", "python", "venv", "gpu", "min_driver", "cuda", "min_free_gb", "system",
+               "indexes", "steps"}
 _STEP_KEYS = {"name", "summary", "pins", "no_deps", "index"}
 _RESERVED_STEPS = {"venv", "system"}
 
@@ -97,6 +98,7 @@ class Stack:
     gpu: bool = False
     min_driver: int | None = None
     cuda: str | None = None
+    min_free_gb: float = 0.0          # free disk a fresh install needs where the venv lives
     system: dict[str, str] = field(default_factory=dict)   # command -> Debian package
     source: str = ""
 
@@ -198,4 +200,4 @@ def parse(data: dict, source: str = "<stack>") -> Stack:
         steps.append(Step(name, raw.get("summary", ""), tuple(pins), bool(raw.get("no_deps", False)), index_url))
     return Stack(name=data["name"], summary=data.get("summary", ""), python=str(data["python"]),
                  venv=data["venv"], steps=tuple(steps), gpu=gpu, min_driver=data.get("min_driver"),
-                 cuda=data.get("cuda"), system=dict(data.get("system", {})), source=source)
+                 cuda=data.get("cuda"), min_free_gb=float(data.get("min_free_gb", 0)), system=dict(data.get("system", {})), source=source)

@@ -96,3 +96,11 @@ def test_facts_of_a_missing_venv(tmp_path, no_gpu):
 def _local():
     from toolkit.inventory import Host
     return Host(name="local-test", transport="local", stack="cpu-ref")
+
+
+def test_too_little_disk_is_refused_before_installing(tmp_path, no_gpu):
+    host = dataclasses.replace(_local(), venv=str(tmp_path / "new" / "venv"))
+    greedy = dataclasses.replace(stack.load("cpu-ref"), min_free_gb=10.0 ** 9)
+    with pytest.raises(ProvisionError, match=r"GiB free at .*needs about 1e\+09 GiB.*nothing was installed"):
+        provision.provision(host, greedy)
+    assert not (tmp_path / "new").exists()

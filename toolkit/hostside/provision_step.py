@@ -191,6 +191,12 @@ def _sha256(path):
 def take_incoming(incoming):
     """Move wheels that just arrived (as .part files) into the wheelhouse once their sha256
     checks out; a rename, so a concurrent run never installs from a half-sent file."""
+    if incoming:  # parts of a run that was cut long ago are only clutter
+        folder = os.path.dirname(incoming[0]["final"])
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.startswith(".incoming-") and time.time() - os.path.getmtime(path) > 86400:
+                os.unlink(path)
     for item in incoming:
         if not os.path.exists(item["part"]):
             continue  # a concurrent run already took it
