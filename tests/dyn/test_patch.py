@@ -1,0 +1,100 @@
+"""The dyn-disable patchset against the real SGLang 0.5.11 wheel files: it applies (git and the
+device's stdlib applier agree), the patched files byte-compile, the policy module is torch-free,
+and patchset.toml matches the code."""
+from __future__ import annotations
+
+import py_compile
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.dyn.conftest import PATCH, PATCHSET, REPO, touched_paths
+
+EXPECTED = {
+    "sglang/srt/speculative/dyn_disable.py": True,
+    "sglang/srt/speculative/dyn_disable_runtime.py": True,
+    "sglang/srt/speculative/eagle_worker.py": False,
+    "sglang/srt/speculative/eagle_worker_v2.py": False,
+    "sglang/srt/managers/scheduler.py": False,
+    "sglang/srt/observability/scheduler_metrics_mixin.py": False,
+}
+
+
+def test_patch_touches_only_the_expected_files(patch_text):
+    assert dict(touched_paths(patch_text)) == EXPECTED
+    assert "GIT binary patch" not in patch_text and "__pycache__" not in patch_text
+
+
+def test_git_apply_check_passes_on_pristine_files(pristine_tree):
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(PATCH)], cwd=pristine_tree,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_patch_does_not_apply_twice(patched_tree):
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(PATCH)], cwd=patched_tree,
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+
+
+def test_device_applier_matches_git_and_refuses_a_second_run(tmp_path, pristine_tree, patched_tree):
+    import shutil
+    shutil.copytree(pristine_tree, tmp_path, dirs_exist_ok=True)
+    applier = REPO / "gpu" / "apply_patch.py"
+    first = subprocess.run([sys.executable, str(applier), str(PATCH), str(tmp_path)],
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout
+    for path in EXPECTED:
+        assert (tmp_path / path).read_bytes() == (patched_tree / path).read_bytes(), path
+    before = {p: (tmp_path / p).read_bytes() for p in EXPECTED}
+    second = subprocess.run([sys.executable, str(applier), str(PATCH), str(tmp_path)],
+                            capture_output=True, text=True)
+    assert second.returncode == 1 and "nothing written" in second.stdout
+    assert {p: (tmp_path / p).read_bytes() for p in EXPECTED} == before
+
+
+@pytest.mark.parametrize("path", sorted(EXPECTED))
+def test_patched_file_byte_compiles(patched_tree, tmp_path, path):
+    py_compile.compile(str(patched_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def test_policy_module_imports_without_torch(patched_tree):
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('d', {str(patched_tree / 'sglang/srt/speculative/dyn_disable.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "assert m.config_from_env({}) is None\n"
+            "assert 'torch' not in sys.modules, 'policy module pulled in torch'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_workers_stay_inert_without_the_threshold(patched_tree):
+    """Stock control flow when unset: the workers only build the switch behind the env check,
+    and forward paths test the attribute with getattr (subclasses that skip __init__ work)."""
+    for name in ("eagle_worker.py", "eagle_worker_v2.py"):
+        src = (patched_tree / "sglang/srt/speculative" / name).read_text()
+        assert "if dyn_disable_config_from_env() is not None:" in src
+        assert 'getattr(self, "dyn_disable", None) is not None' in src
+        assert src.count("self._dyn_plain_state = ") == 1
+
+
+def test_patchset_toml_matches_the_code(dyn):
+    meta = tomllib.loads((PATCHSET / "patchset.toml").read_text())
+    assert meta["name"] == "dyn-disable" and meta["order"] == 20 and meta["versions"] == ["0.5.11"]
+    assert meta["patches"] == [PATCH.name]
+    assert set(meta["env"]) == {dyn.THRESHOLD_ENV, dyn.HYSTERESIS_ENV}
+    startup = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"})).startup_message()
+    assert all(startup.startswith(line) for line in meta["logs"]["startup"])
+    for claim in meta["verified"]:
+        assert {"date", "where", "what"} <= set(claim)
+        if "evidence" in claim:
+            assert (REPO / claim["evidence"]).exists(), claim["evidence"]
+
+
+def test_toolkit_loader_accepts_the_patchset():
+    from toolkit import patchsets
+    known = patchsets.load_all(REPO / "patchsets")
+    assert "dyn-disable" in known
