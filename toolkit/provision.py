@@ -93,34 +93,35 @@ def preflight(stack: Stack, facts: Facts, host: Host) -> None:
     if stack.gpu:
         if not facts.gpus:
             why = facts.raw.get("error") or "nvidia-smi lists no GPU"
-            raise ProvisionError(f"{host.name}: stack {stack.name} needs an NVIDIA GPU, and this host shows none"
+            raise ProvisionError(f"stack {stack.name} needs an NVIDIA GPU, and this host shows none"
                                  f" ({why}); nothing was installed. For a host without a GPU use --stack cpu-ref.")
         major = facts.driver_major
         if major is None or major < stack.min_driver:
+            needs = f"CUDA {stack.cuda}" if stack.cuda else f"stack {stack.name}"
             raise ProvisionError(
-                f"{host.name}: NVIDIA driver {facts.driver or 'unknown'} is older than {stack.min_driver},"
-                f" which CUDA {stack.cuda or ''} needs; upgrade the driver (e.g. the 580 series) and run"
-                f" provision again. Nothing was installed.".replace("CUDA  ", "CUDA "))
+                f"NVIDIA driver {facts.driver or 'unknown'} is older than {stack.min_driver}, which {needs}"
+                f" needs; upgrade the driver to {stack.min_driver} or newer and run provision again."
+                f" Nothing was installed.")
     target = facts.raw.get("python", {})
     venv = host_venv(host, stack)
     if venv and facts.venv_exists:
         if not target.get("runs"):
-            raise ProvisionError(f"{host.name}: the venv at {venv} is broken ({target.get('error')});"
+            raise ProvisionError(f"the venv at {venv} is broken ({target.get('error')});"
                                  f" move it away and provision again")
         if not stack.python_ok(target["version"]):
-            raise ProvisionError(f"{host.name}: the venv at {venv} has Python {target['version']}; stack"
+            raise ProvisionError(f"the venv at {venv} has Python {target['version']}; stack"
                                  f" {stack.name} needs >= {stack.python}. Remove the venv (or name another one"
                                  f" in the inventory) so provision can make a new one.")
     elif venv:
         if not stack.python_ok(facts.creator_version):
-            raise ProvisionError(f"{host.name}: python3 on the host is {facts.creator_version}; stack {stack.name}"
+            raise ProvisionError(f"python3 on the host is {facts.creator_version}; stack {stack.name}"
                                  f" needs Python >= {stack.python}. Install a newer Python (e.g. apt-get install"
                                  f" python3.{stack.python.split('.')[1]}) and set `python` for the host.")
     else:
         if not target.get("runs"):
-            raise ProvisionError(f"{host.name}: cannot run {target.get('interpreter')}: {target.get('error')}")
+            raise ProvisionError(f"cannot run {target.get('interpreter')}: {target.get('error')}")
         if not stack.python_ok(target["version"]):
-            raise ProvisionError(f"{host.name}: {target['interpreter']} is Python {target['version']}; stack"
+            raise ProvisionError(f"{target['interpreter']} is Python {target['version']}; stack"
                                  f" {stack.name} needs >= {stack.python}")
 
 
@@ -131,7 +132,7 @@ def check_disk(stack: Stack, facts: Facts, host: Host, planned: list[PlannedStep
     if free is None or not stack.min_free_gb or not any(p.needed and p.kind == "pip" for p in planned):
         return
     if free < stack.min_free_gb * 2**30:
-        raise ProvisionError(f"{host.name}: only {free / 2**30:.1f} GiB free at {disk.get('path')}; stack"
+        raise ProvisionError(f"only {free / 2**30:.1f} GiB free at {disk.get('path')}; stack"
                              f" {stack.name} needs about {stack.min_free_gb:g} GiB for a fresh install. Free some"
                              f" space and provision again; nothing was installed.")
 
