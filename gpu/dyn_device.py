@@ -36,6 +36,7 @@ MODELS = "/tmp/models"
 SITE = "/tmp/site"
 STOCK = "/tmp/stock"  # unpatched copy of the sglang package (eagle3-stock / naive)
 THRESHOLD = int(os.environ.get("DYN_THRESHOLD", "5"))
+OUT_DIR = "/tmp/out"
 
 COMMON = [
     "--host", "127.0.0.1", "--attention-backend", "triton", "--sampling-backend", "pytorch",
@@ -65,11 +66,13 @@ def profile(name, pair, mem):
     d = ["--speculative-draft-model-path", f"{MODELS}/draft-{pair}"]
     extra = ["--load-format", "dummy"] if pair == "big" else []
     mem_args = ["--mem-fraction-static", str(mem),
-                "--max-total-tokens", "32768" if pair == "big" else "65536"]
+                "--max-total-tokens", "16384" if pair == "big" else "65536"]
     env = {}
     pypath = SITE
     if name == "baseline":
         args = t
+    elif name == "baseline-nooverlap":  # diagnostic: baseline without the overlap scheduler
+        args = t + ["--disable-overlap-schedule"]
     elif name in ("eagle3", "eagle3-stock", "eagle3-naive"):
         args = t + d + V1
     elif name == "eagle3-dyn":
@@ -254,7 +257,7 @@ async def load(s, srv, n, conc, max_tokens):
             "out_tok_per_s": round(sum(toks) / dt, 1)}
 
 
-def start_all(specs, mem, wait_kv=False):
+def start_all(specs, mem, wait_kv=False, stagger=3.0):
     """Start servers one after another. sglang sizes its pools from the memory free
     between two readings around weight loading, so with wait_kv the next server
     starts only once the previous one has allocated its KV cache."""
@@ -269,7 +272,7 @@ def start_all(specs, mem, wait_kv=False):
             if "KV Cache is allocated" in text or "max_total_num_tokens" in text:
                 break
             time.sleep(0.5)
-        time.sleep(3)
+        time.sleep(stagger)
     return servers
 
 
@@ -363,8 +366,14 @@ async def phase_small(s, rep, budget):
 
 
 async def phase_big(s, rep, budget):
-    names = ["baseline", "eagle3", "eagle3-dyn", "eagle3-v2", "eagle3-v2-dyn"]
-    servers = start_all([(n, "big") for n in names], mem=0.2, wait_kv=True)
+    names = os.environ.get("BIG_PROFILES", "baseline,eagle3,eagle3-dyn,eagle3-v2,eagle3-v2-dyn").split(",")
+    # Concurrent starts: sglang sizes its pools from free memory read before and after
+    # its own weight load, so the fraction must leave room for the others loading in
+    # between (BIG_MEM, e.g. 0.7 for five 32-layer servers); KV is capped by
+    # --max-total-tokens. BIG_WAIT_KV=1 starts them one after another instead.
+    servers = start_all([(n, "big") for n in names], mem=float(os.environ.get("BIG_MEM", "0.2")),
+                        wait_kv=os.environ.get("BIG_WAIT_KV", "1") == "1",
+                        stagger=float(os.environ.get("BIG_STAGGER_S", "3")))
     by = {srv.name: srv for srv in servers}
     rep["health_s"] = await wait_all(s, servers, timeout=min(300, budget - el() - 30))
     levels = [int(x) for x in os.environ.get("SWEEP_LEVELS", "1,2,4,8,16,32,64").split(",")]
@@ -379,13 +388,15 @@ async def phase_big(s, rep, budget):
             for n in live:
                 if el() > budget - 15:
                     break
-                n_req = max(6, 3 * c)
+                n_req = max(int(os.environ.get("SWEEP_MIN_N", "6")), int(os.environ.get("SWEEP_N_PER_C", "3")) * c)
                 try:
                     r = await load(s, by[n], n_req, c, max_tokens)
                 except Exception as e:
                     r = {"conc": c, "error": repr(e)[:300]}
                 sweep[n].append(r)
                 say(f"sweep {n} c={c}: {r.get('out_tok_per_s')} tok/s")
+            with open(os.path.join(OUT_DIR, "sweep_partial.json"), "w") as f:
+                json.dump(sweep, f)
         rep["sweep"] = sweep
         rep["server_info"] = {n: await server_info(s, by[n]) for n in live}
     finally:
@@ -408,7 +419,7 @@ def ratios(sweep):
         return None
 
     lines = ["conc | baseline | eagle3 | eagle3-dyn | eagle3-v2 | eagle3-v2-dyn | "
-             "dyn/base | dyn/eagle3 | v2dyn/base | v2dyn/v2"]
+             "dyn/base | dyn/eagle3 | v2dyn/base | v2dyn/v2 | baseline-nooverlap"]
     rows = []
     for c in sorted({r["conc"] for v in sweep.values() for r in v}):
         b, e, d, e2, d2 = (at(n, c) for n in ["baseline", "eagle3", "eagle3-dyn", "eagle3-v2",
@@ -416,7 +427,8 @@ def ratios(sweep):
         q = lambda x, y: round(x / y, 3) if x and y else None
         row = {"conc": c, "baseline": b, "eagle3": e, "eagle3-dyn": d, "eagle3-v2": e2,
                "eagle3-v2-dyn": d2, "dyn_over_baseline": q(d, b), "dyn_over_eagle3": q(d, e),
-               "v2dyn_over_baseline": q(d2, b), "v2dyn_over_v2": q(d2, e2)}
+               "v2dyn_over_baseline": q(d2, b), "v2dyn_over_v2": q(d2, e2),
+               "baseline-nooverlap": at("baseline-nooverlap", c)}
         rows.append(row)
         lines.append(" | ".join(str(row[k]) for k in row))
     return {"rows": rows, "lines": lines}
@@ -428,6 +440,8 @@ async def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=520)
     a = ap.parse_args()
+    global OUT_DIR
+    OUT_DIR = a.out
     os.makedirs(LOGS, exist_ok=True)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as s:
         for ph in a.phases:

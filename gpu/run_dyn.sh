@@ -2,7 +2,10 @@
 # dyn-disable proof on the H200 machine. Run from the repo root with the carried
 # folders .whl1 .whl2 .whl3 (see gpu/README.md). Usage:
 #   bash gpu/run_dyn.sh PHASE [PHASE ...]      PHASE: small | big (see gpu/dyn_device.py)
+#   bash gpu/run_dyn.sh setup                  only prepare /tmp/site and /tmp/models
 # Env: BUDGET_S (default 540): the driver skips work that would end past it.
+#      DYN_APPLY=0: leave /tmp/site pristine (e.g. to apply patchsets with the toolkit instead).
+#      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
 #      OUT: results folder (set by the GPU machine).
 set -u
 T0=$(date +%s)
@@ -26,9 +29,11 @@ if [ ! -d /tmp/site/sglang ]; then
   mkdir -p /tmp/stock /tmp/naive
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
   python3 gpu/naive_bypass.py /tmp/naive/sglang
+  if [ "${DYN_APPLY:-1}" = 1 ]; then
   python3 gpu/apply_patch.py patchsets/dyn-disable/0001-dyn-disable.patch /tmp/site || { say "patch failed"; exit 1; }
   python3 -m py_compile /tmp/site/sglang/srt/speculative/dyn_disable*.py /tmp/site/sglang/srt/speculative/eagle_worker*.py \
     /tmp/site/sglang/srt/managers/scheduler.py /tmp/site/sglang/srt/observability/scheduler_metrics_mixin.py && say "patched files compile"
+  fi
 fi
 export PYTHONPATH=/tmp/site
 EXTRA=""
@@ -47,8 +52,9 @@ n.rmsnorm(x, w); r = x.clone(); n.fused_add_rmsnorm(x, r, w); torch.cuda.synchro
 PREWARM=$!
 fi
 if [ ! -d /tmp/models/target-sharp ]; then
-  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big 16 2>&1 | tail -1
+  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} 2>&1 | tail -1
 fi
 [ -n "${PREWARM:-}" ] && wait $PREWARM
 say "$(tail -n 1 $LOGS/fi_prewarm.log 2>/dev/null)"
+[ "${1:-}" = setup ] && { say "setup only: PYTHONPATH=/tmp/site${EXTRA:+:$EXTRA}, models in /tmp/models"; exit 0; }
 PYTHONPATH=/tmp/site:$EXTRA python3 gpu/dyn_device.py "$@" --out "$OUT" --budget-s $(( BUDGET_S - ( $(date +%s) - T0 ) )) 2>&1 | tee "$OUT/driver.log"
