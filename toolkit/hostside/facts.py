@@ -120,9 +120,9 @@ def nvcc_facts(dirs):
         if os.path.exists(path):
             code, out, err = run([path, "--version"], timeout=60)
             match = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
+            lines = (out + err).strip().splitlines()
             return {"path": path, "runs": code == 0, "release": match.group(1) if match else None,
-                    "version": match.group(2) if match else None,
-                    "output": (out + err).strip().splitlines()[-1:] and (out + err).strip().splitlines()[-1]}
+                    "version": match.group(2) if match else None, "output": lines[-1] if lines else ""}
     return {"path": None, "runs": False, "release": None, "version": None, "output": "no nvidia/cu13/bin/nvcc"}
 
 

@@ -99,7 +99,7 @@ def _mismatches(args):
     for pin in args["pins"]:
         have = found.get(pin["name"], {}).get("version")
         if not version_matches(have, pin["version"]):
-            wrong.append("%s %s (want %s)" % (pin["name"], have or "missing", pin["version"]))
+            wrong.append("%s %s" % (pin["name"], have or "missing"))
     return interpreter, wrong
 
 
@@ -174,9 +174,9 @@ def step_pip(args):
         return {"status": "failed", "detail": "pip install failed (exit %s)" % code, "tail": tail}
     _, still_wrong = _mismatches(args)
     if still_wrong:
-        return {"status": "failed", "detail": "pip finished but: " + "; ".join(still_wrong), "tail": tail}
+        return {"status": "failed", "detail": "pip finished, but still: " + ", ".join(still_wrong), "tail": tail}
     return {"status": "changed", "detail": "installed " + ", ".join(p["spec"] for p in args["pins"])
-            + " (was: " + "; ".join(wrong) + ")"}
+            + " (had: " + ", ".join(wrong) + ")"}
 
 
 def _sha256(path):
