@@ -148,7 +148,7 @@ def plan(stack: Stack, facts: Facts, host: Host) -> list[PlannedStep]:
     else:
         steps.append(PlannedStep("venv", "venv", False,
                                  f"no venv: {host.python or 'python3'} with PYTHONPATH={host.pythonpath}"
-                                 " (pip steps install with --target into that folder)"))
+                                 " (missing pins go into that folder: pip --target --no-deps)"))
     commands = facts.raw.get("commands", {})
     apt = [pkg for command, pkg in sorted(stack.system.items()) if not commands.get(command)]
     if venv and not facts.venv_exists and not facts.raw["creator"]["ensurepip"]:

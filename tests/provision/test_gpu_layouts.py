@@ -12,6 +12,8 @@ import pytest
 from toolkit import facts, provision, stack
 from toolkit.provision import ProvisionError
 
+from .conftest import pip_env
+
 
 def tree(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
@@ -104,3 +106,27 @@ def test_too_little_disk_is_refused_before_installing(tmp_path, no_gpu):
     with pytest.raises(ProvisionError, match=r"GiB free at .*needs about 1e\+09 GiB.*nothing was installed"):
         provision.provision(host, greedy)
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_a_trimmed_site_gets_only_its_missing_pins(staged_site, tmp_path, no_gpu):
+    """Real pip (the index) into the bare site folder; the 'system' Python's packages stay as they are."""
+    import sys
+    site = Path(staged_site.pythonpath)
+    host = dataclasses.replace(staged_site, python=sys.executable)   # a Python that has pip
+    small = dataclasses.replace(stack.load("cpu-ref"), steps=(stack.load("cpu-ref").step("flashinfer"),
+                                                               stack.load("cpu-ref").step("sglang")))
+    result = provision.provision(host, small, env=pip_env())
+    steps = {s.name: s for s in result.steps}
+    assert steps["sglang"].status == "ok"                                  # already in the trimmed site
+    assert steps["flashinfer"].status == "ok"
+    # now one the site lacks: sglang removed, so only sglang is fetched into the folder
+    for dist in site.glob("sglang-*.dist-info"):
+        (dist / "METADATA").unlink()
+        dist.rmdir()
+    again = provision.provision(host, small, env=pip_env())
+    assert {s.name: s.status for s in again.steps}["sglang"] == "changed", again.steps
+    assert (site / "sglang" / "__init__.py").exists()
+    assert facts.gather(host, small).packages["sglang"]["location"] == str(site)
+    log = Path(again.log).read_text()
+    assert "--target" in log and "--no-deps" in log and "flashinfer" not in log.split("$")[-1]

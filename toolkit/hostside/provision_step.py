@@ -93,13 +93,14 @@ def _target_dirs(args):
 
 
 def _mismatches(args):
+    """(interpreter, [(pin, what is installed)]) for the pins that do not match."""
     interpreter, dirs = _target_dirs(args)
     found = installed_versions(dirs, [p["name"] for p in args["pins"]]) if dirs else {}
     wrong = []
     for pin in args["pins"]:
         have = found.get(pin["name"], {}).get("version")
         if not version_matches(have, pin["version"]):
-            wrong.append("%s %s" % (pin["name"], have or "missing"))
+            wrong.append((pin, "%s %s" % (pin["name"], have or "missing")))
     return interpreter, wrong
 
 
@@ -160,23 +161,29 @@ def step_pip(args):
         f.write(args["constraints"])
     argv = [interpreter, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
             "--progress-bar", "off", "--no-compile", "-c", constraints]
-    if args.get("pythonpath") and not args.get("venv"):
-        argv += ["--target", args["pythonpath"], "--upgrade"]
-    if args.get("no_deps"):
+    pins = args["pins"]
+    bare_site = args.get("pythonpath") and not args.get("venv")
+    if bare_site:
+        # A trimmed site over a system Python: add exactly the missing pins to that folder and
+        # leave the system's packages alone (--target would otherwise copy every dependency in).
+        argv += ["--target", args["pythonpath"], "--upgrade", "--no-deps"]
+        pins = [pin for pin, _ in wrong]
+    elif args.get("no_deps"):
         argv.append("--no-deps")
     if args.get("wheelhouse"):
         argv += ["--no-index", "--find-links", args["wheelhouse"]]
     elif args.get("index_url"):
         argv += ["--extra-index-url", args["index_url"]]
-    argv += [p["spec"] for p in args["pins"]]
+    argv += [p["spec"] for p in pins]
     code, tail = _log_command(args["log"], argv, env=_pip_env(args))
     if code != 0:
         return {"status": "failed", "detail": "pip install failed (exit %s)" % code, "tail": tail}
     _, still_wrong = _mismatches(args)
     if still_wrong:
-        return {"status": "failed", "detail": "pip finished, but still: " + ", ".join(still_wrong), "tail": tail}
-    return {"status": "changed", "detail": "installed " + ", ".join(p["spec"] for p in args["pins"])
-            + " (had: " + ", ".join(wrong) + ")"}
+        return {"status": "failed", "detail": "pip finished, but still: " + ", ".join(w for _, w in still_wrong),
+                "tail": tail}
+    return {"status": "changed", "detail": "installed " + ", ".join(p["spec"] for p in pins)
+            + " (had: " + ", ".join(w for _, w in wrong) + ")"}
 
 
 def _sha256(path):
