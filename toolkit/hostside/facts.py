@@ -215,7 +215,9 @@ def main(args):
     facts = {
         "os": os_facts(),
         "creator": venv_creator(),
-        "venv": {"path": venv, "exists": bool(venv_cfg and os.path.isfile(venv_cfg))},
+        # a venv half made by a concurrent provision (config written, no python yet) counts as missing
+        "venv": {"path": venv, "exists": bool(venv_cfg and os.path.isfile(venv_cfg)
+                                              and os.path.exists(os.path.join(venv, "bin", "python")))},
         "pythonpath": pythonpath,
         "disk": disk_facts(venv or pythonpath),
         "commands": dict((c, shutil.which(c)) for c in args.get("commands", [])),
