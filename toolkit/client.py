@@ -36,6 +36,8 @@ class RequestRecord:
     status_code: int | None = None
     start: float = 0.0
     ttft: float | None = None             # first chunk with content (or reasoning) after start
+    first_event: float | None = None      # first chunk with `choices`, even a role-only one
+                                          # (what `vllm bench serve` 0.32 takes as TTFT)
     latency: float | None = None          # end-to-end: start to the last byte
     chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk, since start
     text: str = ""
@@ -265,6 +267,8 @@ class OpenAIClient:
                         record.error = f"server error in stream: {json.dumps(chunk['error'])[:300]}"
                         return
                     _usage_into(record, chunk.get("usage"))
+                    if chunk.get("choices") and record.first_event is None:
+                        record.first_event = now
                     for choice in chunk.get("choices") or []:
                         delta = choice.get("delta") or {}
                         content = delta.get("content") or ""

@@ -124,17 +124,20 @@ def _fmt(value, digits=1):
 
 
 def print_levels(records: list[dict]) -> None:
-    rows = []
+    throughput, latency = [], []
     for r in records:
         m = r["metrics"]
-        rows.append((r["profile"], r["concurrency"], f"{m['completed']}/{m['completed'] + m['failed']}",
-                     _fmt(m["request_throughput"], 2), _fmt(m["output_throughput"]),
-                     _fmt(m["mean_request_output_throughput_tok_s"]), _fmt(m["median_ttft_ms"]),
-                     _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2), _fmt(m["median_itl_ms"], 2),
-                     _fmt(m["median_e2el_ms"], 0), _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
-    report.table("bench: per level (latencies p50 unless said)",
-                 ["profile", "conc", "ok", "req/s", "out tok/s", "per-req tok/s", "TTFT ms", "TTFT p99",
-                  "TPOT ms", "ITL ms", "E2E ms", "accept len"], rows)
+        level = (r["profile"], r["concurrency"])
+        throughput.append((*level, f"{m['completed']}/{m['completed'] + m['failed']}",
+                           _fmt(m["request_throughput"], 2), _fmt(m["output_throughput"]),
+                           _fmt(m["mean_request_output_throughput_tok_s"]),
+                           _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
+        latency.append((*level, _fmt(m["median_ttft_ms"]), _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2),
+                        _fmt(m["median_itl_ms"], 2), _fmt(m["median_e2el_ms"], 0)))
+    report.table("bench: throughput per level", ["profile", "conc", "ok", "req/s", "out tok/s",
+                                                 "per-req tok/s", "accept len"], throughput)
+    report.table("bench: latency per level (ms)", ["profile", "conc", "TTFT p50", "TTFT p99", "TPOT p50",
+                                                   "ITL p50", "E2E p50"], latency)
 
 
 def print_recommendation(rec: recommend_mod.Recommendation) -> None:
