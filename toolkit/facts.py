@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import hostrun
-from .inventory import Host, InventoryError
+from .inventory import Host
 from .stack import Stack, normalize
 from .transport import Transport
 
@@ -165,8 +165,6 @@ def gather(host: Host, stack: Stack | None = None, transport: Transport | None =
         before = transport.round_trips
         raw = hostrun.run_script(transport, "facts", facts_args(host, stack, extra_packages), timeout=300)
         return Facts(host=host.name, raw=raw, round_trips=transport.round_trips - before)
-    except InventoryError:
-        raise
     finally:
         if own:
             transport.close()

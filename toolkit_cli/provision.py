@@ -67,9 +67,6 @@ def facts(c, host=None, stack=None, json_=False):
     finish(outcomes)
 
 
-PROVISION_ERRORS = (engine.ProvisionError, stacks.StackError, wheels.WheelhouseError)
-
-
 @command(positional=[], help={
     "host": HOST_HELP,
     "stack": STACK_HELP,
@@ -102,9 +99,6 @@ def provision(c, host=None, stack=None, dry_run=False, wheelhouse=None, json_=Fa
         for outcome in outcomes:
             if outcome.ok:
                 _print_report(outcome.host, outcome.value)
-    for outcome in outcomes:  # a refusal is a clear one-line error, not a traceback
-        if isinstance(outcome.error, (TransportError, HostScriptError, *PROVISION_ERRORS)):
-            outcome.error = RuntimeError(str(outcome.error))
     finish(outcomes, failed=lambda r: r.failed)
 
 

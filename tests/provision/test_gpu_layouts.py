@@ -4,7 +4,6 @@ no GPU here). Also the refusals: no GPU, a failing nvidia-smi, an old driver, an
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest

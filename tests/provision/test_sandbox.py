@@ -13,7 +13,7 @@ import pytest
 from toolkit import facts, patching, provision, stack
 from toolkit.stack import Pin, Step
 
-from .conftest import closed_port, pip_env, sandbox_with_venv
+from .conftest import closed_port, pip_env
 
 pytestmark = pytest.mark.slow
 PATCH_DATA = Path(__file__).parents[1] / "patch" / "data" / "patchsets"
