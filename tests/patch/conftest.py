@@ -26,14 +26,15 @@ def sglang_wheel() -> wheels.Wheel:
 
 
 @pytest.fixture(scope="session")
-def base_venv(tmp_path_factory, sglang_wheel) -> Path:
+def base_venv(tmp_path_factory, sglang_wheel):
     """A venv with the real sglang wheel installed without dependencies (pip byte-compiles it)."""
     venv = tmp_path_factory.mktemp("hostvenv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
                     "--prefix", str(venv), "--no-warn-script-location", str(sglang_wheel.path)],
                    check=True, env=dict(os.environ, PIP_NO_INPUT="1"))
-    return venv
+    yield venv
+    shutil.rmtree(venv, ignore_errors=True)  # ~5000 entries: do not leave them to pytest's cleanup
 
 
 # Folders a test may change in place (hand edits, METADATA); they are copied per test.
@@ -41,7 +42,7 @@ PRIVATE = ("sglang/srt/utils", "sglang-*.dist-info")
 
 
 @pytest.fixture
-def host_venv(base_venv, tmp_path) -> Path:
+def host_venv(base_venv, tmp_path):
     """A per-test venv: hard links to the base venv, except PRIVATE folders, which are real copies.
 
     The engine only ever replaces files by rename, which never alters a hard-linked original;
@@ -55,7 +56,8 @@ def host_venv(base_venv, tmp_path) -> Path:
             target = site / original.relative_to(base_site)
             shutil.rmtree(target)
             subprocess.run(["cp", "-a", str(original), str(target)], check=True)
-    return copy
+    yield copy
+    shutil.rmtree(copy, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """edit / refresh: a git work tree of the pristine release with the stack as commits, diff exported back."""
 import os
+import shutil
 import tomllib
 
 import git
@@ -17,7 +18,8 @@ def cache(tmp_path, monkeypatch, sglang_wheel):
     (folder / "wheels").mkdir(parents=True)
     os.symlink(sglang_wheel.path, folder / "wheels" / sglang_wheel.path.name)
     monkeypatch.setenv("TOOLKIT_CACHE", str(folder))
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # edit trees hold the whole package
 
 
 def test_edit_refresh_round_trip_with_a_new_file_then_apply_and_revert(cache, patchsets_dir, host, site):

@@ -1,6 +1,7 @@
 """`invoke patch ...` as the user types it: through Invoke's Program in a subprocess, real sshd."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def two_hosts(inventory, base_venv, tmp_path, patchsets_dir):
         copy = tmp_path / f"v{i}"
         subprocess.run(["cp", "-al", str(base_venv), str(copy)], check=True)
         venvs.append(copy)
-    return inventory(*venvs), venvs
+    yield inventory(*venvs), venvs
+    for venv in venvs:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def test_help_list_and_check(patchsets_dir):

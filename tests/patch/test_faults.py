@@ -167,21 +167,36 @@ print(patching.apply(host, "twenty").changed)
 
 def test_two_concurrent_applies_never_both_write(host, host_venv, site, patchsets_dir, sglang_wheel, tmp_path,
                                                  monkeypatch):
-    pidfile = tmp_path / "holder.pid"
-    env = dict(os.environ, TOOLKIT_FAULT_AT="after-backups", TOOLKIT_FAULT_ACTION="sleep:4",
-               TOOLKIT_FAULT_PIDFILE=str(pidfile), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    pidfile, release = tmp_path / "holder.pid", tmp_path / "release"
+    env = dict(os.environ, TOOLKIT_FAULT_AT="after-backups", TOOLKIT_FAULT_ACTION="sleep:120",
+               TOOLKIT_FAULT_PIDFILE=str(pidfile), TOOLKIT_FAULT_RELEASE=str(release),
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(host_venv)], env=env, stdout=subprocess.PIPE,
                               text=True)
     try:
-        _wait_for(pidfile)  # the holder has the lock and sleeps inside its run
+        _wait_for(pidfile)  # the holder has the lock and waits inside its run until released
         monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "0.3")
         with pytest.raises(patching.PatchRefused, match="holds the lock"):
             patching.apply(host, "twenty")
         monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "60")
-        with pytest.raises(patching.PatchRefused, match="changed since (it was|they were) probed"):
-            patching.apply(host, "twenty")  # waits for the lock, then finds the holder's work done
+        planned, outcome = threading.Event(), []
+
+        def second_apply():
+            try:
+                patching.apply(host, "twenty", note=lambda text: "writing" in text and planned.set())
+            except Exception as exc:
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=second_apply)
+        waiter.start()
+        assert planned.wait(60), "the second apply never got to its host-side run"
+        release.touch()  # the holder finishes while the second run waits for the lock
+        waiter.join(90)
+        assert len(outcome) == 1 and isinstance(outcome[0], patching.PatchRefused)
+        assert "changed since" in str(outcome[0]) and "nothing written" in str(outcome[0])
     finally:
-        out, _ = holder.communicate(timeout=60)
+        release.touch()
+        out, _ = holder.communicate(timeout=90)
     assert holder.returncode == 0 and out.strip() == "20"
     assert assert_consistent(host, site, sglang_wheel) == ["twenty"]
     assert patching.apply(host, "twenty").changed == 0

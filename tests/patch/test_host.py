@@ -151,3 +151,14 @@ def test_unknown_patchset_and_bare_site_dir(host, host_venv, site, patchsets_dir
     bare = dataclasses.replace(host, venv=None, pythonpath=str(site), state_dir=str(host_venv / "state"))
     assert patching.apply(bare, "one-file").changed == 1
     assert patching.verify(bare).ok and (host_venv / "state" / "patch" / "state.json").exists()
+
+
+def test_local_host_without_ssh(host_venv, site, patchsets_dir, sglang_wheel):
+    from toolkit.inventory import Host
+
+    local = Host(name="local", transport="local", venv=str(host_venv))
+    applied = patching.apply(local, "three")
+    assert applied.changed == 3 and applied.round_trips == 2
+    assert patching.verify(local).ok
+    assert patching.revert(local).record_ok
+    assert all(sha256(site / p) == sglang_wheel.record[p] for p in patching.load_patchsets()["three"].touched())

@@ -185,7 +185,8 @@ def fault(point):
     """Test-only fault injection (docs/patching.md): TOOLKIT_FAULT_AT=<point> (or
     TOOLKIT_FAULT_AFTER_RENAMES=k for point after-rename-k) with TOOLKIT_FAULT_ACTION=exit
     (default: os._exit(137), like SIGKILL) or sleep:SECONDS (write the pid to
-    $TOOLKIT_FAULT_PIDFILE, then sleep, so a test can cut the connection or kill it)."""
+    $TOOLKIT_FAULT_PIDFILE, then sleep, so a test can cut the connection or kill it; the
+    sleep ends early once the file $TOOLKIT_FAULT_RELEASE exists)."""
     wanted = os.environ.get("TOOLKIT_FAULT_AT")
     if os.environ.get("TOOLKIT_FAULT_AFTER_RENAMES"):
         wanted = "after-rename-%s" % os.environ["TOOLKIT_FAULT_AFTER_RENAMES"]
@@ -196,7 +197,10 @@ def fault(point):
         pidfile = os.environ.get("TOOLKIT_FAULT_PIDFILE")
         if pidfile:
             write_atomic(pidfile, str(os.getpid()).encode())
-        time.sleep(float(action.split(":", 1)[1]))
+        deadline = time.monotonic() + float(action.split(":", 1)[1])
+        release = os.environ.get("TOOLKIT_FAULT_RELEASE")
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(0.05)
         return
     os._exit(137)
 
