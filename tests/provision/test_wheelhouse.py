@@ -48,3 +48,23 @@ def test_platform_tags_expand_to_older_manylinux():
     tags = wheelhouse.expand_platform("manylinux_2_36_x86_64")
     assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
     assert wheelhouse.expand_platform("macosx_11_0_arm64") == ["macosx_11_0_arm64"]
+
+
+def test_host_wheel_list_hashes_each_wheel_once_and_again_when_it_changes(tmp_path):
+    import hashlib
+
+    from toolkit import hostrun
+    from toolkit.transport import LocalTransport
+
+    wheel = tmp_path / "a-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"first")
+    transport = LocalTransport()
+    listed = [hostrun.run_script(transport, "provision_wheels", {"dir": str(tmp_path), "create": True})]
+    listed.append(hostrun.run_script(transport, "provision_wheels", {"dir": str(tmp_path), "create": True}))
+    wheel.write_bytes(b"second, longer")
+    listed.append(hostrun.run_script(transport, "provision_wheels", {"dir": str(tmp_path), "create": True}))
+    assert [x["hashed"] for x in listed] == [1, 0, 1]
+    assert listed[2]["wheels"] == {wheel.name: hashlib.sha256(b"second, longer").hexdigest()}
+    missing = hostrun.run_script(transport, "provision_wheels", {"dir": str(tmp_path / "none"), "create": False})
+    assert missing == {"dir": str(tmp_path / "none"), "exists": False, "wheels": {}, "hashed": 0}
+    assert not (tmp_path / "none").exists()
