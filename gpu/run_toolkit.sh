@@ -1,0 +1,91 @@
+#!/bin/bash
+# The toolkit itself on the H200 machine, in `--host local` mode: facts, provision --dry-run,
+# patch apply/verify, server start (eagle3-dyn), smoke, bench, server stop (GPU memory back to
+# idle), and a baseline vs eagle3-dyn sweep on a 32-layer dummy target through `invoke bench`.
+# Run from the repo root on the device with .whl1 .whl2 .whl3 (gpu/README.md) and .tkwheels
+# (the toolkit's own control-side wheels + the sglang wheel in cache/wheels) carried:
+#   BUDGET_S=540 bash gpu/run_toolkit.sh 2>&1 | tee $OUT/run.log
+# Phases are skipped, with a message, when the time budget would be overrun.
+set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
+
+# 1. The trimmed SGLang site (unpatched: the toolkit applies the patchsets) and the models.
+DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+EXTRA=""; python3 -c "import IPython.display" 2>/dev/null || EXTRA=":/tmp/site/_stubs"
+NUMA=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA="LD_LIBRARY_PATH = \"$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}\""
+
+# 2. The toolkit's control side: the image has rich, jinja2, httpx, matplotlib; the rest is carried.
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tk .tkwheels/*.whl 2>&1 | grep -v WARNING
+export PYTHONPATH=/tmp/tk:$PWD TOOLKIT_CACHE=$PWD/.tkwheels/cache TOOLKIT_INVENTORY=/tmp/inv
+export GIT_PYTHON_REFRESH=quiet  # compiled patch images come from the carried cache; git may be absent
+mkdir -p /tmp/inv
+FLAGS='"--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+  "--disable-piecewise-cuda-graph", "--random-seed", "0", "--max-running-requests", "64",
+  "--cuda-graph-max-bs", "64", "--decode-log-interval", "200"'
+host() {  # host NAME MODEL-PAIR MEM EXTRA-FLAGS EXTRA-ENV
+  cat <<EOF
+[$1]
+transport = "local"
+python = "python3"
+pythonpath = "/tmp/site"
+gpus = 1
+stack = "gpu"
+labels = ["h200"]
+[$1.server]
+tp_size = 1
+model = "/tmp/models/target-$2"
+draft_model = "/tmp/models/draft-$2"
+flags = [$FLAGS, "--mem-fraction-static", "$3", "--max-total-tokens", "65536"$4]
+[$1.server.env]
+PYTHONPATH = "/tmp/site$EXTRA"
+$NUMA
+HF_HUB_OFFLINE = "1"
+NCCL_NVLS_ENABLE = "0"
+TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"
+NVSHMEM_DISABLE_NVLS = "1"
+$5
+EOF
+}
+{ host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
+tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
+snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$OUT/nvsmi-$1.query-gpu.csv";
+         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$OUT/nvsmi-$1.compute-apps.csv"; }
+
+say "toolkit ready"
+tk facts --host gpu
+tk facts --host gpu --json > "$OUT/facts.json"
+tk provision --host gpu --stack gpu --dry-run
+snap idle
+
+# 3. Patch, serve, smoke, bench, stop: the user's commands.
+tk patch apply dyn-disable --host gpu && tk patch verify --host gpu
+tk server start eagle3-dyn --host gpu --timeout 300 && {
+  snap serving
+  tk server status --host gpu
+  tk smoke --host gpu
+  tk bench --host gpu --no-restart --concurrency 1,8,16 --requests 32 --output-len 64 --out "$OUT/bench-small"
+  tk server logs --host gpu --rank 0 --lines 8
+}
+tk server stop --host gpu
+snap stopped
+say "lifecycle phase done; $(left)s left"
+
+# 4. baseline vs eagle3-dyn (plus the fast plain path, where that patchset exists) on the 32-layer target.
+if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 200 ]; then
+  tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+fi
+if [ "$(left)" -gt 200 ]; then
+  tk bench --host gpu-big --profiles "${SWEEP_PROFILES:-eagle3-dyn,baseline}" --concurrency 1,8,32,64 \
+     --output-len 160 --timeout 240 --max-level-seconds 30 --out "$OUT/bench-big"
+else
+  say "skip the sweep: $(left)s left"
+fi
+grep -h "plain step uses\|Dynamic speculation disable" /tmp/site/.toolkit/server/*/server.log 2>/dev/null | sort | uniq -c | head
+tk patch revert --host gpu && tk patch verify --host gpu
+say "done"
