@@ -12,8 +12,13 @@ from typing import Any, Iterable
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+def _width(stream) -> int | None:
+    # Logs and pipes get wide tables instead of rich's 80-column default; a terminal keeps its own.
+    return None if stream.isatty() else 160
+
+
+console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "skipped": "dim",
                 "pristine": "green", "patched": "cyan", "drifted": "red", "missing": "red",

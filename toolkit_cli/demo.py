@@ -33,10 +33,12 @@ def _step(title: str, fn, *args, **kwargs) -> None:
     "patchset": "patchset to apply, verify and revert (default sm120)",
     "profile": "server profile to start, smoke and bench (default: cpu-ref)",
     "concurrency": "bench levels (default 1,4,16)",
-    "requests": "bench requests per level (default 24)",
+    "requests": "bench requests per level (default 12)",
+    "output_len": "bench max tokens per answer (default 32: the CPU reference server is slow at concurrency 1)",
     "out": "bench output folder (default out/bench/RUN_ID)",
 })
-def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16", requests=24, out=None):
+def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16", requests=12, output_len=32,
+         out=None):
     """Provision, patch apply/verify/revert, server start, smoke, bench, server stop on one host."""
     target = host or "sandbox"
     if target == "sandbox":
@@ -56,8 +58,9 @@ def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16"
     _step(f"server start {profile} --host {target}", server_task, c, "start", profile, host=target)
     try:
         _step(f"smoke --host {target}", smoke, c, host=target)
-        _step(f"bench --no-restart --concurrency {concurrency} --requests {requests} --host {target}",
-              bench, c, host=target, no_restart=True, concurrency=concurrency, requests=str(requests), out=out)
+        _step(f"bench --no-restart --concurrency {concurrency} --requests {requests} --output-len {output_len}"
+              f" --host {target}", bench, c, host=target, no_restart=True, concurrency=concurrency,
+              requests=str(requests), output_len=str(output_len), out=out)
     finally:
         _step(f"server stop --host {target}", server_task, c, "stop", host=target)
     report.line("")
