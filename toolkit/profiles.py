@@ -166,6 +166,9 @@ class _Placeholders(dict):
         self.profile_name = profile_name
 
     def __missing__(self, key):
+        if key == "venv":
+            raise ProfileError(f"profile {self.profile_name} uses {{venv}}, but the host has no venv; "
+                               f"set `venv = \"/path\"` in its inventory table")
         raise ProfileError(f"profile {self.profile_name}: unknown placeholder {{{key}}}; "
                            f"known: {', '.join('{' + k + '}' for k in sorted(self))}")
 
@@ -222,9 +225,11 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     if threshold is not None and hysteresis is not None and not 0 <= hysteresis < threshold:
         raise ProfileError(f"profile {name}: dyn_hysteresis must satisfy 0 <= hysteresis < threshold ({threshold})")
 
-    base = {"venv": venv or "", "python": python, "bind": bind, "port": port, "tp_size": tp_size,
+    base = {"python": python, "bind": bind, "port": port, "tp_size": tp_size,
             "dyn_threshold": "" if threshold is None else threshold,
             "dyn_hysteresis": "" if hysteresis is None else hysteresis}
+    if venv:
+        base["venv"] = venv
     values = _Placeholders(name, {**base, "model": "", "draft_model": ""})
     model = pick("model")
     model = posixpath.normpath(_fill(model, values, "model")) if model else None

@@ -37,6 +37,13 @@ def ref_model(ssh_host, cpu_ref_venv) -> str:
     return str(out)
 
 
+def process_alive(host: Host, pid: int) -> bool:
+    """Whether `pid` runs on the host (a zombie, dead but not yet reaped by init, does not count)."""
+    with host.connect() as transport:
+        done = transport.run(f"test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status")
+    return done.ok
+
+
 def make_host(base: Host, state_dir: Path, **server_settings) -> Host:
     settings = {"bind": "127.0.0.1", "port": free_port(), "memory_wait_s": 5, **server_settings}
     return dataclasses.replace(base, state_dir=str(state_dir), server=settings)
@@ -55,8 +62,13 @@ def running_cpu_ref(ssh_host, cpu_ref_venv, ref_model, tmp_path_factory):
                      tmp_path_factory.mktemp("shared-state"), model=ref_model)
     state = server.start(host, "cpu-ref", timeout=180)
     yield host, state
+    # Stopping it is checked here, once, rather than with a server of its own.
     result = server.stop(host, grace=10)
-    assert result.stopped, result.reason
+    assert result.stopped and result.was_running and result.signal == "TERM", result
+    assert any("GPU memory check skipped" in note for note in result.notes)
+    assert server.status(host) is None
+    assert not process_alive(host, state.pid), "the server process is still there after stop"
+    assert server.stop(host).was_running is False
 
 
 @pytest.fixture(scope="session")

@@ -145,3 +145,8 @@ def test_a_wildcard_bind_is_noted_and_probed_on_loopback():
     plan = server.plan(Host(name="h", venv="/v", server={"model": "/m", "bind": "0.0.0.0"}), "baseline")
     assert plan.base_url_on_host == "http://127.0.0.1:30000"
     assert any("reachable beyond this host" in note for note in plan.notes)
+
+
+def test_a_profile_that_needs_the_venv_says_so_on_a_host_without_one():
+    with pytest.raises(profiles.ProfileError, match=r"cpu-ref uses \{venv\}, but the host has no venv"):
+        server.plan(Host(name="h"), "cpu-ref")

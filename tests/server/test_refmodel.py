@@ -36,32 +36,16 @@ def test_model_is_made_as_a_standalone_script_and_then_reused(cpu_ref_venv, tmp_
     assert (out / "model.safetensors").stat().st_mtime_ns == weights_before
 
 
-def test_greedy_generation_is_non_empty_and_deterministic(cpu_ref_venv, tmp_path):
-    probe = f"""
-import json, sys
-sys.path.insert(0, {str(SOURCE.parent.parent)!r})
-from toolkit.refmodel import make_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
-path = make_model({str(tmp_path / 'm')!r})
-tok = AutoTokenizer.from_pretrained(path)
-model = AutoModelForCausalLM.from_pretrained(path)
-ids = tok.apply_chat_template([{{"role": "user", "content": "Write a fibonacci function"}}],
-                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
-outs = []
-for _ in range(2):
-    gen = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    new = gen[0][ids["input_ids"].shape[1]:]
-    outs.append({{"text": tok.decode(new, skip_special_tokens=True), "n": len(new)}})
-print(json.dumps({{"outs": outs, "prompt": tok.decode(ids["input_ids"][0])}}))
-"""
-    done = run_in_venv(cpu_ref_venv, "-c", probe)
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout.splitlines()[-1])
-    first, second = answer["outs"]
-    assert first["n"] == 16, "greedy decoding stopped early: EOS must never be the argmax"
-    assert first["text"].strip()
-    assert first == second
-    assert answer["prompt"].startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
+def test_chat_template_renders_the_llama3_layout():
+    import jinja2
+
+    template = jinja2.Environment().from_string(refmodel.CHAT_TEMPLATE)
+    text = template.render(bos_token=refmodel.BOS, add_generation_prompt=True, messages=[
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}])
+    assert text == ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_a_reference_model(tmp_path):

@@ -60,6 +60,9 @@ def test_start_status_logs_stop_through_invoke(cli):
         stopped = cli("stop", "--host", "cpu-test", "--grace", "10")
     assert stopped.returncode == 0, stopped.stderr
     assert "SIGTERM" in stopped.stdout and "GPU check skipped" in stopped.stdout
+    pid = entry["server"]["pid"]
+    state = Path(f"/proc/{pid}/status")
+    assert not state.exists() or "\tZ" in state.read_text().split("State:")[1].split("\n")[0], "server still running"
     status = cli("status", "--host", "cpu-test")
     assert status.returncode == 0 and "not running" in status.stdout
 

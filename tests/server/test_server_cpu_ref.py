@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.server.conftest import process_alive
 from toolkit import server
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -21,12 +22,6 @@ def chat(base_url: str, model: str, prompt: str) -> dict:
                                      headers={"Content-Type": "application/json"})
     with NO_PROXY.open(request, timeout=60) as answer:
         return json.loads(answer.read())
-
-
-def process_alive(host, pid: int) -> bool:
-    with host.connect() as transport:
-        done = transport.run(f"test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status")
-    return done.ok
 
 
 class TestRunningServer:
@@ -99,18 +94,6 @@ class TestRunningServer:
             script = transport.run(f"cat {state.script_path}").stdout
         assert "exec " in script and "serve" in script and "--cb-num-blocks 256" in script.replace(" \\\n    ", " ")
         assert "export HF_HUB_OFFLINE=1" in script
-
-
-def test_start_stop_leaves_nothing_running(cpu_host):
-    state = server.start(cpu_host, "cpu-ref", timeout=180)
-    assert process_alive(cpu_host, state.pid)
-    result = server.stop(cpu_host, grace=10)
-    assert result.stopped and result.was_running and result.signal == "TERM"
-    assert not process_alive(cpu_host, state.pid)
-    assert any("GPU memory check skipped" in note for note in result.notes)
-    assert server.status(cpu_host) is None
-    again = server.stop(cpu_host)
-    assert again.stopped and not again.was_running
 
 
 def test_bad_model_path_fails_with_the_log_tail_and_nothing_left(cpu_host, tmp_path):
