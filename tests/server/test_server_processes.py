@@ -14,11 +14,26 @@ import pytest
 from toolkit import server
 
 
+GROUP_MEMBERS = """
+import os, sys
+pgid = int(sys.argv[1])
+for entry in os.listdir("/proc"):
+    try:
+        stat = open("/proc/%s/stat" % entry).read()
+    except (OSError, ValueError):
+        continue
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] != "Z" and int(fields[2]) == pgid:
+        print(entry)
+"""
+
+
 def group_alive(host, pgid: int) -> list[int]:
-    """Live pids (not zombies) of a process group on the host."""
+    """Live pids (not zombies) of a process group on the host (from /proc: `ps` may be absent)."""
     with host.connect() as transport:
-        done = transport.run(f"ps -e -o pid=,pgid=,stat= | awk '$2 == {pgid} && $3 !~ /^Z/ {{print $1}}'")
-    return [int(p) for p in done.stdout.split()]
+        done = transport.run(f"python3 - {pgid}", stdin=GROUP_MEMBERS)
+    assert done.ok, done.stderr
+    return sorted(int(p) for p in done.stdout.split())
 
 
 def with_nvidia_smi(host, fake):
