@@ -29,7 +29,8 @@ USAGE = """usage:
   invoke bench [--profiles baseline,eagle3,eagle3-dyn] [--concurrency 1,2,4,...] [--requests N]
                [--dataset builtin|synthetic|FILE.jsonl] [--input-len L] [--output-len M] [--seed S]
                [--no-restart] [--url URL] [--out DIR] [--host NAME]
-  invoke bench compare RUN[,RUN...]     (RUN: a results.jsonl or a bench output folder)"""
+  invoke bench compare RUN[,RUN...] [--plot FILE.png] [--json]   (RUN: a results.jsonl or a bench output folder)
+every option with its help: invoke --help bench"""
 
 
 def _ints(text: str, what: str) -> list[int]:

@@ -254,7 +254,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
         except KeyboardInterrupt:
             raise
         except Exception as exc:   # one profile's failure must not lose the others
-            message = f"{profile}: {exc}"
+            message = f"{profile}: {str(exc) or type(exc).__name__}"
             result.errors.append(message)
             listener.note(f"profile {message}")
     return result

@@ -1,0 +1,61 @@
+"""The sweep engine over several profiles, with a server that dies in the middle (fake servers)."""
+from __future__ import annotations
+
+import contextlib
+
+from toolkit.bench.outputs import RunWriter, load_records
+from toolkit.bench.prompts import PromptSource
+from toolkit.bench.runner import BenchOptions, ServedProfile, SweepListener, run_sweep
+
+from .fake_openai import FakeOpenAI
+
+
+class FakeServers:
+    """A ServerControl that starts a fresh fake server per profile and stops it afterwards."""
+
+    def __init__(self):
+        self.current: FakeOpenAI | None = None
+        self.started: list[str] = []
+
+    @contextlib.contextmanager
+    def serve(self, profile):
+        if profile == "wont-start":
+            raise RuntimeError("wont-start did not start: port taken")
+        self.current = FakeOpenAI(chunks=4).start()
+        self.started.append(profile)
+        try:
+            yield ServedProfile(profile, self.current.base_url, {"kind": "fake"})
+        finally:
+            self.current.stop()
+
+
+class KillAfterFirstLevel(SweepListener):
+    def __init__(self, servers, victim):
+        self.servers, self.victim, self.notes = servers, victim, []
+
+    def level_done(self, record):
+        if record["profile"] == self.victim and record["concurrency"] == 1:
+            self.servers.current.stop()
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_a_dying_server_loses_its_profile_not_the_sweep(tmp_path):
+    servers = FakeServers()
+    listener = KillAfterFirstLevel(servers, victim="eagle3")
+    writer = RunWriter(tmp_path)
+    options = BenchOptions(concurrency=[1, 2, 4], requests=6, prompts=PromptSource(output_len=4), warmup=1)
+    result = run_sweep(["baseline", "wont-start", "eagle3", "eagle3-dyn"], options, servers,
+                       on_level=writer.append, listener=listener)
+    assert servers.started == ["baseline", "eagle3", "eagle3-dyn"]
+    levels = [(r["profile"], r["concurrency"], r["metrics"]["completed"], r["metrics"]["failed"])
+              for r in load_records(tmp_path)]
+    assert levels == [("baseline", 1, 6, 0), ("baseline", 2, 6, 0), ("baseline", 4, 6, 0),
+                      ("eagle3", 1, 6, 0), ("eagle3", 2, 0, 6),
+                      ("eagle3-dyn", 1, 6, 0), ("eagle3-dyn", 2, 6, 0), ("eagle3-dyn", 4, 6, 0)]
+    assert len(result.errors) == 2
+    assert result.errors[0].startswith("wont-start: ") and "port taken" in result.errors[0]
+    assert result.errors[1].startswith("eagle3: server unreachable after concurrency 2")
+    assert all(r["run_id"] == result.run_id for r in result.records)
+    assert result.records[0]["server"] == {"kind": "fake", "model": "fake-model"}
