@@ -125,16 +125,16 @@ def preflight(stack: Stack, facts: Facts, host: Host) -> None:
                                  f" {stack.name} needs >= {stack.python}")
 
 
-def check_disk(stack: Stack, facts: Facts, host: Host, planned: list[PlannedStep]) -> None:
-    """Refuse to start pip installs that cannot fit (a full disk mid-install is the worst case)."""
+def disk_shortfall(stack: Stack, facts: Facts, planned: list[PlannedStep]) -> str | None:
+    """Why a fresh install would not fit, or None. Only a fresh venv is judged: an update of
+    a few pins in an existing one needs far less, and pip's own error names a full disk."""
     disk = facts.raw.get("disk", {})
     free = disk.get("free_bytes")
-    if free is None or not stack.min_free_gb or not any(p.needed and p.kind == "pip" for p in planned):
-        return
-    if free < stack.min_free_gb * 2**30:
-        raise ProvisionError(f"only {free / 2**30:.1f} GiB free at {disk.get('path')}; stack"
-                             f" {stack.name} needs about {stack.min_free_gb:g} GiB for a fresh install. Free some"
-                             f" space and provision again; nothing was installed.")
+    fresh = any(p.needed and p.kind == "venv" for p in planned)
+    if free is None or not stack.min_free_gb or not fresh or free >= stack.min_free_gb * 2**30:
+        return None
+    return (f"only {free / 2**30:.1f} GiB free at {disk.get('path')}; stack {stack.name} needs about"
+            f" {stack.min_free_gb:g} GiB for a fresh install")
 
 
 def plan(stack: Stack, facts: Facts, host: Host) -> list[PlannedStep]:
@@ -304,7 +304,11 @@ def provision(host: Host, stack: Stack, *, dry_run: bool = False, wheelhouse: st
         report = ProvisionReport(host.name, stack.name, dry_run, [], facts=facts.raw)
         preflight(stack, facts, host)
         planned = plan(stack, facts, host)
-        check_disk(stack, facts, host, planned)
+        shortfall = disk_shortfall(stack, facts, planned)
+        if shortfall and not dry_run:
+            raise ProvisionError(f"{shortfall}. Free some space and provision again; nothing was installed.")
+        if shortfall:
+            report.notes.append(f"a real run would stop here: {shortfall}")
         if manifest and any(p.needed and p.kind == "pip" for p in planned):
             host_tag = facts.python_tag()
             if host_tag != manifest.python:

@@ -105,6 +105,8 @@ def test_too_little_disk_is_refused_before_installing(tmp_path, no_gpu):
     with pytest.raises(ProvisionError, match=r"GiB free at .*needs about 1e\+09 GiB.*nothing was installed"):
         provision.provision(host, greedy)
     assert not (tmp_path / "new").exists()
+    preview = provision.provision(host, greedy, dry_run=True)       # the dry run shows the plan and says so
+    assert preview.changed and any("a real run would stop here" in n for n in preview.notes)
 
 
 @pytest.mark.slow
