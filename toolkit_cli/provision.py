@@ -128,7 +128,7 @@ WHEELHOUSE_USAGE = """usage: invoke wheelhouse build --stack STACK [--python 3.1
   --python/--platform default to --host's (one facts round trip) or else to this machine's"""
 
 
-@command(positional=["action"], help={
+WHEELHOUSE_HELP = {
     "action": "build",
     "stack": "stack to download (gpu, cpu-ref or a .toml path); default: cpu-ref",
     "python": "target Python, e.g. 3.12 (default: the --host's, else this machine's)",
@@ -137,12 +137,20 @@ WHEELHOUSE_USAGE = """usage: invoke wheelhouse build --stack STACK [--python 3.1
     "host": "take --python/--platform from this host's facts (one round trip); default: this machine",
     "refresh": "download again even when the folder's manifest already matches the stack",
     "json_": "print the manifest as JSON",
-})
+}
+WHEELHOUSE_OPTIONS = "\n".join(f"  --{name.rstrip('_').replace('_', '-'):10s} {text}"
+                               for name, text in WHEELHOUSE_HELP.items() if name != "action")
+
+
+@command(positional=["action"], help=WHEELHOUSE_HELP)
 def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host=None, refresh=False,
                json_=False):
     """Download a stack's wheels for an air-gapped host (then: invoke provision --wheelhouse DIR)."""
-    if wants_help(action) or action != "build":
-        fail(WHEELHOUSE_USAGE, code=2)
+    if wants_help(action):
+        report.line(WHEELHOUSE_USAGE + "\n" + WHEELHOUSE_OPTIONS)
+        return
+    if action != "build":
+        fail(f"unknown action {action!r}\n{WHEELHOUSE_USAGE}", code=2)
     chosen = _load_or_exit(stack or "cpu-ref")
     if host and not (python and platform):
         target = hosts_or_exit(host)
