@@ -76,6 +76,7 @@ class ServerState:
     uptime_s: float | None = None
     ready_after_s: float | None = None
     idle_gpu_memory: list[dict] | None = None
+    round_trips: int | None = None   # SSH round trips the start took (patch check excluded)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -100,6 +101,7 @@ class StopResult:
     gpu_memory: list[dict] | None = None
     holders: list[dict] = field(default_factory=list)
     reason: str = ""
+    round_trips: int | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -240,7 +242,8 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
                 else "; nothing of it is left running")
         raise ServerError(f"{host.name}: {profile_name} did not start: {answer['reason']}{left}",
                           log_tail=answer.get("log_tail", ""), details=answer)
-    state = _state_from_record(host, answer["record"], status="ready", healthy=True, uptime_s=0.0)
+    state = _state_from_record(host, answer["record"], status="ready", healthy=True, uptime_s=0.0,
+                               round_trips=answer["round_trips"])
     state.notes = notes
     return state
 
@@ -261,6 +264,7 @@ def _start_and_wait(host, launch, args, timeout, wait_chunk, progress) -> dict:
             progress(f"{host.name}: waiting for {launch.profile}: {answer['waited_s']:.0f}s/{timeout:.0f}s, "
                      + ", ".join(pending))
             answer = _ctl(transport, host, "wait", round_trip_limit, wait_s=wait_chunk)
+        answer["round_trips"] = transport.round_trips
     return answer
 
 
@@ -271,13 +275,15 @@ def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None 
         answer = _ctl(transport, host, "stop", grace + memory_wait + 120, grace=grace, memory_wait_s=memory_wait,
                       nvidia_smi=str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
                       slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)))
+        answer["round_trips"] = transport.round_trips
     if "profile" not in answer:  # nothing recorded
-        return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""))
+        return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""),
+                          round_trips=answer["round_trips"])
     return StopResult(host.name, stopped=answer["stopped"], was_running=answer["was_running"],
                       profile=answer["profile"], pid=answer["pid"], signal=answer["signal"],
                       stop_s=answer["stop_s"], gpu_memory=answer.get("gpu_memory"),
                       holders=answer.get("holders", []), reason=answer.get("reason", ""),
-                      notes=answer.get("notes", []))
+                      round_trips=answer["round_trips"], notes=answer.get("notes", []))
 
 
 def status(host: Host) -> ServerState | None:

@@ -134,11 +134,11 @@ def _start(host_spec, profile, overrides, timeout, check_patches, json_) -> None
     if json_:
         report.emit_json([o.value.to_json() for o in outcomes if o.ok])
     else:
-        rows = [[s.host, s.profile, "ready", s.pid, f"{s.bind}:{s.port}", f"{s.ready_after_s}s", s.log_path]
-                for s in (o.value for o in outcomes if o.ok)]
+        rows = [[s.host, s.profile, "ready", s.pid, f"{s.bind}:{s.port}", f"{s.ready_after_s}s", s.round_trips,
+                 s.log_path] for s in (o.value for o in outcomes if o.ok)]
         if rows:
-            report.table(None, ["host", "profile", "status", "pid", "listening", "ready after", "log"], rows,
-                         status_column=2)
+            report.table(None, ["host", "profile", "status", "pid", "listening", "ready after", "round trips", "log"],
+                         rows, status_column=2)
         for o in outcomes:
             for note in (o.value.notes if o.ok else []):
                 report.note(f"{o.host.name}: {note}")

@@ -123,10 +123,12 @@ def test_stop_fails_when_gpu_memory_stays_held_and_names_the_pids(fake_host, nvi
 
 def test_without_nvidia_smi_the_gpu_checks_are_skipped_and_said(fake_host):
     state = server.start(fake_host, "fake", timeout=30)
+    assert state.round_trips == 1, "a server that is ready at once costs one round trip to start"
     assert any("GPU memory check skipped" in note for note in state.notes)
     assert state.idle_gpu_memory is None
     result = server.stop(fake_host, grace=5)
-    assert result.stopped and any("GPU memory check skipped" in note for note in result.notes)
+    assert result.stopped and result.round_trips == 1
+    assert any("GPU memory check skipped" in note for note in result.notes)
 
 
 def test_a_dead_recorded_server_shows_as_dead_and_does_not_block_start(fake_host):
@@ -137,6 +139,9 @@ def test_a_dead_recorded_server_shows_as_dead_and_does_not_block_start(fake_host
     assert current.status == "dead" and current.healthy is False
     again = server.start(fake_host, "fake", timeout=30)
     assert any("had died" in note for note in again.notes)
+    both_runs = server.read_log(fake_host, since_start=False)
+    assert both_runs.count("launch.sh: starting profile fake") == 2
+    assert server.read_log(fake_host).count("launch.sh: starting profile fake") == 1
     server.stop(fake_host, grace=5)
 
 
