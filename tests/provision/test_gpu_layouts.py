@@ -131,3 +131,14 @@ def test_a_trimmed_site_gets_only_its_missing_pins(staged_site, tmp_path, no_gpu
     assert facts.gather(host, small).packages["sglang"]["location"] == str(site)
     log = Path(again.log).read_text()
     assert "--target" in log and "--no-deps" in log and "flashinfer" not in log.split("$")[-1]
+
+
+def test_an_inherited_pythonpath_does_not_leak_into_the_target(staged_site, tmp_path, monkeypatch, no_gpu):
+    """In local mode the toolkit's own PYTHONPATH is in the environment; facts must not see it."""
+    from .conftest import write_dist
+    control = tmp_path / "control-side"
+    write_dist(control, "sglang-kernel", "0.4.2")
+    monkeypatch.setenv("PYTHONPATH", str(control))
+    found = facts.gather(staged_site, stack.load("gpu"))
+    assert found.version("sglang-kernel") is None and found.version("sglang") == "0.5.11"
+    assert str(control) not in found.raw["python"]["site_dirs"]

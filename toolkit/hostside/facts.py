@@ -44,7 +44,10 @@ def run(argv, timeout=60, env=None):
 
 
 def target_env(pythonpath):
+    """The environment SGLang's Python runs with: the inventory's pythonpath and nothing else
+    (a PYTHONPATH inherited from the caller, e.g. the toolkit's own in local mode, is dropped)."""
     env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     return env

@@ -147,6 +147,7 @@ def _pip_env(args):
         env["PIP_CONFIG_FILE"] = os.devnull
         for key in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
             env.pop(key, None)
+    env.pop("PYTHONPATH", None)
     if args.get("pythonpath"):
         env["PYTHONPATH"] = args["pythonpath"]
     return env
