@@ -87,6 +87,20 @@ def test_a_failed_start_prints_the_log_tail_and_exits_1(cli, tmp_path):
     assert "RuntimeError: cannot load model" in done.stderr and "exited during startup" in done.stderr
 
 
+def test_errors_quoting_log_lines_are_printed_verbatim(capsys):
+    # Server errors quote log text such as "[2026-01-01 10:00:00 TP3]" or "[/x]": not console markup.
+    from invoke.exceptions import Exit
+
+    from toolkit.inventory import Host
+    from toolkit.parallel import HostOutcome
+    from toolkit_cli.server import finish
+
+    message = "never printed: TP3: [2026-01-01 10:00:00 TP3] done [/x]"
+    with pytest.raises(Exit):
+        finish([HostOutcome(Host(name="h"), error=RuntimeError(message))])
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["start"], "needs a profile; one of: "),
     (["frobnicate"], "unknown action 'frobnicate'"),
