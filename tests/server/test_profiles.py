@@ -150,3 +150,20 @@ def test_a_wildcard_bind_is_noted_and_probed_on_loopback():
 def test_a_profile_that_needs_the_venv_says_so_on_a_host_without_one():
     with pytest.raises(profiles.ProfileError, match=r"cpu-ref uses \{venv\}, but the host has no venv"):
         server.plan(Host(name="h"), "cpu-ref")
+
+
+def test_sglang_profiles_use_flags_and_env_that_sglang_0_5_11_knows():
+    # Read from the real pinned wheel (no import: SGLang needs a GPU stack to import).
+    from toolkit import wheels
+
+    wheel = wheels.pristine("sglang", "0.5.11")
+    server_args = wheel.read("sglang/srt/server_args.py").decode()
+    environ = wheel.read("sglang/srt/environ.py").decode()
+    for name in ("baseline", "eagle3", "eagle3-dyn", "eagle3-v2-dyn"):
+        plan = server.plan(GPU_HOST, name)
+        for flag in (a for a in plan.argv if a.startswith("--")):
+            assert f'"{flag}"' in server_args, f"{name}: {flag} is not an option of sglang 0.5.11"
+        for variable in plan.env:
+            if not variable.startswith("SGLANG_SPEC_DISABLE_"):  # added by the dyn-disable patchset
+                assert variable in environ, f"{name}: {variable} is not read by sglang 0.5.11"
+    assert '"EAGLE3"' in server_args
