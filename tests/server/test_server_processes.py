@@ -192,3 +192,12 @@ def test_the_same_engine_works_on_this_machine_without_ssh(fake_host):
     assert server.status(local).healthy is True
     result = server.stop(local, grace=5)
     assert result.stopped and group_alive(fake_host, state.pid) == []
+
+
+def test_gpu_memory_held_by_an_unlisted_process_refuses_start(fake_host, nvidia_smi):
+    """Mock nvidia-smi (no GPU here): memory in use on GPU 0, but no compute process listed."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    nvidia_smi.show("h200-hidden-holder")
+    with pytest.raises(server.ServerRefused, match=r"GPU0 has 82437 MiB in use although nvidia-smi lists no process"):
+        server.start(host, "fake", timeout=30)
+    assert server.status(host) is None

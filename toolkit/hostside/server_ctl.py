@@ -385,6 +385,14 @@ def start(args):
                     % (_describe_holders(holders), pids, pids), "holders": holders}
         else:
             idle = _gpu_memory(args["nvidia_smi"])
+            slack = plan["idle_memory_slack_mib"]
+            busy = [g for g in idle if g["used_mib"] > slack]
+            if busy:
+                return {"status": "refused", "reason": "%s in use although nvidia-smi lists no process "
+                        "(held from another container or PID namespace?); free it, or raise "
+                        "idle_memory_slack_mib (now %d) in the host's [server] table"
+                        % (", ".join("GPU%d has %d MiB" % (g["index"], g["used_mib"]) for g in busy), slack),
+                        "gpu_memory": idle}
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         return {"status": "refused", "reason": "cannot read GPU state: %s" % exc}
     problem = _port_problem(plan["bind"], plan["port"])
