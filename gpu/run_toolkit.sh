@@ -10,12 +10,16 @@ set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+EV=/tmp/ev  # everything but run.log; packed into $OUT/evidence.tgz at the end (few files come back)
+mkdir -p "$OUT" "$EV"
+pack() { for f in /tmp/site/.toolkit/server/*/server.log; do [ -f "$f" ] && cp "$f" "$EV/$(basename "$(dirname "$f")").server.log"; done
+         tar -C "$EV" -czf "$OUT/evidence.tgz" .; }
+trap pack EXIT
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 
 # 1. The trimmed SGLang site (unpatched: the toolkit applies the patchsets) and the models.
-DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
+DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} OUT=$EV bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 EXTRA=""; python3 -c "import IPython.display" 2>/dev/null || EXTRA=":/tmp/site/_stubs"
 NUMA=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA="LD_LIBRARY_PATH = \"$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}\""
@@ -54,12 +58,12 @@ EOF
 }
 { host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
 tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
-snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$OUT/nvsmi-$1.query-gpu.csv";
-         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$OUT/nvsmi-$1.compute-apps.csv"; }
+snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
+         nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
 
 say "toolkit ready"
 tk facts --host gpu
-tk facts --host gpu --json > "$OUT/facts.json"
+tk facts --host gpu --json > "$EV/facts.json"
 tk provision --host gpu --stack gpu --dry-run
 snap idle
 
@@ -69,7 +73,7 @@ tk server start eagle3-dyn --host gpu --timeout 300 && {
   snap serving
   tk server status --host gpu
   tk smoke --host gpu
-  tk bench --host gpu --no-restart --concurrency 1,8,16 --requests 32 --output-len 64 --out "$OUT/bench-small"
+  tk bench --host gpu --no-restart --concurrency 1,8,16 --requests 32 --output-len 64 --out "$EV/bench-small"
   tk server logs --host gpu --rank 0 --lines 8
 }
 tk server stop --host gpu
@@ -82,10 +86,11 @@ if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 200 ]; then
 fi
 if [ "$(left)" -gt 200 ]; then
   tk bench --host gpu-big --profiles "${SWEEP_PROFILES:-eagle3-dyn,baseline}" --concurrency 1,8,32,64 \
-     --output-len 160 --timeout 240 --max-level-seconds 30 --out "$OUT/bench-big"
+     --output-len 160 --timeout 240 --max-level-seconds 30 --out "$EV/bench-big"
 else
   say "skip the sweep: $(left)s left"
 fi
-grep -h "plain step uses\|Dynamic speculation disable" /tmp/site/.toolkit/server/*/server.log 2>/dev/null | sort | uniq -c | head
+grep -h "plain step uses\|Dynamic speculation disable\|Traceback\|Error" /tmp/site/.toolkit/server/*/server.log 2>/dev/null \
+  | sed 's/^\[[^]]*\] //' | sort | uniq -c | sort -rn | head -20
 tk patch revert --host gpu && tk patch verify --host gpu
 say "done"
