@@ -16,6 +16,14 @@ from .transport import Transport
 DEFAULT_LOCK_TIMEOUT = 30.0
 
 
+class PatchRefused(RuntimeError):
+    """Nothing was written: the host is not in a state this command may change."""
+
+    def __init__(self, message: str, diff: str = ""):
+        super().__init__(message + (f"\n{diff}" if diff else ""))
+        self.reason, self.diff = message, diff
+
+
 def lock_timeout() -> float:
     return float(os.environ.get("TOOLKIT_PATCH_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT))
 
@@ -33,7 +41,10 @@ def run(transport: Transport, script: str, args: dict, timeout: float = 600) -> 
     shared = resources.files("toolkit.hostside").joinpath("patch_hostlib.py").read_text()
     payload = shared + "\n\n" + hostrun.build_payload(script, args)
     result = transport.run("python3 -", stdin=payload, timeout=timeout, env=_fault_env())
-    return hostrun.parse_result(result, script)
+    answer = hostrun.parse_result(result, script)
+    if answer.get("refused"):
+        raise PatchRefused(answer["refused"])
+    return answer
 
 
 def probe(transport: Transport, host: Host, package: str, paths=(), *, recover: bool = True,

@@ -13,17 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 from . import compiler, patchhost, patchsets, wheels
 from .inventory import Host
+from .patchhost import PatchRefused
 from .patchsets import Patchset, PatchsetError
 
 STATE_FORMAT = 1
-
-
-class PatchRefused(RuntimeError):
-    """Nothing was written: the host is not in a state this command may change."""
-
-    def __init__(self, message: str, diff: str = ""):
-        super().__init__(message + (f"\n{diff}" if diff else ""))
-        self.reason, self.diff = message, diff
 
 
 @dataclass
@@ -195,12 +188,6 @@ def _image_bytes(path: str, state: dict | None, known, version, wheel) -> tuple[
     return (wheel.read(path) if wheel.has(path) else None), "pristine"
 
 
-def _host_result_or_refuse(answer: dict) -> dict:
-    if answer.get("refused"):
-        raise PatchRefused(answer["refused"])
-    return answer
-
-
 # -- apply ------------------------------------------------------------------------------
 
 def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyResult:
@@ -257,7 +244,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             rows.append(FileChange(p, "would change" if dry_run else "changed", target.by))
         if drifted:
             diff = _drift_diff(transport, host, ps.package, drifted)
-            raise PatchRefused(f"{host.name}: {', '.join(sorted(drifted))} changed by hand (neither pristine nor"
+            raise PatchRefused(f"{', '.join(sorted(drifted))} changed by hand (neither pristine nor"
                                f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
         new_state = _new_state(image, known, probe["site"])
         result = ApplyResult(host.name, name, current, desired, rows, len(writes), dry_run, 0, probe["recovered"])
@@ -265,13 +252,13 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             result.round_trips = transport.round_trips
             return result
         note(f"{host.name}: writing {len(writes)} file(s)")
-        answer = _host_result_or_refuse(patchhost.execute(transport, host, {
+        answer = (patchhost.execute(transport, host, {
             "package": ps.package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
             "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state,
             "state_changed": True}))
         bad = [w["path"] for w in writes if answer["hashes"].get(w["path"]) != w["sha256"]]
         if bad:
-            raise RuntimeError(f"{host.name}: after the run {', '.join(bad)} do not hash to their images")
+            raise RuntimeError(f"after the run {', '.join(bad)} do not hash to their images")
         result.pycache_removed = answer.get("pycache_removed", [])
         result.round_trips = transport.round_trips
         return result
@@ -391,7 +378,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                                            target.by if p in image.files else None,
                                            "overwriting a hand edit (--force)" if found != expected else ""))
         if drifted:
-            raise PatchRefused(f"{host.name}: {', '.join(drifted)} changed by hand since the patch was applied;"
+            raise PatchRefused(f"{', '.join(drifted)} changed by hand since the patch was applied;"
                                f" `invoke patch revert --force` overwrites them; nothing written")
         result.stack_after, result.changed = keep, len(writes)
         new_state = _new_state(image, known, probe["site"]) if keep else {
@@ -401,7 +388,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
             result.round_trips = transport.round_trips
             return result
         note(f"{host.name}: restoring {len(writes)} file(s)")
-        answer = _host_result_or_refuse(patchhost.execute(transport, host, {
+        answer = (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
             "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state, "state_changed": True}))
         for w in writes:
@@ -417,7 +404,7 @@ def _clear_stale_state(transport, host, package, version, probe, result, dry_run
     result.notes.append(f"state was for another {package} version; cleared it (files left as installed)")
     result.stack_after = []
     if not dry_run:
-        _host_result_or_refuse(patchhost.execute(transport, host, {
+        (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {}, "expect_state_sha": probe["state_sha"],
             "writes": [], "state": {"format": STATE_FORMAT, "package": package, "version": version,
                                     "site": probe["site"], "stack": [], "files": {}}, "state_changed": True}))

@@ -84,6 +84,10 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
         _finish(outcomes, _print_verify, failed=lambda r: not r.ok)
 
 
+def _trips(count: int) -> str:
+    return f"{count} round trip{'' if count == 1 else 's'}"
+
+
 def _finish(outcomes, show, failed=lambda value: False) -> None:
     bad = 0
     for outcome in outcomes:
@@ -120,7 +124,7 @@ def _print_apply(r: patching.ApplyResult) -> None:
         _file_table(f"{r.host}: apply {r.patchset}", shown)
     verb = "would change" if r.dry_run else "changed"
     report.line(f"{r.host}: {r.changed} {verb}; stack {' + '.join(r.stack_after)}"
-                f" ({r.round_trips} round trips{', dry run: nothing written' if r.dry_run else ''})")
+                f" ({_trips(r.round_trips)}{', dry run: nothing written' if r.dry_run else ''})")
 
 
 def _print_revert(r: patching.RevertResult) -> None:
@@ -132,7 +136,7 @@ def _print_revert(r: patching.RevertResult) -> None:
     verb = "would change" if r.dry_run else "changed"
     stack = " + ".join(r.stack_after) or "nothing (pristine)"
     report.line(f"{r.host}: {r.changed} {verb}; stack now {stack}; restored files"
-                f" {'match RECORD' if r.record_ok else 'DO NOT match RECORD'} ({r.round_trips} round trips)")
+                f" {'match RECORD' if r.record_ok else 'DO NOT match RECORD'} ({_trips(r.round_trips)})")
 
 
 def _print_verify(r: patching.VerifyResult) -> None:
@@ -143,7 +147,7 @@ def _print_verify(r: patching.VerifyResult) -> None:
     _file_table(f"{r.host}: {r.package} {r.version or '(not installed)'}", r.files)
     extra = f"; {r.all_files_checked} RECORD files checked" if r.all_files_checked else ""
     state = "matches its recorded state" if r.ok else "DOES NOT match its recorded state"
-    report.line(f"{r.host}: {state}; stack {' + '.join(r.stack) or 'none'}{extra} ({r.round_trips} round trips)")
+    report.line(f"{r.host}: {state}; stack {' + '.join(r.stack) or 'none'}{extra} ({_trips(r.round_trips)})")
 
 
 def _list() -> None:

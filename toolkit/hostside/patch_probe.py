@@ -9,6 +9,13 @@ import platform
 
 
 def main(args):
+    try:
+        return _probe(args)
+    except Refused as exc:  # noqa: F821 (patch_hostlib)
+        return {"refused": str(exc)}
+
+
+def _probe(args):
     site = find_site(args)  # noqa: F821 (patch_hostlib)
     dist, version = find_dist(site, args["package"])  # noqa: F821
     sd = StateDir(args["state_dir"])  # noqa: F821
