@@ -9,16 +9,23 @@ Tolerant of the servers it meets:
   connection closes after at least one chunk;
 - a server that rejects fields outside the OpenAI API (`ignore_eos`, `top_k`: HTTP 422) gets
   the request again without them, and the client remembers not to send them again.
+
+HTTP is a small HTTP/1.1 keep-alive pool on asyncio streams (`_Pool`), not httpx: httpx's
+connection pool costs milliseconds of CPU per request at 64 connections, which capped a
+benchmark at ~200-350 requests/s on two cores where `vllm bench serve` (aiohttp) drives
+~1200 (benchmarks/bench_client_vs_vllm.py). A benchmark client must never be the bottleneck.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
+import ssl
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import httpx
+from typing import Any, AsyncIterator
+from urllib.parse import urlsplit
 
 # Fields some servers (SGLang, vLLM) take but the OpenAI API does not define.
 NON_OPENAI_FIELDS = ("ignore_eos", "top_k", "min_tokens", "repetition_penalty")
@@ -81,6 +88,174 @@ def _rejected_fields(record: RequestRecord, sent: list[str]) -> list[str]:
         return named
     return list(sent) if record.status_code == 422 else []
 
+class TransportError(Exception):
+    """The connection failed (refused, reset, closed mid-body); the message names the cause."""
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.reused = False
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:
+            pass
+
+
+class _Response:
+    """Status and headers of one answer; the body is read through `chunks()` or `lines()`."""
+
+    def __init__(self, pool: "_Pool", connection: _Connection, status: int, reason: str, headers: dict):
+        self._pool, self._connection = pool, connection
+        self.status, self.reason, self.headers = status, reason, headers
+        self._complete = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        reader = self._connection.reader
+        try:
+            if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                while True:
+                    size_line = await reader.readline()
+                    if not size_line:
+                        raise TransportError("server closed the connection mid-body")
+                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                            pass   # trailers
+                        break
+                    data = await reader.readexactly(size)
+                    await reader.readexactly(2)
+                    yield data
+            elif "content-length" in self.headers:
+                remaining = int(self.headers["content-length"])
+                while remaining > 0:
+                    data = await reader.read(min(65536, remaining))
+                    if not data:
+                        raise TransportError("server closed the connection mid-body")
+                    remaining -= len(data)
+                    yield data
+            else:   # framed by the end of the connection
+                self.headers["connection"] = "close"
+                while data := await reader.read(65536):
+                    yield data
+        except asyncio.IncompleteReadError:
+            raise TransportError("server closed the connection mid-body") from None
+        except (ConnectionError, OSError) as exc:
+            raise TransportError(_describe(exc)) from None
+        self._complete = True
+
+    async def lines(self) -> AsyncIterator[str]:
+        buffer = b""
+        async for piece in self.chunks():
+            buffer += piece
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if buffer:
+            yield buffer.decode("utf-8", "replace")
+
+    async def read(self) -> bytes:
+        return b"".join([piece async for piece in self.chunks()])
+
+    def finish(self) -> None:
+        keep = self._complete and self.headers.get("connection", "").lower() != "close"
+        self._pool.release(self._connection, keep)
+
+
+class _Pool:
+    """HTTP/1.1 keep-alive connections to one origin, at most `limit` at a time."""
+
+    def __init__(self, base_url: str, limit: int, headers: dict[str, str], connect_timeout: float = 10.0):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) base URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/")
+        host_header = self.host if parts.port is None else f"{self.host}:{self.port}"
+        self.headers = {"Host": host_header, "User-Agent": "toolkit-bench", **headers}
+        self.connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(limit)
+
+    async def _connect(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=2 ** 20), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise TransportError(f"ConnectTimeout: no connection to {self.host}:{self.port} "
+                                 f"in {self.connect_timeout:.0f} s") from None
+        except OSError as exc:
+            raise TransportError(f"ConnectError: cannot connect to {self.host}:{self.port}: {exc}") from None
+        return _Connection(reader, writer)
+
+    def release(self, connection: _Connection, keep: bool) -> None:
+        if keep:
+            connection.reused = True
+            self._idle.append(connection)
+        else:
+            connection.close()
+        self._slots.release()
+
+    async def _exchange(self, connection: _Connection, head: bytes, body: bytes) -> tuple[int, str, dict]:
+        connection.writer.write(head + body)
+        await connection.writer.drain()
+        status_line = await connection.reader.readline()
+        if not status_line:
+            raise ConnectionResetError("connection closed before an answer")
+        version, _, rest = status_line.decode("latin-1").strip().partition(" ")
+        code, _, reason = rest.partition(" ")
+        headers: dict[str, str] = {}
+        while True:
+            line = await connection.reader.readline()
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                raise ConnectionResetError("connection closed in the headers")
+            key, _, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
+        if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+            headers["connection"] = "close"
+        return int(code), reason, headers
+
+    @contextlib.asynccontextmanager
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      content_type: str = "application/json") -> AsyncIterator[_Response]:
+        head_lines = [f"{method} {self.prefix}{path} HTTP/1.1"]
+        head_lines += [f"{k}: {v}" for k, v in self.headers.items()]
+        if body or method == "POST":
+            head_lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+        head = ("\r\n".join(head_lines) + "\r\n\r\n").encode("latin-1")
+        await self._slots.acquire()
+        response = None
+        try:
+            while True:
+                connection = self._idle.pop() if self._idle else await self._connect()
+                try:
+                    status, reason, headers = await self._exchange(connection, head, body)
+                    break
+                except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+                    connection.close()
+                    if connection.reused:
+                        continue   # the server closed an idle keep-alive connection: take another
+                    raise TransportError(_describe(exc)) from None
+            response = _Response(self, connection, status, reason, headers)
+        except BaseException:
+            self._slots.release()
+            raise
+        try:
+            yield response
+        finally:
+            response.finish()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
 
 class OpenAIClient:
     """Chat completions against one base URL (`http://127.0.0.1:30000`, without `/v1`).
@@ -95,11 +270,10 @@ class OpenAIClient:
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
         self.model = model
+        self.timeout = timeout            # a whole request, first byte sent to last byte read
         self.rejected_fields: set[str] = set()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0),
-                                       limits=limits, headers=headers)
+        self._pool = _Pool(self.base_url, max_connections, headers)
 
     async def __aenter__(self) -> "OpenAIClient":
         return self
@@ -108,20 +282,30 @@ class OpenAIClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._pool.close()
+
+    async def _get(self, path: str, timeout: float) -> tuple[int, bytes]:
+        async def go():
+            async with self._pool.request("GET", path) as response:
+                return response.status, await response.read()
+        try:
+            return await asyncio.wait_for(go(), timeout)
+        except asyncio.TimeoutError:
+            raise TransportError(f"ReadTimeout: no answer in {timeout:.0f} s") from None
 
     # --- plain endpoints -------------------------------------------------------------------
     async def get_json(self, path: str, *, timeout: float | None = None) -> Any:
         try:
-            response = await self._http.get(path, timeout=timeout) if timeout else await self._http.get(path)
-        except httpx.HTTPError as exc:
-            raise ClientError(f"GET {path}: {_describe(exc)}") from exc
-        if response.status_code != 200:
-            raise ClientError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
+            status, body = await self._get(path, timeout or self.timeout)
+        except TransportError as exc:
+            raise ClientError(f"GET {path}: {exc}") from None
+        text = body.decode("utf-8", "replace")
+        if status != 200:
+            raise ClientError(f"GET {path}: HTTP {status}: {text[:300]}")
         try:
-            return response.json()
-        except ValueError as exc:
-            raise ClientError(f"GET {path}: not JSON: {response.text[:200]!r}") from exc
+            return json.loads(text)
+        except ValueError:
+            raise ClientError(f"GET {path}: not JSON: {text[:200]!r}") from None
 
     async def list_models(self) -> list[str]:
         data = await self.get_json("/v1/models")
@@ -139,13 +323,13 @@ class OpenAIClient:
         """'' when the server answers /health (or /v1/models where /health is missing), else why not."""
         for path in ("/health", "/v1/models"):
             try:
-                response = await self._http.get(path, timeout=timeout)
-            except httpx.HTTPError as exc:
-                return f"GET {path}: {_describe(exc)}"
-            if response.status_code == 200:
+                status, _ = await self._get(path, timeout)
+            except TransportError as exc:
+                return f"GET {path}: {exc}"
+            if status == 200:
                 return ""
-            if response.status_code != 404:
-                return f"GET {path}: HTTP {response.status_code}"
+            if status != 404:
+                return f"GET {path}: HTTP {status}"
         return "neither /health nor /v1/models answers"
 
     async def server_state(self) -> dict:
@@ -202,10 +386,13 @@ class OpenAIClient:
                                                 stream=stream, extra=extra)
             record = RequestRecord(start=time.perf_counter())
             record.dropped_fields = dropped
-            if stream:
-                await self._stream(payload, record)
-            else:
-                await self._plain(payload, record)
+            body = json.dumps(payload).encode()
+            try:
+                await asyncio.wait_for(self._stream(body, record) if stream else self._plain(body, record),
+                                       self.timeout)
+            except asyncio.TimeoutError:
+                record.ok = False
+                record.error = f"timed out after {self.timeout:.0f} s ({record.chunks} chunk(s) received)"
             rejected = _rejected_fields(record, sent_extra)
             if rejected:
                 self.rejected_fields.update(rejected)
@@ -213,22 +400,23 @@ class OpenAIClient:
                 continue
             return record
 
-    async def _plain(self, payload: dict, record: RequestRecord) -> None:
+    async def _plain(self, body: bytes, record: RequestRecord) -> None:
         try:
-            response = await self._http.post("/v1/chat/completions", json=payload)
-        except httpx.HTTPError as exc:
-            record.error = f"POST /v1/chat/completions: {_describe(exc)}"
+            async with self._pool.request("POST", "/v1/chat/completions", body) as response:
+                record.status_code = response.status
+                text = (await response.read()).decode("utf-8", "replace")
+        except TransportError as exc:
+            record.error = f"POST /v1/chat/completions: {exc}"
             return
         record.latency = time.perf_counter() - record.start
-        record.status_code = response.status_code
-        if response.status_code != 200:
-            record.error = f"HTTP {response.status_code}: {response.text[:500]}"
+        if record.status_code != 200:
+            record.error = f"HTTP {record.status_code}: {text[:500]}"
             return
         try:
-            data = response.json()
+            data = json.loads(text)
             choice = data["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError):
-            record.error = f"unexpected response: {response.text[:300]!r}"
+            record.error = f"unexpected response: {text[:300]!r}"
             return
         message = choice.get("message") or {}
         record.text = message.get("content") or ""
@@ -240,23 +428,26 @@ class OpenAIClient:
         _usage_into(record, data.get("usage"))
         record.ok = True
 
-    async def _stream(self, payload: dict, record: RequestRecord) -> None:
+    async def _stream(self, body: bytes, record: RequestRecord) -> None:
         text_parts: list[str] = []
         reasoning_parts: list[str] = []
         try:
-            async with self._http.stream("POST", "/v1/chat/completions", json=payload) as response:
-                record.status_code = response.status_code
-                if response.status_code != 200:
-                    body = (await response.aread()).decode("utf-8", "replace")
-                    record.error = f"HTTP {response.status_code}: {body[:500]}"
+            async with self._pool.request("POST", "/v1/chat/completions", body) as response:
+                record.status_code = response.status
+                if response.status != 200:
+                    text = (await response.read()).decode("utf-8", "replace")
+                    record.error = f"HTTP {response.status}: {text[:500]}"
                     return
-                async for line in response.aiter_lines():
+                async for line in response.lines():
                     if not line.startswith("data:"):
                         continue   # blank separators, comments (": keep-alive"), event: lines
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        # Read on to the end of the body, so the connection can be kept alive.
                         record.saw_done = True
-                        break
+                        continue
+                    if record.saw_done:
+                        continue
                     now = time.perf_counter() - record.start
                     try:
                         chunk = json.loads(data)
@@ -282,8 +473,11 @@ class OpenAIClient:
                             reasoning_parts.append(reasoning)
                         if choice.get("finish_reason"):
                             record.finish_reason = choice["finish_reason"]
-        except httpx.HTTPError as exc:
-            record.error = f"stream broke after {record.chunks} chunk(s): {_describe(exc)}"
+        except TransportError as exc:
+            if record.status_code is None:
+                record.error = f"POST /v1/chat/completions: {exc}"
+            else:
+                record.error = f"stream broke after {record.chunks} chunk(s): {exc}"
             return
         finally:
             record.text = "".join(text_parts)

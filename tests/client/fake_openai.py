@@ -31,8 +31,10 @@ OPENAI_FIELDS = {"model", "messages", "max_tokens", "temperature", "stream", "st
 
 class FakeOpenAI:
     def __init__(self, *, mode: str = "ok", chunks: int = 8, delay: float = 0.0, host: str = "127.0.0.1",
-                 port: int = 0, strict: bool = False):
+                 port: int = 0, strict: bool = False, close_idle: bool = False):
         self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
+        self.close_idle = close_idle          # close every connection after one answer, unannounced
+        self.connections = 0
         self.host, self.port = host, port
         self.requests: list[dict] = []          # bodies of the chat requests received
         self.in_flight = 0
@@ -86,6 +88,7 @@ class FakeOpenAI:
 
     # --- HTTP ------------------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 request_line = await reader.readline()
@@ -101,7 +104,7 @@ class FakeOpenAI:
                     headers[key.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", 0) or 0))
                 keep = await self._route(method, path.split("?")[0], body, writer)
-                if not keep:
+                if not keep or self.close_idle:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ValueError):
             return

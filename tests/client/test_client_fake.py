@@ -98,3 +98,30 @@ def test_prompt_order_repeats_with_the_seed():
     synthetic = PromptSource(dataset="synthetic", input_len=64, output_len=16)
     requests = synthetic.requests(3, 0)
     assert all(r.extra == {"ignore_eos": True} and r.max_tokens == 16 for r in requests)
+
+
+def test_connections_are_kept_alive_and_stale_ones_replaced(fake_server):
+    async def sequential(base_url, count):
+        async with OpenAIClient(base_url) as client:
+            return [await client.chat([{"role": "user", "content": f"q{i}"}], max_tokens=3, stream=i % 2 == 0)
+                    for i in range(count)]
+
+    steady = fake_server(chunks=3)
+    records = asyncio.run(sequential(steady.base_url, 10))
+    assert all(r.ok for r in records)
+    assert steady.connections == 1          # models + 10 chats on one keep-alive connection
+    # A server that closes idle connections without saying so: the client retries on a new one.
+    closing = fake_server(chunks=3, close_idle=True)
+    records = asyncio.run(sequential(closing.base_url, 6))
+    assert all(r.ok for r in records), [r.error for r in records]
+    assert closing.connections == 7
+
+
+def test_request_timeout_is_a_failed_record(fake_server):
+    slow = fake_server(chunks=5, delay=1.0)
+
+    async def go():
+        async with OpenAIClient(slow.base_url, timeout=1.5) as client:
+            return await client.chat([{"role": "user", "content": "slow"}], max_tokens=5)
+    record = asyncio.run(go())
+    assert not record.ok and record.error.startswith("timed out after 2 s")

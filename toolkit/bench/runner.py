@@ -168,10 +168,8 @@ class SweepResult:
 
 
 def client_facts() -> dict:
-    import httpx
-
     return {"control_host": socket.gethostname(), "python": platform.python_version(),
-            "httpx": httpx.__version__}
+            "http": "toolkit.client HTTP/1.1 keep-alive pool (asyncio)"}
 
 
 async def _server_state(base_url: str) -> dict:
