@@ -123,14 +123,19 @@ def check(name: str | None = None, note=_quiet) -> CompileReport:
             if any(v not in ps.versions for ps in stack):
                 continue
             image = compiler.compile_stack(stack, v, note)
-            result.files = [FileChange(p, "patched", f.by, f"{(f.pristine_sha256 or 'new')[:12]} -> {(f.sha256 or 'deleted')[:12]}")
-                            for p, f in sorted(image.files.items())]
+            result.files = [
+                FileChange(p, "patched", f.by, f"{_short(f.pristine_sha256, 'new')} -> {_short(f.sha256, 'deleted')}")
+                for p, f in sorted(image.files.items())]
     except (compiler.CompileError, PatchsetError, wheels.WheelError) as exc:
         result.ok, result.error = False, str(exc)
     return result
 
 
 # -- shared helpers ---------------------------------------------------------------------
+
+def _short(sha: str | None, absent: str) -> str:
+    return sha[:12] if sha else absent
+
 
 def _stack_of(state: dict | None) -> list[str]:
     return [entry["name"] for entry in (state or {}).get("stack", [])]
@@ -204,7 +209,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
                                f" nothing written")
         state = probe["state"]
         current = _stack_of(state)
-        if state and state.get("version") != version:
+        if current and state.get("version") != version:
             raise PatchRefused(f"{host.name}'s patch state records {ps.package} {state.get('version')} but"
                                f" {version} is installed (reinstalled?); run `invoke patch revert --all --force"
                                f" --host {host.name}` to clear it; nothing written")
@@ -283,7 +288,7 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
         if not probe["version"]:
             result.ok = False
             result.notes.append(f"{package} is not installed in {probe['site']}")
-        if state and state.get("version") != probe["version"]:
+        if result.stack and state.get("version") != probe["version"]:
             result.ok = False
             result.notes.append(f"state records {package} {state.get('version')}, installed is {probe['version']}")
         recorded = state.get("files", {})
@@ -303,7 +308,7 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                 row = FileChange(p, "drifted", entry["by"], f"pristine, but the state says patched by {entry['by']}")
             else:
                 row = FileChange(p, "drifted", entry and entry["by"],
-                                 f"expected {'image of ' + entry['by'] if entry else 'RECORD'} {expected[:12] if expected else ''}")
+                                 f"expected {'image of ' + entry['by'] if entry else 'RECORD'} {_short(expected, '')}")
             result.files.append(row)
         if all_files and "all_files" in probe:
             result.all_files_checked = probe["all_files"]["checked"]
@@ -340,7 +345,8 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         if state.get("version") != version:
             if not force:
                 raise PatchRefused(f"state records {package} {state.get('version')}, installed is {version};"
-                                   f" add --force to clear the stale state; nothing written")
+                                   f" run `invoke patch revert --all --force --host {host.name}` to clear the"
+                                   f" stale state (files are left as installed); nothing written")
             return _clear_stale_state(transport, host, package, version, probe, result, dry_run)
         keep = current[:current.index(name)] if name else []
         missing = [n for n in keep if n not in known]

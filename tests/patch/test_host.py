@@ -162,3 +162,14 @@ def test_local_host_without_ssh(host_venv, site, patchsets_dir, sglang_wheel):
     assert patching.verify(local).ok
     assert patching.revert(local).record_ok
     assert all(sha256(site / p) == sglang_wheel.record[p] for p in patching.load_patchsets()["three"].touched())
+
+
+def test_reinstalled_other_version_with_a_stale_state(host, site, patchsets_dir):
+    patching.apply(host, "one-file")
+    metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.12", 1))
+    assert not patching.verify(host).ok
+    with pytest.raises(patching.PatchRefused, match="revert --all --force"):
+        patching.revert(host)
+    cleared = patching.revert(host, force=True)
+    assert cleared.stack_after == [] and patching.verify(host).stack == []

@@ -95,3 +95,13 @@ def test_damaged_image_cache_is_recompiled(patchsets_dir):
 def test_synthetic_data_is_complete():
     assert {p.name for p in DATA.iterdir()} >= {"one-file", "pair-base", "pair-top", "twenty", "clash",
                                                 "three", "escape", "binary"}
+
+
+def test_host_scripts_keep_to_python_3_8_grammar():
+    import ast
+    from importlib import resources
+
+    for name in ("_lib", "patch_hostlib", "patch_probe", "patch_apply"):
+        source = resources.files("toolkit.hostside").joinpath(f"{name}.py").read_text()
+        ast.parse(source, feature_version=(3, 8))
+        assert "import toolkit" not in source and "from toolkit" not in source

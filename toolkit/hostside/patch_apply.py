@@ -71,7 +71,8 @@ def _transaction(args, site, sd):
     entries = []
     for w in writes:
         folder, name = os.path.split(w["path"])
-        tmp = None if w["sha256"] is None else (folder + "/" if folder else "") + ".%s.%s%s" % (name, run_id, TMP_SUFFIX)  # noqa: F821
+        tmp_name = ".%s.%s%s" % (name, run_id, TMP_SUFFIX)  # noqa: F821
+        tmp = None if w["sha256"] is None else (folder + "/" if folder else "") + tmp_name
         entries.append({"path": w["path"], "tmp": tmp, "old": args["expect"].get(w["path"]), "new": w["sha256"]})
     old_state, _ = sd.read_state()
     journal = {"run": run_id, "phase": "prepare", "site": site, "entries": entries,
