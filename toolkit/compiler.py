@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def _save(image: Image, key: str) -> None:
         p: {"pristine": f.pristine_sha256, "sha256": f.sha256, "by": f.by,
             "content": None if f.content is None else base64.b64encode(f.content).decode()}
         for p, f in image.files.items()}}
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp = target.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")  # hosts compile in parallel threads
     tmp.write_text(json.dumps(data))
     os.replace(tmp, target)
 
