@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolkit import paths, report, server
-from toolkit.bench import outputs, recommend as recommend_mod
+from toolkit.bench import recommend as recommend_mod
 from toolkit.bench.compare import compare as compare_runs
 from toolkit.bench.outputs import OutputError, RunWriter
 from toolkit.bench.plot import plot_throughput
