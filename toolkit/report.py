@@ -10,6 +10,7 @@ import sys
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 def _width(stream) -> int | None:
@@ -53,7 +54,7 @@ def note(text: str) -> None:
 
 
 def error(text: str) -> None:
-    err_console.print(f"[red]error:[/red] {text}")
+    err_console.print(f"[red]error:[/red] {escape(text)}")
 
 
 def emit_json(data: Any) -> None:

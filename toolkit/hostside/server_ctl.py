@@ -58,9 +58,8 @@ def _tail(path, lines=LOG_TAIL_LINES, rank=None):
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    rows = text.splitlines()
-    if rank is not None:
-        rows = [row for row in rows if _rank_pattern(rank).search(row)]
+    rows = _rank_rows(text.splitlines(True), rank)
+    rows = [row.rstrip("\n") for row in rows]
     if lines:
         rows = rows[-lines:]
     return "\n".join(rows)
@@ -69,6 +68,19 @@ def _tail(path, lines=LOG_TAIL_LINES, rank=None):
 def _rank_pattern(rank):
     # SGLang prefixes a rank's lines as "[2026-01-01 10:00:00 DP0 TP3 EP3] ..."
     return re.compile(r"^\[[^\]]*\bTP%d\b[^\]]*\]" % int(rank))
+
+
+_ANY_RANK = re.compile(r"^\[[^\]]*\bTP\d+\b[^\]]*\]")
+
+
+def _rank_rows(rows, rank):
+    """The lines of one TP rank; a single-rank server prints no TP prefix, so rank 0 is all of it."""
+    if rank is None:
+        return rows
+    if int(rank) == 0 and not any(_ANY_RANK.search(row) for row in rows):
+        return rows
+    pattern = _rank_pattern(rank)
+    return [row for row in rows if pattern.search(row)]
 
 
 # -- processes ----------------------------------------------------------------------------
@@ -544,9 +556,7 @@ def logs(args):
     # hand back whole lines only; a partial last line comes with the next call
     cut = chunk.rfind(b"\n") + 1
     text = chunk[:cut].decode("utf-8", "replace")
-    if args.get("rank") is not None:
-        pattern = _rank_pattern(args["rank"])
-        text = "".join(row for row in text.splitlines(True) if pattern.search(row))
+    text = "".join(_rank_rows(text.splitlines(True), args.get("rank")))
     return {"profile": profile, "text": text, "offset": offset + cut, "log_path": p["log"]}
 
 
