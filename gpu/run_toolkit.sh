@@ -6,6 +6,9 @@
 # (the toolkit's own control-side wheels + the sglang wheel in cache/wheels) carried:
 #   BUDGET_S=540 bash gpu/run_toolkit.sh 2>&1 | tee $OUT/run.log
 # Phases are skipped, with a message, when the time budget would be overrun.
+# Env: PHASES (default "facts lifecycle sweep"), SWEEP_PROFILES (default eagle3-dyn,baseline),
+#      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), BENCH_OUT (sweep results folder;
+#      default inside the evidence archive; $OUT/bench keeps them even if the call is cut).
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -61,12 +64,16 @@ tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[ex
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
 
-say "toolkit ready"
+PHASES=" ${PHASES:-facts lifecycle sweep} "
+say "toolkit ready; phases:$PHASES"
+if [[ $PHASES == *" facts "* ]]; then
 tk facts --host gpu
 tk facts --host gpu --json > "$EV/facts.json"
 tk provision --host gpu --stack gpu --dry-run
+fi
 snap idle
 
+if [[ $PHASES == *" lifecycle "* ]]; then
 # 3. Patch, serve, smoke, bench, stop: the user's commands.
 tk patch apply dyn-disable --host gpu && tk patch verify --host gpu
 tk server start eagle3-dyn --host gpu --timeout 300 && {
@@ -79,16 +86,19 @@ tk server start eagle3-dyn --host gpu --timeout 300 && {
 tk server stop --host gpu
 snap stopped
 say "lifecycle phase done; $(left)s left"
+fi
 
 # 4. baseline vs eagle3-dyn (plus the fast plain path, where that patchset exists) on the 32-layer target.
-if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 200 ]; then
-  tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+if [[ $PHASES == *" sweep "* ]]; then
+if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 150 ]; then
+  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
 fi
-if [ "$(left)" -gt 200 ]; then
-  tk bench --host gpu-big --profiles "${SWEEP_PROFILES:-eagle3-dyn,baseline}" --concurrency 1,8,32,64 \
-     --output-len 160 --timeout 240 --max-level-seconds 30 --out "$EV/bench-big"
+if [ "$(left)" -gt 150 ]; then
+  tk bench --host gpu-big --profiles "${SWEEP_PROFILES:-eagle3-dyn,baseline}" --concurrency "${SWEEP_LEVELS:-1,8,32,64}" \
+     --output-len 160 --timeout 240 --max-level-seconds 30 --out "${BENCH_OUT:-$EV/bench-big}"
 else
   say "skip the sweep: $(left)s left"
+fi
 fi
 grep -h "plain step uses\|Dynamic speculation disable\|Traceback\|Error" /tmp/site/.toolkit/server/*/server.log 2>/dev/null \
   | sed 's/^\[[^]]*\] //' | sort | uniq -c | sort -rn | head -20
