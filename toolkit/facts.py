@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import hostrun
 from .inventory import Host
-from .stack import Stack, normalize
+from .stack import Pin, Stack, normalize, version_matches
 from .transport import Transport
 
 
@@ -47,6 +47,24 @@ class Facts:
     def version(self, name: str) -> str | None:
         entry = self.packages.get(normalize(name))
         return entry["version"] if entry else None
+
+    def cuda_build(self, name: str) -> str | None:
+        """The CUDA version a package was built for ("13.0"), where the host could read it
+        (torch: torch/version.py); None for a CPU build or when unknown."""
+        return self.packages.get(normalize(name), {}).get("cuda")
+
+    def pin_matches(self, pin: Pin) -> bool:
+        return version_matches(self.version(pin.name), pin.version, self.cuda_build(pin.name))
+
+    def describe(self, name: str) -> str:
+        """`torch 2.11.0 (CUDA 13.0 build)`: the build is named where the version has no label to say it
+        (same text as the host side's describe_installed)."""
+        entry = self.packages.get(normalize(name))
+        if not entry:
+            return f"{normalize(name)} missing"
+        if entry.get("cuda_note") and "+" not in entry["version"]:
+            return f"{normalize(name)} {entry['version']} ({entry['cuda_note']})"
+        return f"{normalize(name)} {entry['version']}"
 
     @property
     def python_version(self) -> str | None:
@@ -126,6 +144,9 @@ class Facts:
             rows.append(("nvcc", f"{state}: {nvcc['path']}"))
         else:
             rows.append(("nvcc", "not installed (no site-packages/nvidia/cu13/bin/nvcc)"))
+        torch = self.packages.get("torch", {})
+        if torch.get("cuda_note"):
+            rows.append(("torch build", torch["cuda_note"]))
         for command, where in sorted(r.get("commands", {}).items()):
             rows.append((command, where or "missing"))
         state = r.get("patch_state")

@@ -26,7 +26,7 @@ from . import hostrun, wheelhouse as wheelhouse_mod
 from .facts import Facts, gather, host_venv, state_dir
 from .hostrun import HostScriptError
 from .inventory import Host
-from .stack import Stack, Step, version_matches
+from .stack import Stack, Step
 from .transport import Transport
 
 STEP_TIMEOUT = 3600.0
@@ -161,14 +161,13 @@ def plan(stack: Stack, facts: Facts, host: Host) -> list[PlannedStep]:
     for step in stack.steps:
         wrong = []
         for pin in step.pins:
-            have = facts.version(pin.name)
-            if not version_matches(have, pin.version):
-                wrong.append(f"{pin.name} {have or 'missing'} -> {pin.version}")
+            if not facts.pin_matches(pin):
+                wrong.append(f"{facts.describe(pin.name)} -> {pin.version}")
         if wrong:
             steps.append(PlannedStep(step.name, "pip", True, "; ".join(wrong), step=step))
         else:
             steps.append(PlannedStep(step.name, "pip", False,
-                                     ", ".join(f"{p.name} {facts.version(p.name)}" for p in step.pins), step=step))
+                                     ", ".join(facts.describe(p.name) for p in step.pins), step=step))
     return steps
 
 

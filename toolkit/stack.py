@@ -36,16 +36,26 @@ def split_extras(requirement: str) -> tuple[str, str]:
     return match.group(1), (match.group(2) or "").replace(" ", "")
 
 
-def version_matches(installed: str | None, pinned: str) -> bool:
+def cuda_label(cuda: str) -> str:
+    """The local label of a CUDA build: `13.0` -> `cu130`, `12.8` -> `cu128`."""
+    major, _, minor = cuda.strip().partition(".")
+    return "cu" + major + minor.split(".")[0]
+
+
+def version_matches(installed: str | None, pinned: str, cuda: str | None = None) -> bool:
     """PEP 440 `==` for release pins: a pin without a local label (`2.13.0`) accepts any
-    local build of it (`2.13.0+cpu`); a pin with one (`2.11.0+cu130`) needs exactly that."""
+    local build of it (`2.13.0+cpu`); a pin with one (`2.11.0+cu130`) needs exactly that,
+    except that an unlabelled install (PyPI's default torch wheel, `2.11.0`) counts when its
+    CUDA build is known to be that one: `cuda` = "13.0" (read from torch/version.py) for `+cu130`."""
     if not installed:
         return False
     have_public, _, have_local = installed.strip().lower().partition("+")
     want_public, _, want_local = pinned.strip().lower().partition("+")
     if _release(have_public) != _release(want_public):
         return False
-    return not want_local or have_local == want_local
+    if not want_local or have_local == want_local:
+        return True
+    return not have_local and bool(cuda) and want_local == cuda_label(cuda)
 
 
 def _release(version: str) -> str:

@@ -142,3 +142,80 @@ def test_an_inherited_pythonpath_does_not_leak_into_the_target(staged_site, tmp_
     found = facts.gather(staged_site, stack.load("gpu"))
     assert found.version("sglang-kernel") is None and found.version("sglang") == "0.5.11"
     assert str(control) not in found.raw["python"]["site_dirs"]
+
+
+# -- torch's CUDA build: PyPI's default Linux torch wheel is a CUDA 13.0 build whose version
+# carries no `+cu130` label; only torch/version.py says which build it is (as on the H200 image).
+
+def _install_fake_torch(host, version: str, version_py: str | None) -> Path:
+    """Replace the staged system site's torch by `version`, with `version_py` as torch/version.py
+    (None: no such file), plus the cuda-toolkit the torch step also pins."""
+    from .conftest import write_dist
+    site = next(Path(host.python).parent.parent.glob("lib/python*/site-packages"))
+    for dist in site.glob("torch-*.dist-info"):
+        for file in dist.iterdir():
+            file.unlink()
+        dist.rmdir()
+    write_dist(site, "torch", version)
+    write_dist(site, "cuda-toolkit", "13.0.2")
+    if version_py is not None:
+        (site / "torch").mkdir()
+        (site / "torch" / "version.py").write_text(version_py)
+    return site
+
+
+# the shapes torch writes: 2.x with annotations, older releases without
+CUDA_13_VERSION_PY = ("from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
+                      "__version__ = '2.11.0'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+                      "git_version = '0123abc'\nhip: Optional[str] = None\nxpu: Optional[str] = None\n")
+CUDA_12_8_VERSION_PY = "__version__ = '2.11.0'\ndebug = False\ncuda = '12.8'\nhip = None\n"
+CPU_VERSION_PY = "__version__ = '2.11.0+cpu'\ndebug = False\ncuda: Optional[str] = None\nhip: Optional[str] = None\n"
+
+
+def test_an_unlabelled_cuda_13_torch_satisfies_the_cu130_pin(staged_site, fake_gpu):
+    fake_gpu()
+    _install_fake_torch(staged_site, "2.11.0", CUDA_13_VERSION_PY)
+    gpu = stack.load("gpu")
+    found = facts.gather(staged_site, gpu)
+    torch = found.packages["torch"]
+    assert torch["version"] == "2.11.0" and torch["cuda"] == "13.0" and torch["cuda_known"]
+    assert ("torch build", "CUDA 13.0 build") in found.summary_rows()
+    result = provision.provision(staged_site, gpu, dry_run=True)
+    steps = {s.name: s for s in result.steps}
+    assert steps["torch"].status == "ok", steps["torch"]
+    assert steps["torch"].detail == "torch 2.11.0 (CUDA 13.0 build), cuda-toolkit 13.0.2"
+    # the step the host runs under its lock checks the same way: nothing to do, no pip call
+    only_torch = dataclasses.replace(gpu, steps=(gpu.step("torch"),))
+    planned = provision.PlannedStep("torch", "pip", True, "", step=gpu.step("torch"))
+    log = Path(staged_site.pythonpath) / "provision-test.log"
+    with staged_site.connect() as transport:
+        answer = provision.run_step(transport, provision._step_args(staged_site, only_torch, planned, str(log),
+                                                                    None, 60))
+    assert answer["status"] == "ok" and answer["detail"] == "all pins match", answer
+    assert not log.exists()
+
+
+@pytest.mark.parametrize("version, version_py, installed", [
+    ("2.11.0", CUDA_12_8_VERSION_PY, "torch 2.11.0 (CUDA 12.8 build)"),
+    ("2.11.0+cpu", CPU_VERSION_PY, "torch 2.11.0+cpu"),
+    ("2.11.0", CPU_VERSION_PY, "torch 2.11.0 (no CUDA build (cuda = None))"),
+    ("2.11.0", None, "torch 2.11.0 (CUDA build unknown: no {site}/torch/version.py)"),
+    ("2.11.0", "__version__ = '2.11.0'\n", "torch 2.11.0 (CUDA build unknown: no cuda = line in {site}/torch/version.py)"),
+], ids=["cuda-12.8", "cpu-label", "cpu-unlabelled", "no-version-py", "no-cuda-line"])
+def test_a_torch_of_another_or_unknown_build_would_change(staged_site, fake_gpu, version, version_py, installed):
+    fake_gpu()
+    site = _install_fake_torch(staged_site, version, version_py)
+    installed = installed.format(site=site)
+    gpu = stack.load("gpu")
+    steps = {s.name: s for s in provision.provision(staged_site, gpu, dry_run=True).steps}
+    assert steps["torch"].status == "would change"
+    assert steps["torch"].detail == f"{installed} -> 2.11.0+cu130"
+    # the host side's own check (run again under the lock before pip) agrees, word for word
+    from importlib import resources
+    namespace: dict = {}
+    hostside = resources.files("toolkit.hostside")
+    exec(hostside.joinpath("facts.py").read_text() + hostside.joinpath("provision_step.py").read_text(), namespace)
+    interpreter, wrong = namespace["_mismatches"]({
+        "python": staged_site.python, "pythonpath": staged_site.pythonpath,
+        "pins": [{"name": p.name, "version": p.version} for p in gpu.step("torch").pins]})
+    assert [(pin["name"], have) for pin, have in wrong] == [("torch", installed)]

@@ -72,10 +72,28 @@ CASES = [("2.13.0+cpu", "2.13.0", True), ("2.11.0+cu130", "2.11.0+cu130", True),
          (None, "1.0", False), ("0.5.11", "0.5.1", False)]
 
 
-@pytest.mark.parametrize("installed, pinned, expected", CASES)
-def test_version_rule_is_the_same_on_both_sides(installed, pinned, expected):
+# (installed, pinned, CUDA build of the install as torch/version.py says, or None, expected)
+CUDA_CASES = [("2.11.0", "2.11.0+cu130", "13.0", True), ("2.11", "2.11.0+cu130", "13.0", True),
+              ("2.11.0", "2.11.0+cu128", "12.8", True), ("2.11.0", "2.11.0+cu130", "12.8", False),
+              ("2.11.0", "2.11.0+cu130", None, False), ("2.11.0+cpu", "2.11.0+cu130", "13.0", False),
+              ("2.11.0+cu128", "2.11.0+cu130", "13.0", False), ("2.10.0", "2.11.0+cu130", "13.0", False),
+              ("2.11.0", "2.11.0+cpu", "13.0", False), ("2.11.0", "2.11.0", "13.0", True)]
+
+
+def _host_side_rule():
     namespace: dict = {}
     package = resources.files("toolkit.hostside")
     exec(package.joinpath("facts.py").read_text() + package.joinpath("provision_step.py").read_text(), namespace)
+    return namespace["version_matches"]
+
+
+@pytest.mark.parametrize("installed, pinned, expected", CASES)
+def test_version_rule_is_the_same_on_both_sides(installed, pinned, expected):
     assert version_matches(installed, pinned) is expected
-    assert namespace["version_matches"](installed, pinned) is expected
+    assert _host_side_rule()(installed, pinned) is expected
+
+
+@pytest.mark.parametrize("installed, pinned, cuda, expected", CUDA_CASES)
+def test_an_unlabelled_torch_matches_a_cuda_pin_only_by_its_known_build(installed, pinned, cuda, expected):
+    assert version_matches(installed, pinned, cuda) is expected
+    assert _host_side_rule()(installed, pinned, cuda) is expected

@@ -114,7 +114,31 @@ def installed_versions(dirs, wanted):
             if name in wanted and name not in found and meta.get("Version"):
                 found[name] = {"version": meta["Version"], "location": site,
                                "dist_info": os.path.join(site, entry)}
+                if name in CUDA_BUILD_FILES:
+                    found[name].update(cuda_build(site, CUDA_BUILD_FILES[name]))
     return found
+
+
+# PyPI's default Linux torch wheel is a CUDA build whose version has no `+cuXYZ` label, so
+# the label alone cannot tell the build: torch writes it into torch/version.py (read, not imported).
+CUDA_BUILD_FILES = {"torch": os.path.join("torch", "version.py")}
+_CUDA_LINE = re.compile(r"""^cuda\s*(?::[^=\n]*)?=\s*(?:None|(['"])([^'"\n]*)\1)\s*(?:#.*)?$""", re.M)
+
+
+def cuda_build(site, relative):
+    """{"cuda": "13.0" or None, "cuda_known": bool, "cuda_note": what to tell the user}."""
+    path = os.path.join(site, relative)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return {"cuda": None, "cuda_known": False, "cuda_note": "CUDA build unknown: no %s" % path}
+    match = _CUDA_LINE.search(text)
+    if not match:
+        return {"cuda": None, "cuda_known": False, "cuda_note": "CUDA build unknown: no cuda = line in %s" % path}
+    cuda = match.group(2) or None
+    return {"cuda": cuda, "cuda_known": True,
+            "cuda_note": "CUDA %s build" % cuda if cuda else "no CUDA build (cuda = None)"}
 
 
 def nvcc_facts(dirs):

@@ -50,7 +50,12 @@ def _release(version):
     return ".".join(parts) + head.group(2).replace("-", ".").replace("_", ".")
 
 
-def version_matches(installed, pinned):
+def cuda_label(cuda):
+    major, _, minor = cuda.strip().partition(".")
+    return "cu" + major + minor.split(".")[0]
+
+
+def version_matches(installed, pinned, cuda=None):
     # same rule as toolkit.stack.version_matches (tests check they agree)
     if not installed:
         return False
@@ -58,7 +63,19 @@ def version_matches(installed, pinned):
     want_public, _, want_local = pinned.strip().lower().partition("+")
     if _release(have_public) != _release(want_public):
         return False
-    return not want_local or have_local == want_local
+    if not want_local or have_local == want_local:
+        return True
+    return not have_local and bool(cuda) and want_local == cuda_label(cuda)
+
+
+def describe_installed(entry, name):
+    """`torch 2.11.0 (CUDA 13.0 build)`: the build is named where the version has no label to say it."""
+    have = entry.get("version")
+    if not have:
+        return "%s missing" % name
+    if entry.get("cuda_note") and "+" not in have:
+        return "%s %s (%s)" % (name, have, entry["cuda_note"])
+    return "%s %s" % (name, have)
 
 
 def _log_command(log, argv, env=None):
@@ -98,9 +115,9 @@ def _mismatches(args):
     found = installed_versions(dirs, [p["name"] for p in args["pins"]]) if dirs else {}
     wrong = []
     for pin in args["pins"]:
-        have = found.get(pin["name"], {}).get("version")
-        if not version_matches(have, pin["version"]):
-            wrong.append((pin, "%s %s" % (pin["name"], have or "missing")))
+        entry = found.get(pin["name"], {})
+        if not version_matches(entry.get("version"), pin["version"], entry.get("cuda")):
+            wrong.append((pin, describe_installed(entry, pin["name"])))
     return interpreter, wrong
 
 
