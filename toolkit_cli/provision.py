@@ -62,7 +62,8 @@ def facts(c, host=None, stack=None, json_=False):
                      [(k, escape(v)) for k, v in found.summary_rows()])
         report.table(f"{outcome.host.name}: packages of stack {chosen.name}",
                      ["package", "installed", "pinned", "status", "location"],
-                     [(name, have, want, "ok" if stacks.version_matches(have, want) else "would change", where)
+                     [(name, have, want,
+                       "ok" if stacks.version_matches(have, want, found.cuda_build(name)) else "would change", where)
                       for name, have, want, where in found.package_rows(chosen)], status_column=3)
     finish(outcomes)
 
