@@ -1,6 +1,7 @@
 # Prepended to every host-side script by toolkit.hostrun. Standard library only:
 # this code runs on the host with whatever Python 3 it has.
 import base64 as _b64
+import hashlib as _hashlib
 import json as _json
 import sys as _sys
 import traceback as _tb
@@ -19,3 +20,15 @@ def _run_main(main, encoded_args, marker):
     _sys.stdout.write("\n" + marker + _json.dumps(answer) + "\n")
     _sys.stdout.flush()
     _sys.exit(code)
+
+
+def sha256_file(path):
+    """Hex sha256 of a file, read in 1 MiB blocks; None when there is no such file."""
+    try:
+        with open(path, "rb") as f:
+            digest = _hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            return digest.hexdigest()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None

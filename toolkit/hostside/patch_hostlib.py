@@ -21,17 +21,6 @@ class Refused(Exception):
     """The run refuses and has written nothing (the message says why)."""
 
 
-def sha256_file(path):
-    try:
-        with open(path, "rb") as f:
-            digest = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-            return digest.hexdigest()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-
-
 def record_hex(value):
     if not value or not value.startswith("sha256="):
         return None

@@ -204,15 +204,6 @@ def step_pip(args):
             + " (had: " + ", ".join(w for _, w in wrong) + ")"}
 
 
-def _sha256(path):
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def take_incoming(incoming):
     """Move wheels that just arrived (as .part files) into the wheelhouse once their sha256
     checks out; a rename, so a concurrent run never installs from a half-sent file."""
@@ -225,7 +216,7 @@ def take_incoming(incoming):
     for item in incoming:
         if not os.path.exists(item["part"]):
             continue  # a concurrent run already took it
-        if _sha256(item["part"]) != item["sha256"]:
+        if sha256_file(item["part"]) != item["sha256"]:
             os.unlink(item["part"])
             raise RuntimeError("%s arrived corrupted (sha256 differs); run provision again"
                                % os.path.basename(item["final"]))

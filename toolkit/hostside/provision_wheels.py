@@ -2,19 +2,10 @@
 # sends only what is missing or different. Hashes are remembered per (name, size, mtime) in
 # a small cache file beside the wheels: the gpu stack's wheels are several GB, and hashing
 # them on every run would cost seconds. Standard library only, Python 3.8+.
-import hashlib
 import json
 import os
 
 CACHE = ".sha256-cache.json"
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def main(args):
@@ -36,7 +27,7 @@ def main(args):
         stat = os.stat(path)
         key = "%s:%d:%d" % (name, stat.st_size, stat.st_mtime_ns)
         if key not in cache:
-            cache[key] = _sha256(path)
+            cache[key] = sha256_file(path)
             hashed += 1
         fresh[key] = cache[key]
         wheels[name] = cache[key]
