@@ -7,7 +7,7 @@
 #   BUDGET_S=540 bash gpu/run_toolkit.sh 2>&1 | tee $OUT/run.log
 # Phases are skipped, with a message, when the time budget would be overrun.
 # Env: PHASES (default "facts lifecycle sweep"), SWEEP_PROFILES (default eagle3-dyn,baseline),
-#      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), BENCH_OUT (sweep results folder;
+#      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), TP (tensor-parallel size, default 1), BENCH_OUT (sweep results folder;
 #      default inside the evidence archive; $OUT/bench keeps them even if the call is cut).
 set -u
 T0=$(date +%s)
@@ -45,7 +45,7 @@ gpus = 1
 stack = "gpu"
 labels = ["h200"]
 [$1.server]
-tp_size = 1
+tp_size = ${TP:-1}
 model = "/tmp/models/target-$2"
 draft_model = "/tmp/models/draft-$2"
 flags = [$FLAGS, "--mem-fraction-static", "$3", "--max-total-tokens", "65536"$4]
@@ -59,7 +59,8 @@ NVSHMEM_DISABLE_NVLS = "1"
 $5
 EOF
 }
-{ host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
+{ host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'
+  host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""; } > /tmp/inv/gpu.toml
 tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
@@ -86,6 +87,14 @@ tk server start eagle3-dyn --host gpu --timeout 300 && {
 tk server stop --host gpu
 snap stopped
 say "lifecycle phase done; $(left)s left"
+fi
+
+# 3b. sm120 applied + torch symmetric memory (a multi-GPU check: the two-shot/multimem path is only
+#     built for TP > 1; on capability 9 the patch must leave it as it was).
+if [[ $PHASES == *" symm "* ]]; then
+  tk patch apply sm120 --host gpu && tk server start baseline --host gpu-symm --timeout 300 && tk smoke --host gpu-symm
+  tk server stop --host gpu-symm
+  tk patch revert --host gpu
 fi
 
 # 4. baseline vs eagle3-dyn (plus the fast plain path, where that patchset exists) on the 32-layer target.
