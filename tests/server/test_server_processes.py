@@ -201,3 +201,16 @@ def test_gpu_memory_held_by_an_unlisted_process_refuses_start(fake_host, nvidia_
     with pytest.raises(server.ServerRefused, match=r"GPU0 has 82437 MiB in use although nvidia-smi lists no process"):
         server.start(host, "fake", timeout=30)
     assert server.status(host) is None
+
+
+def test_real_h200_capture_of_a_serving_process_refuses_start(fake_host, nvidia_smi):
+    """nvidia-smi output captured on the H200 while an SGLang server was up (pid 726: 1580 MiB per process, 1590 MiB on the GPU),
+    replayed through the stand-in: start refuses and names that process."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    nvidia_smi.show("h200x1-real-serving")
+    with pytest.raises(server.ServerRefused, match=r"pid 726 \(1590 MiB\).*kill 726"):
+        server.start(host, "fake", timeout=30)
+    nvidia_smi.show("h200x1-real-idle")
+    state = server.start(host, "fake", timeout=30)
+    assert [g["used_mib"] for g in state.idle_gpu_memory] == [0]
+    assert server.stop(host, grace=5).stopped
