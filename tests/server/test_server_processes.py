@@ -204,11 +204,11 @@ def test_gpu_memory_held_by_an_unlisted_process_refuses_start(fake_host, nvidia_
 
 
 def test_real_h200_capture_of_a_serving_process_refuses_start(fake_host, nvidia_smi):
-    """nvidia-smi output captured on the H200 while an SGLang server was up (pid 726: 1580 MiB per process, 1590 MiB on the GPU),
-    replayed through the stand-in: start refuses and names that process."""
+    """nvidia-smi output captured on the H200 while an SGLang server was up (pid 726: 1580 MiB for
+    the process, 1590 MiB used on the GPU), replayed through the stand-in: start refuses and names that process."""
     host = with_nvidia_smi(fake_host, nvidia_smi)
     nvidia_smi.show("h200x1-real-serving")
-    with pytest.raises(server.ServerRefused, match=r"pid 726 \(1590 MiB\).*kill 726"):
+    with pytest.raises(server.ServerRefused, match=r"pid 726 \(1580 MiB\).*kill 726"):
         server.start(host, "fake", timeout=30)
     nvidia_smi.show("h200x1-real-idle")
     state = server.start(host, "fake", timeout=30)
