@@ -9,7 +9,11 @@
    chunk sent before any token; this client (like sglang.bench_serving) stops it at the first
    chunk with content. The ratio is taken on vllm's definition (the client records both), and
    ours as reported is printed beside it.
-2. Headroom: both clients drive a trivial fast streaming server (tests/client/fake_openai.py,
+2. Accuracy on known timing: the same comparison against the fake streaming server
+   (tests/client/fake_openai.py) that sends `--fake-chunks-timed` chunks `--fake-delay` s apart
+   (asyncio sleeps, so the timing holds on a busy machine where the CPU server's does not):
+   both clients should measure TTFT ~ one delay and output tok/s ~ 1 / delay x concurrency.
+3. Headroom: both clients drive a trivial fast streaming server (tests/client/fake_openai.py,
    its own process) as hard as they can; printed: the request rate each reaches. This
    client must never be the bottleneck of a benchmark.
 
@@ -90,7 +94,8 @@ def ours(base_url: str, prompts: Path, concurrency: int, requests: int, output_l
     return {"output_throughput": m["output_throughput"], "median_ttft_ms": m["median_ttft_ms"],
             "median_first_event_ms": statistics.median(first_events) * 1000 if first_events else None,
             "request_throughput": m["request_throughput"], "completed": m["completed"], "failed": m["failed"],
-            "total_output_tokens": m["total_output_tokens"]}
+            "total_output_tokens": m["total_output_tokens"], "median_itl_ms": m["median_itl_ms"],
+            "median_tpot_ms": m["median_tpot_ms"], "median_e2el_ms": m["median_e2el_ms"]}
 
 
 def peer(venv: Path, base_url: str, model_id: str, tokenizer: Path, prompts: Path, concurrency: int,
@@ -102,7 +107,7 @@ def peer(venv: Path, base_url: str, model_id: str, tokenizer: Path, prompts: Pat
                "--custom-output-len", str(output_len), "--skip-chat-template", "--num-prompts", str(requests),
                "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
                "--disable-tqdm", "--save-result", "--result-dir", str(workdir),
-               "--result-filename", result.name, "--seed", "0"]
+               "--result-filename", result.name, "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if completed.returncode != 0 or not result.exists():
@@ -111,7 +116,9 @@ def peer(venv: Path, base_url: str, model_id: str, tokenizer: Path, prompts: Pat
     data = json.loads(result.read_text())
     return {"output_throughput": data["output_throughput"], "median_ttft_ms": data["median_ttft_ms"],
             "request_throughput": data["request_throughput"], "completed": data["completed"],
-            "failed": data.get("failed", 0), "total_output_tokens": data.get("total_output_tokens")}
+            "failed": data.get("failed", 0), "total_output_tokens": data.get("total_output_tokens"),
+            "median_itl_ms": data.get("median_itl_ms"), "median_tpot_ms": data.get("median_tpot_ms"),
+            "median_e2el_ms": data.get("median_e2el_ms")}
 
 
 def median_of(runs: list[dict], key: str) -> float:
@@ -143,9 +150,11 @@ def accuracy(args, venv: Path, workdir: Path) -> list[dict]:
                     else:
                         runs.append(peer(venv, server.base_url, model_id, model, prompts, concurrency,
                                          args.requests, args.output_len, workdir))
-                    print(f"  c={concurrency} rep {rep + 1} {name}: {runs[-1]['output_throughput']:.1f} out tok/s, "
-                          f"TTFT p50 {runs[-1]['median_ttft_ms']:.1f} ms, {runs[-1]['completed']} ok "
-                          f"({runs[-1]['total_output_tokens']} tokens)", flush=True)
+                    last = {k: (-1.0 if v is None else v) for k, v in runs[-1].items()}
+                    print(f"  c={concurrency} rep {rep + 1} {name}: {last['output_throughput']:.1f} out tok/s, "
+                          f"TTFT p50 {last['median_ttft_ms']:.1f} ms, ITL p50 {last['median_itl_ms']:.1f} ms, "
+                          f"E2E p50 {last['median_e2el_ms']:.0f} ms, {last['completed']} ok "
+                          f"({last['total_output_tokens']} tokens)", flush=True)
             row = {"concurrency": concurrency, "requests": args.requests, "output_len": args.output_len,
                    "reps": args.reps,
                    "ours_output_tok_s": median_of(mine, "output_throughput"),
@@ -163,13 +172,48 @@ def accuracy(args, venv: Path, workdir: Path) -> list[dict]:
     return rows
 
 
-def headroom(args, venv: Path, workdir: Path) -> dict:
+def start_fake(chunks: int, delay: float = 0.0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "client" / "fake_openai.py"), str(port),
-                             "--chunks", str(args.fake_chunks)], stdout=subprocess.PIPE, text=True)
+                             "--chunks", str(chunks), "--delay", str(delay)], stdout=subprocess.PIPE, text=True)
+    fake.stdout.readline()     # "fake OpenAI server on ..."
+    return fake, f"http://127.0.0.1:{port}"
+
+
+def timed_accuracy(args, venv: Path, workdir: Path) -> list[dict]:
+    fake, base_url = start_fake(args.fake_chunks_timed, args.fake_delay)
+    model = cache_dir() / "test-models" / "tiny-llama"
+    prompts = workdir / "timed.jsonl"
+    write_prompts(prompts, args.requests, seed=2)
+    rows = []
     try:
-        fake.stdout.readline()     # "fake OpenAI server on ..."
-        base_url = f"http://127.0.0.1:{port}"
+        for concurrency in args.levels:
+            mine, theirs = [], []
+            for rep in range(args.reps):
+                mine.append(ours(base_url, prompts, concurrency, args.requests, args.fake_chunks_timed))
+                theirs.append(peer(venv, base_url, "fake-model", model, prompts, concurrency, args.requests,
+                                   args.fake_chunks_timed, workdir))
+            row = {"concurrency": concurrency, "requests": args.requests, "chunks": args.fake_chunks_timed,
+                   "delay_s": args.fake_delay, "reps": args.reps,
+                   "ours_output_tok_s": median_of(mine, "output_throughput"),
+                   "vllm_output_tok_s": median_of(theirs, "output_throughput"),
+                   "ours_ttft_p50_ms": median_of(mine, "median_ttft_ms"),
+                   "vllm_ttft_p50_ms": median_of(theirs, "median_ttft_ms"),
+                   "ours_itl_p50_ms": median_of(mine, "median_itl_ms"),
+                   "vllm_itl_p50_ms": median_of(theirs, "median_itl_ms"),
+                   "runs": {"ours": mine, "vllm": theirs}}
+            row["output_tok_s_ratio"] = row["ours_output_tok_s"] / row["vllm_output_tok_s"]
+            row["ttft_p50_ratio"] = row["ours_ttft_p50_ms"] / row["vllm_ttft_p50_ms"]
+            rows.append(row)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    return rows
+
+
+def headroom(args, venv: Path, workdir: Path) -> dict:
+    fake, base_url = start_fake(args.fake_chunks)
+    try:
         prompts = workdir / "short.jsonl"
         write_prompts(prompts, args.rate_requests, seed=1)
         model = cache_dir() / "test-models" / "tiny-llama"
@@ -195,7 +239,10 @@ def main() -> int:
     parser.add_argument("--rate-concurrency", type=int, default=64, help="headroom: requests in flight")
     parser.add_argument("--rate-requests", type=int, default=2000, help="headroom: requests per run")
     parser.add_argument("--fake-chunks", type=int, default=4, help="headroom: chunks per fake answer")
+    parser.add_argument("--fake-chunks-timed", type=int, default=32, help="timed accuracy: chunks per answer")
+    parser.add_argument("--fake-delay", type=float, default=0.01, help="timed accuracy: seconds before each chunk")
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--skip-timed", action="store_true")
     parser.add_argument("--skip-headroom", action="store_true")
     parser.add_argument("--record", help="also write the figures as JSON to this path")
     args = parser.parse_args()
@@ -215,6 +262,15 @@ def main() -> int:
                       f"definition: first chunk with choices) ours {row['ours_ttft_p50_vllm_definition_ms']:.1f} ms"
                       f" / vllm {row['vllm_ttft_p50_ms']:.1f} ms = {row['ttft_p50_ratio_same_definition']:.3f}; "
                       f"ours as reported (first content chunk, sglang's definition) {row['ours_ttft_p50_ms']:.1f} ms")
+        if not args.skip_timed:
+            print(f"accuracy on known timing: fake server, {args.fake_chunks_timed} chunks {args.fake_delay} s apart")
+            figures["timed_accuracy"] = timed_accuracy(args, venv, workdir)
+            for row in figures["timed_accuracy"]:
+                print(f"c={row['concurrency']}: output tok/s ours {row['ours_output_tok_s']:.1f} / vllm "
+                      f"{row['vllm_output_tok_s']:.1f} = {row['output_tok_s_ratio']:.3f}; TTFT p50 ours "
+                      f"{row['ours_ttft_p50_ms']:.1f} ms / vllm {row['vllm_ttft_p50_ms']:.1f} ms = "
+                      f"{row['ttft_p50_ratio']:.3f}; ITL p50 ours {row['ours_itl_p50_ms']:.2f} / vllm "
+                      f"{row['vllm_itl_p50_ms']:.2f} ms")
         if not args.skip_headroom:
             print(f"headroom: fake streaming server, {args.rate_concurrency} in flight, {args.rate_requests} requests")
             rate = figures["headroom"] = headroom(args, venv, workdir)

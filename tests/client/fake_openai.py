@@ -5,7 +5,7 @@ middle, no usage, HTTP errors, a strict request schema, slow answers; and it is 
 measure how many requests per second a client can drive (benchmarks/bench_client_vs_vllm.py).
 
     server = FakeOpenAI(mode=...); server.start(); ... server.base_url ...; server.stop()
-    python tests/client/fake_openai.py PORT [--chunks N]    (standalone, for the benchmark)
+    python tests/client/fake_openai.py PORT [--chunks N] [--delay S]    (standalone, for the benchmark)
 
 Modes (per server, or per request with the user message "mode:NAME"):
   ok            `chunks` content chunks, a finish chunk with usage, then `data: [DONE]`
@@ -182,12 +182,12 @@ class FakeOpenAI:
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()
                 return True
-            final = {"id": "x", "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
-            if mode != "no-usage":
-                final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
-                                  "total_tokens": prompt_tokens + chunks}
-            event(final)
+            event({"id": "x", "object": "chat.completion.chunk",
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            if mode != "no-usage":   # as OpenAI and SGLang send it: a last chunk with no choices
+                event({"id": "x", "object": "chat.completion.chunk", "choices": [],
+                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
+                                 "total_tokens": prompt_tokens + chunks}})
             if mode not in ("no-done",):
                 event("[DONE]")
             writer.write(b"0\r\n\r\n")
@@ -200,7 +200,8 @@ class FakeOpenAI:
 def main(argv: list[str]) -> int:
     port = int(argv[0]) if argv else 0
     chunks = int(argv[argv.index("--chunks") + 1]) if "--chunks" in argv else 8
-    server = FakeOpenAI(port=port, chunks=chunks).start()
+    delay = float(argv[argv.index("--delay") + 1]) if "--delay" in argv else 0.0
+    server = FakeOpenAI(port=port, chunks=chunks, delay=delay).start()
     print(f"fake OpenAI server on {server.base_url}", flush=True)
     try:
         while True:
