@@ -63,7 +63,7 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
         if action == "refresh":
             return _refresh(name)
     except ENGINE_ERRORS as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))
     if action == "apply":
         outcomes = run_on_hosts(host, lambda h: patching.apply(h, name, dry_run=dry_run, note=report.note))
         _finish(outcomes, _print_apply)
@@ -92,7 +92,7 @@ def _finish(outcomes, show, failed=lambda value: False) -> None:
     bad = 0
     for outcome in outcomes:
         if outcome.error is not None:
-            report.error(escape(f"{outcome.host.name}: {outcome.error}"))
+            report.error(f"{outcome.host.name}: {outcome.error}")
             bad += 1
         else:
             show(outcome.value)
@@ -176,7 +176,7 @@ def _check(name) -> None:
             table.add_row(escape(f.path), escape(f.by or ""), f.detail)
         report.console.print(table)
     if not result.ok:
-        fail(escape(result.error))
+        fail(result.error)
     totals = {k: sum(ps.totals[k] for ps in result.patchsets) for k in ("hunks", "added", "removed")}
     report.line(f"ok: {' + '.join(result.stack) or 'nothing'} compiles against {result.version or 'the pinned wheel'}:"
                 f" {len(result.files)} files, {totals['hunks']} hunks, +{totals['added']} -{totals['removed']} lines")

@@ -4,12 +4,10 @@ from __future__ import annotations
 import signal
 import threading
 
-from invoke.exceptions import Exit
-from rich.markup import escape
 
 from toolkit import profiles, report, server
 
-from .common import HOST_HELP, fail, hosts_or_exit, run_on_hosts, wants_help
+from .common import HOST_HELP, fail, finish, hosts_or_exit, run_on_hosts, wants_help
 from .parsing import command
 
 ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
@@ -90,20 +88,7 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
                          float(duration or 600))
         return _model(host, out, int(seed or 0))
     except (profiles.ProfileError, ValueError) as exc:
-        fail(escape(str(exc)), code=2)
-
-
-def finish(outcomes, failed=lambda value: False) -> None:
-    """common.finish, with the error text escaped: server errors quote log lines like `[... TP0]`."""
-    bad = 0
-    for outcome in outcomes:
-        if outcome.error is not None:
-            report.error(escape(f"{outcome.host.name}: {outcome.error}"))
-            bad += 1
-        elif failed(outcome.value):
-            bad += 1
-    if bad:
-        raise Exit(code=1)
+        fail(str(exc), code=2)
 
 
 def _profile_names() -> list[str]:
@@ -226,7 +211,7 @@ def _logs(host_spec, follow, rank, lines, duration) -> None:
             server.follow_log(hosts[0], rank=rank, lines=lines, duration=duration, emit=print,
                               should_stop=interrupted.is_set)
         except server.ServerError as exc:
-            fail(escape(str(exc)))
+            fail(str(exc))
         finally:
             signal.signal(signal.SIGINT, previous)
         return
