@@ -57,7 +57,7 @@ def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16"
     _step(f"server model --host {target}", server_task, c, "model", host=target)
     _step(f"server start {profile} --host {target}", server_task, c, "start", profile, host=target)
     try:
-        _step(f"smoke --max-tokens {output_len} --host {target}", smoke, c, host=target, max_tokens=str(output_len))
+        _step(f"smoke --host {target}", smoke, c, host=target)
         _step(f"bench --no-restart --concurrency {concurrency} --requests {requests} --output-len {output_len}"
               f" --host {target}", bench, c, host=target, no_restart=True, concurrency=concurrency,
               requests=str(requests), output_len=str(output_len), out=out)
