@@ -1,7 +1,7 @@
 """One interface for talking to a host: run a command, send or fetch a file.
 
 Two implementations share it: `SSHTransport` (a Fabric `Connection`) for remote
-hosts and `LocalTransport` (an Invoke `Context`) for this machine. Engine code only
+hosts and `LocalTransport` (a subprocess shell) for this machine. Engine code only
 sees `Transport`, so the same code path serves a far host, the sandbox on loopback
 and the GPU machine in `--host local` mode.
 
@@ -86,7 +86,7 @@ def _with_env(command: str, env: dict[str, str]) -> str:
 
 
 class LocalTransport(Transport):
-    """This machine, through an Invoke Context: no SSH, the same code path."""
+    """This machine, through /bin/sh: no SSH, the same code path."""
 
     name = "local"
 
