@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import hostrun
 from .inventory import Host
+from .hostside.facts import describe_installed
 from .stack import Pin, Stack, normalize, version_matches
 from .transport import Transport
 
@@ -57,14 +58,8 @@ class Facts:
         return version_matches(self.version(pin.name), pin.version, self.cuda_build(pin.name))
 
     def describe(self, name: str) -> str:
-        """`torch 2.11.0 (CUDA 13.0 build)`: the build is named where the version has no label to say it
-        (same text as the host side's describe_installed)."""
-        entry = self.packages.get(normalize(name))
-        if not entry:
-            return f"{normalize(name)} missing"
-        if entry.get("cuda_note") and "+" not in entry["version"]:
-            return f"{normalize(name)} {entry['version']} ({entry['cuda_note']})"
-        return f"{normalize(name)} {entry['version']}"
+        """`torch 2.11.0 (CUDA 13.0 build)`: the words the host side uses for the same entry."""
+        return describe_installed(self.packages.get(normalize(name)) or {}, normalize(name))
 
     @property
     def python_version(self) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
+from .hostside.facts import version_matches  # noqa: F401  (the one rule, shared with the host side)
 
 _STACK_KEYS = {"name", "summary", "python", "venv", "gpu", "min_driver", "cuda", "min_free_gb", "system",
                "indexes", "steps"}
@@ -34,39 +35,6 @@ def split_extras(requirement: str) -> tuple[str, str]:
     if not match:
         raise StackError(f"not a package name: {requirement!r}")
     return match.group(1), (match.group(2) or "").replace(" ", "")
-
-
-def cuda_label(cuda: str) -> str:
-    """The local label of a CUDA build: `13.0` -> `cu130`, `12.8` -> `cu128`."""
-    major, _, minor = cuda.strip().partition(".")
-    return "cu" + major + minor.split(".")[0]
-
-
-def version_matches(installed: str | None, pinned: str, cuda: str | None = None) -> bool:
-    """PEP 440 `==` for release pins: a pin without a local label (`2.13.0`) accepts any
-    local build of it (`2.13.0+cpu`); a pin with one (`2.11.0+cu130`) needs exactly that,
-    except that an unlabelled install (PyPI's default torch wheel, `2.11.0`) counts when its
-    CUDA build is known to be that one: `cuda` = "13.0" (read from torch/version.py) for `+cu130`."""
-    if not installed:
-        return False
-    have_public, _, have_local = installed.strip().lower().partition("+")
-    want_public, _, want_local = pinned.strip().lower().partition("+")
-    if _release(have_public) != _release(want_public):
-        return False
-    if not want_local or have_local == want_local:
-        return True
-    return not have_local and bool(cuda) and want_local == cuda_label(cuda)
-
-
-def _release(version: str) -> str:
-    # 2.11 == 2.11.0 under PEP 440; normalise trailing zero release segments
-    head = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version)
-    if not head:
-        return version
-    parts = head.group(1).split(".")
-    while len(parts) > 1 and parts[-1] == "0":
-        parts.pop()
-    return ".".join(parts) + head.group(2).replace("-", ".").replace("_", ".")
 
 
 @dataclass(frozen=True)

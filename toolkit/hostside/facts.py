@@ -121,6 +121,51 @@ def installed_versions(dirs, wanted):
 
 # PyPI's default Linux torch wheel is a CUDA build whose version has no `+cuXYZ` label, so
 # the label alone cannot tell the build: torch writes it into torch/version.py (read, not imported).
+# -- the version rule, shared with the control side ------------------------------------
+
+def _release(version):
+    head = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version)
+    if not head:
+        return version
+    parts = head.group(1).split(".")
+    while len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return ".".join(parts) + head.group(2).replace("-", ".").replace("_", ".")
+
+
+def cuda_label(cuda):
+    major, _, minor = cuda.strip().partition(".")
+    return "cu" + major + minor.split(".")[0]
+
+
+def version_matches(installed, pinned, cuda=None):
+    """PEP 440 `==` for release pins: a pin without a local label (`2.13.0`) accepts any
+    local build of it (`2.13.0+cpu`); a pin with one (`2.11.0+cu130`) needs exactly that,
+    except that an unlabelled install (PyPI's default torch wheel, `2.11.0`) counts when its
+    CUDA build is known to be that one: `cuda` = "13.0" (read from torch/version.py).
+    The one copy of the rule: the control side (toolkit.stack) imports it from here."""
+    if not installed:
+        return False
+    have_public, _, have_local = installed.strip().lower().partition("+")
+    want_public, _, want_local = pinned.strip().lower().partition("+")
+    if _release(have_public) != _release(want_public):
+        return False
+    if not want_local or have_local == want_local:
+        return True
+    return not have_local and bool(cuda) and want_local == cuda_label(cuda)
+
+
+def describe_installed(entry, name):
+    """`torch 2.11.0 (CUDA 13.0 build)`: the build is named where the version has no label to say it."""
+    have = entry.get("version")
+    if not have:
+        return "%s missing" % name
+    if entry.get("cuda_note") and "+" not in have:
+        return "%s %s (%s)" % (name, have, entry["cuda_note"])
+    return "%s %s" % (name, have)
+
+
+
 CUDA_BUILD_FILES = {"torch": os.path.join("torch", "version.py")}
 _CUDA_LINE = re.compile(r"""^cuda\s*(?::[^=\n]*)?=\s*(?:None|(['"])([^'"\n]*)\1)\s*(?:#.*)?$""", re.M)
 

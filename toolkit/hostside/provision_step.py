@@ -40,44 +40,6 @@ class _Lock(object):
         self.handle.close()
 
 
-def _release(version):
-    head = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", version)
-    if not head:
-        return version
-    parts = head.group(1).split(".")
-    while len(parts) > 1 and parts[-1] == "0":
-        parts.pop()
-    return ".".join(parts) + head.group(2).replace("-", ".").replace("_", ".")
-
-
-def cuda_label(cuda):
-    major, _, minor = cuda.strip().partition(".")
-    return "cu" + major + minor.split(".")[0]
-
-
-def version_matches(installed, pinned, cuda=None):
-    # same rule as toolkit.stack.version_matches (tests check they agree)
-    if not installed:
-        return False
-    have_public, _, have_local = installed.strip().lower().partition("+")
-    want_public, _, want_local = pinned.strip().lower().partition("+")
-    if _release(have_public) != _release(want_public):
-        return False
-    if not want_local or have_local == want_local:
-        return True
-    return not have_local and bool(cuda) and want_local == cuda_label(cuda)
-
-
-def describe_installed(entry, name):
-    """`torch 2.11.0 (CUDA 13.0 build)`: the build is named where the version has no label to say it."""
-    have = entry.get("version")
-    if not have:
-        return "%s missing" % name
-    if entry.get("cuda_note") and "+" not in have:
-        return "%s %s (%s)" % (name, have, entry["cuda_note"])
-    return "%s %s" % (name, have)
-
-
 def _log_command(log, argv, env=None):
     """Run argv with stdout+stderr appended to the log; (exit code, last lines of its output)."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
