@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,22 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per command (median wall time is shown)")
     options = parser.parse_args()
     os.environ["TOOLKIT_PATCHSETS"] = str(ROOT / "tests" / "patch" / "data" / "patchsets")
     with tempfile.TemporaryDirectory(prefix="bench-patch-") as tmp:
-        port = free_port()
-        os.environ.update(TOOLKIT_SANDBOX_DIR=str(Path(tmp) / "sandbox"), TOOLKIT_SANDBOX_PORT=str(port))
         from toolkit import patching, sandbox, wheels
         from toolkit.inventory import resolve_hosts
+
+        port = sandbox.free_loopback_port()
+        os.environ.update(TOOLKIT_SANDBOX_DIR=str(Path(tmp) / "sandbox"), TOOLKIT_SANDBOX_PORT=str(port))
 
         sandbox.up(Path(tmp) / "sandbox", port)
         try:

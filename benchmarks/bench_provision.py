@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -25,12 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit import paths, provision, sandbox, stack, wheelhouse  # noqa: E402
 from toolkit.inventory import resolve_hosts  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(host, chosen, repeats: int, env: dict, wheels: str | None = None) -> dict:
@@ -69,7 +62,7 @@ def main() -> None:
     figures: dict = {"stack": chosen.name, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                      "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with tempfile.TemporaryDirectory(prefix="bench-provision-") as scratch:
-        folder, port = Path(scratch) / "sandbox", free_port()
+        folder, port = Path(scratch) / "sandbox", sandbox.free_loopback_port()
         os.environ.update(TOOLKIT_SANDBOX_DIR=str(folder), TOOLKIT_SANDBOX_PORT=str(port))
         sandbox.up(folder, port)
         try:
@@ -83,7 +76,7 @@ def main() -> None:
                 manifest = wheelhouse.build(chosen, python=python, platform=tag,
                                             note=lambda text: print(f"  {text}", file=sys.stderr))
                 figures["wheelhouse_build_s"] = round(time.monotonic() - started, 1)
-                offline = {**pip_env, "PIP_INDEX_URL": f"http://127.0.0.1:{free_port()}/simple"}
+                offline = {**pip_env, "PIP_INDEX_URL": f"http://127.0.0.1:{sandbox.free_loopback_port()}/simple"}
                 host = dataclasses.replace(base, venv=str(Path(scratch) / "offline" / "venv"))
                 print("wheelhouse: provisioning a second fresh venv with the index unreachable", file=sys.stderr)
                 figures["wheelhouse"] = measure(host, chosen, options.repeats, offline, manifest.folder)

@@ -6,7 +6,6 @@ developer's own `.sandbox/` and can run while it is up.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -14,10 +13,7 @@ from toolkit import sandbox
 from toolkit.inventory import resolve_hosts
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = sandbox.free_loopback_port
 
 
 @pytest.fixture(scope="session")

@@ -101,6 +101,13 @@ def _read_pid(pid_file: Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
+def free_loopback_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on right now (bound by the kernel, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.3)

@@ -8,7 +8,6 @@ installs with `pip --no-index --find-links`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import paths
+from .hostside._lib import sha256_file
 from .stack import Stack
 
 MANIFEST = "manifest.json"
@@ -51,14 +51,6 @@ class Manifest:
         data.pop("folder")
         data.pop("seconds")
         return data
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def default_folder(stack: Stack, python: str, platform: str) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import paths, provision, stack, wheelhouse
+from toolkit import paths, provision, sandbox, stack, wheelhouse
 from toolkit.inventory import Host, resolve_hosts
 
 
@@ -22,11 +21,7 @@ def pip_env() -> dict[str, str]:
     return {"PIP_CACHE_DIR": str(paths.cache_dir() / "pip")}
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+closed_port = sandbox.free_loopback_port  # nothing listens there: pip's index "unreachable"
 
 
 def sandbox_with_venv(venv: Path, name: str = "sandbox") -> Host:
