@@ -27,14 +27,19 @@ def fail(message: str, code: int = 1):
     raise Exit(f"error: {message}", code=code)
 
 
-def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False) -> None:
-    """Print per-host errors; exit non-zero when any host failed or `failed(value)` says so."""
+def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False,
+           show: Callable[[Any], None] | None = None) -> None:
+    """Print per-host errors (and, with `show`, each good result); exit non-zero when any host
+    failed or `failed(value)` says so."""
     bad = 0
     for outcome in outcomes:
         if outcome.error is not None:
             report.error(f"{outcome.host.name}: {outcome.error}")
             bad += 1
-        elif failed(outcome.value):
+            continue
+        if show is not None:
+            show(outcome.value)
+        if failed(outcome.value):
             bad += 1
     if bad:
         raise Exit(code=1)

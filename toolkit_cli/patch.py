@@ -10,7 +10,7 @@ from rich.table import Table
 from toolkit import authoring, compiler, patching, report, wheels
 from toolkit.patchsets import PatchsetError
 
-from .common import HOST_HELP, fail, run_on_hosts, wants_help
+from .common import HOST_HELP, fail, finish, run_on_hosts, wants_help
 from .parsing import command
 
 ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh")
@@ -66,11 +66,11 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
         fail(str(exc))
     if action == "apply":
         outcomes = run_on_hosts(host, lambda h: patching.apply(h, name, dry_run=dry_run, note=report.note))
-        _finish(outcomes, _print_apply)
+        finish(outcomes, show=_print_apply)
     elif action == "revert":
         outcomes = run_on_hosts(host, lambda h: patching.revert(h, name, force=force, dry_run=dry_run,
                                                                 note=report.note))
-        _finish(outcomes, _print_revert, failed=lambda r: not r.record_ok)
+        finish(outcomes, failed=lambda r: not r.record_ok, show=_print_revert)
     else:
         outcomes = run_on_hosts(host, lambda h: patching.verify(h, all_files=all_files,
                                                                 note=(lambda t: None) if json_ else report.note))
@@ -81,24 +81,11 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
             if any(not o.ok or not o.value.ok for o in outcomes):
                 raise Exit(code=1)
             return
-        _finish(outcomes, _print_verify, failed=lambda r: not r.ok)
+        finish(outcomes, failed=lambda r: not r.ok, show=_print_verify)
 
 
 def _trips(count: int) -> str:
     return f"{count} round trip{'' if count == 1 else 's'}"
-
-
-def _finish(outcomes, show, failed=lambda value: False) -> None:
-    bad = 0
-    for outcome in outcomes:
-        if outcome.error is not None:
-            report.error(f"{outcome.host.name}: {outcome.error}")
-            bad += 1
-        else:
-            show(outcome.value)
-            bad += bool(failed(outcome.value))
-    if bad:
-        raise Exit(code=1)
 
 
 def _file_table(title, files, by_header="patchset") -> None:
