@@ -14,7 +14,7 @@ GPU_HOST = Host(name="blackwell-01", address="blackwell-01.example", venv="/opt/
 
 def test_every_shipped_profile_loads():
     names = set(profiles.load_profiles())
-    assert {"baseline", "eagle3", "eagle3-dyn", "eagle3-v2-dyn", "cpu-ref"} <= names
+    assert {"baseline", "eagle3", "eagle3-dyn", "eagle3-v2", "eagle3-v2-dyn", "cpu-ref"} <= names
 
 
 def test_baseline_is_plain_sglang_with_per_rank_readiness():
@@ -59,6 +59,13 @@ def test_eagle3_v2_dyn_is_topk_1_with_spec_v2_and_keeps_the_dyn_env():
             flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
     assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_SPEC_DISABLE_THRESHOLD": "5",
                         "SGLANG_SPEC_DISABLE_HYSTERESIS": "1"}
+
+
+def test_eagle3_v2_is_the_same_worker_without_dyn_disable():
+    plan, dyn = server.plan(GPU_HOST, "eagle3-v2"), server.plan(GPU_HOST, "eagle3-v2-dyn")
+    assert plan.argv == dyn.argv
+    assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1"} and not plan.requires_patchsets
+    assert not any("Dynamic speculation" in line for line in plan.expected_log_lines())
 
 
 def test_cpu_ref_runs_transformers_serve_from_the_venv_with_the_model_beside_it():
