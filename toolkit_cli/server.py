@@ -75,7 +75,7 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
         if action == "profiles":
             return _list_profiles()
         if action == "render" or (action == "start" and dry_run):
-            return _render(host, profile, overrides, action == "start")
+            return _render(host, profile, overrides, action == "start", not skip_patch_check)
         if action == "start":
             return _start(host, profile, overrides, float(timeout or server.DEFAULT_TIMEOUT), not skip_patch_check, json_)
         if action == "stop":
@@ -107,7 +107,7 @@ def _list_profiles() -> None:
     report.table("server profiles", ["profile", "kind", "tp", "port", "requires", "dyn threshold", "summary"], rows)
 
 
-def _render(host_spec, profile, overrides, for_start: bool) -> None:
+def _render(host_spec, profile, overrides, for_start: bool, check_patches: bool = True) -> None:
     for host in hosts_or_exit(host_spec):
         launch = server.plan(host, profile, overrides)
         report.note(f"# {host.name}: {launch.server_dir}/launch.sh")
@@ -115,7 +115,7 @@ def _render(host_spec, profile, overrides, for_start: bool) -> None:
         if for_start:
             checks = ["no toolkit server recorded as running", f"port {launch.port} free on {launch.bind}",
                       f"no process holds GPU memory ({launch.nvidia_smi}; skipped if absent)"]
-            if launch.requires_patchsets:
+            if launch.requires_patchsets and check_patches:
                 checks.append(f"patchset(s) applied: {', '.join(launch.requires_patchsets)}")
             report.note(f"# dry run: would check {'; '.join(checks)}; then start and wait for "
                         f"{launch.health_endpoint} + {len(launch.expected_log_lines())} log line(s). Nothing started.")

@@ -81,6 +81,14 @@ def test_dry_run_prints_the_script_and_starts_nothing(cli):
     assert "not running" in cli("status", "--host", "cpu-test").stdout
 
 
+def test_dry_run_lists_the_patch_check_unless_it_is_skipped(cli):
+    args = ("start", "eagle3-dyn", "--host", "cpu-test", "--dry-run", "--model", "/m", "--draft-model", "/d")
+    checked, skipped = cli(*args), cli(*args, "--skip-patch-check")
+    assert checked.returncode == skipped.returncode == 0, checked.stderr + skipped.stderr
+    assert "patchset(s) applied: dyn-disable" in checked.stderr
+    assert "patchset(s) applied" not in skipped.stderr and "Nothing started" in skipped.stderr
+
+
 def test_a_failed_start_prints_the_log_tail_and_exits_1(cli, tmp_path):
     done = cli("start", "fake-dies", "--host", "cpu-test", "--timeout", "30")
     assert done.returncode == 1
