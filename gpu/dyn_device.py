@@ -297,16 +297,16 @@ def compare(a, b):
 
 
 async def phase_small(s, rep, budget):
-    names = ["baseline", "eagle3-stock", "eagle3", "eagle3-dyn", "eagle3-v2", "eagle3-v2-dyn",
-             "eagle3-naive"]
+    names = os.environ.get("SMALL_PROFILES", "baseline,eagle3-stock,eagle3,eagle3-dyn,eagle3-v2,"
+                           "eagle3-v2-dyn,eagle3-naive").split(",")
     servers = start_all([(n, "sharp") for n in names], mem=0.15)
     by = {srv.name: srv for srv in servers}
     rep["health_s"] = await wait_all(s, servers, timeout=min(240, budget - el() - 60))
     try:
         # 1. equality, 32 prompts at mixed concurrency
         eq = {}
-        for n in names[:-1]:
-            if not by[n].alive() or rep["health_s"].get(n) is None:
+        for n in names:
+            if n == "eagle3-naive" or not by[n].alive() or rep["health_s"].get(n) is None:
                 continue
             try:
                 eq[n] = await equality_schedule(s, by[n])
@@ -322,6 +322,8 @@ async def phase_small(s, rep, budget):
         bursts = {}
         ref = None
         for n in ["baseline", "eagle3-dyn", "eagle3-v2-dyn", "eagle3"]:
+            if n not in by:
+                continue
             srv = by[n]
             if not srv.alive() or rep["health_s"].get(n) is None or el() > budget - 60:
                 continue
@@ -346,8 +348,8 @@ async def phase_small(s, rep, budget):
                 f"after={after}, match={entry.get('match_vs_baseline')}/{entry.get('compared')}")
         rep["bursts"] = bursts
         # 3. naive bypass under the same bursts
-        srv = by["eagle3-naive"]
-        if srv.alive():
+        srv = by.get("eagle3-naive")
+        if srv is not None and srv.alive():
             try:
                 outs = await burst_cycles(s, srv, 3)
                 rep["naive"] = {"error": None, "requests": len(outs)}

@@ -1,6 +1,6 @@
 """Make a tiny Llama target model and a matching EAGLE-3 draft model, offline.
 
-Usage: python3 make_models.py OUT_DIR [--corpus DIR] [--no-weights] [--big LAYERS]
+Usage: python3 make_models.py OUT_DIR [--corpus DIR] [--no-weights] [--big LAYERS] [--huge]
 
 Writes, under OUT_DIR:
   tok/                      byte-level BPE tokenizer (1024 tokens) + chat template
@@ -13,6 +13,7 @@ Writes, under OUT_DIR:
                             greedy output with wide logit margins (exact-match tests)
   target-big/, draft-big/   with --big LAYERS: config only (hidden 4096), for
                             --load-format dummy throughput sweeps
+  target-huge/, draft-huge/ with --huge: config only, Qwen2.5-32B's shape
 Each model folder has config.json, model.safetensors, generation_config.json
 and a copy of the tokenizer files. Weights need torch + safetensors; the
 tokenizer needs `tokenizers` and `transformers`.
@@ -207,19 +208,26 @@ def main():
         eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2],
                       "use_aux_hidden_state": True},
     )
-    if "--big" in sys.argv:
-        # config-only large target + draft for --load-format dummy (weights are
-        # random, acceptance comes from SGLANG_SIMULATE_ACC_LEN)
-        big = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                   num_key_value_heads=8, head_dim=128)
-        layers = int(sys.argv[sys.argv.index("--big") + 1])
-        write_model(os.path.join(out, "target-big"), llama_config(ids, num_hidden_layers=layers, **big),
+    # config-only large targets + drafts for --load-format dummy (weights are random,
+    # acceptance comes from SGLANG_SIMULATE_ACC_LEN): "big" has Llama-3-8B's layer shape
+    # (N layers), "huge" Qwen2.5-32B's (64 layers, about 65 GB in bf16): a decode step long
+    # enough on one H200 that the GPU, not the scheduler's CPU time, sets the pace, as with a
+    # large model on the multi-GPU host.
+    shapes = {"big": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128),
+              "huge": dict(hidden_size=5120, intermediate_size=27648, num_attention_heads=40,
+                           num_key_value_heads=8, head_dim=128)}
+    for name, shape in shapes.items():
+        if f"--{name}" not in sys.argv:
+            continue
+        layers = int(sys.argv[sys.argv.index("--big") + 1]) if name == "big" else 64
+        write_model(os.path.join(out, f"target-{name}"), llama_config(ids, num_hidden_layers=layers, **shape),
                     None, tok_dir, ids)
-        write_model(os.path.join(out, "draft-big"), llama_config(
+        write_model(os.path.join(out, f"draft-{name}"), llama_config(
             ids, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
-            draft_vocab_size=VOCAB, target_hidden_size=4096,
+            draft_vocab_size=VOCAB, target_hidden_size=shape["hidden_size"],
             eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2 - 1, layers - 4],
-                          "use_aux_hidden_state": True}, **big), None, tok_dir, ids)
+                          "use_aux_hidden_state": True}, **shape), None, tok_dir, ids)
     for mode, seed in (("random", 1234), ("const", 4321), ("sharp", 1234)):
         tw, dw = (None, None) if no_weights else make_weights(mode, seed)
         write_model(os.path.join(out, f"target-{mode}"), tcfg, tw, tok_dir, ids)

@@ -5,6 +5,8 @@
 #   bash gpu/run_dyn.sh setup                  only prepare /tmp/site and /tmp/models
 # Env: BUDGET_S (default 540): the driver skips work that would end past it.
 #      DYN_APPLY=0: leave /tmp/site pristine (e.g. to apply patchsets with the toolkit instead).
+#      DYN_PATCHSETS (default "dyn-disable"): patchsets applied in order, e.g. "dyn-disable dyn-disable-fastpath".
+#      HUGE=1: also write the config-only 32B-shape pair (make_models.py --huge).
 #      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
 #      OUT: results folder (set by the GPU machine).
 set -u
@@ -30,9 +32,12 @@ if [ ! -d /tmp/site/sglang ]; then
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
   python3 gpu/naive_bypass.py /tmp/naive/sglang
   if [ "${DYN_APPLY:-1}" = 1 ]; then
-  python3 gpu/apply_patch.py patchsets/dyn-disable/0001-dyn-disable.patch /tmp/site || { say "patch failed"; exit 1; }
+  for ps in ${DYN_PATCHSETS:-dyn-disable}; do
+    python3 gpu/apply_patch.py patchsets/$ps/0001-$ps.patch /tmp/site || { say "patch $ps failed"; exit 1; }
+  done
   python3 -m py_compile /tmp/site/sglang/srt/speculative/dyn_disable*.py /tmp/site/sglang/srt/speculative/eagle_worker*.py \
-    /tmp/site/sglang/srt/managers/scheduler.py /tmp/site/sglang/srt/observability/scheduler_metrics_mixin.py && say "patched files compile"
+    /tmp/site/sglang/srt/managers/scheduler.py /tmp/site/sglang/srt/observability/scheduler_metrics_mixin.py \
+    /tmp/site/sglang/srt/layers/attention/triton_backend.py /tmp/site/sglang/srt/speculative/eagle_info_v2.py && say "patched files compile (${DYN_PATCHSETS:-dyn-disable})"
   fi
 fi
 export PYTHONPATH=/tmp/site
@@ -52,7 +57,7 @@ n.rmsnorm(x, w); r = x.clone(); n.fused_add_rmsnorm(x, r, w); torch.cuda.synchro
 PREWARM=$!
 fi
 if [ ! -d /tmp/models/target-sharp ]; then
-  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} 2>&1 | tail -1
+  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} $([ "${HUGE:-}" = 1 ] && echo --huge) 2>&1 | tail -1
 fi
 [ -n "${PREWARM:-}" ] && wait $PREWARM
 say "$(tail -n 1 $LOGS/fi_prewarm.log 2>/dev/null)"

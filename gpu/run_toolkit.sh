@@ -9,12 +9,16 @@
 # Env: PHASES (default "facts lifecycle sweep"), SWEEP_PROFILES (default eagle3-dyn,baseline),
 #      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), TP (tensor-parallel size, default 1), BENCH_OUT (sweep results folder;
 #      default inside the evidence archive; $OUT/bench keeps them even if the call is cut).
+# psweep: PS_PROFILES (default baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn), PS_BENCH_PROFILES
+#      (default: all; "" = no sweep), PS_LEVEL_S, PS_MEM, PS_KV_TOKENS, PS_STAGGER_S, PS_C1_ROUNDS /
+#      PS_C1_PROFILES / PS_C1_REQUESTS (alternating c=1 runs), PROFILE_PROFILES, PROFILE_LOAD_C.
+# hsweep: HUGE=1 (makes the 32B-shape models at setup), HUGE_PROFILES, HUGE_LEVEL_S.
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 OUT=${OUT:-/tmp/out}
 EV=/tmp/ev  # everything but run.log; packed into $OUT/evidence.tgz at the end (few files come back)
-mkdir -p "$OUT" "$EV"
+rm -rf "$EV"; mkdir -p "$OUT" "$EV"
 pack() { for f in /tmp/site/.toolkit/server/*/server.log; do [ -f "$f" ] && cp "$f" "$EV/$(basename "$(dirname "$f")").server.log"; done
          tar -C "$EV" -czf "$OUT/evidence.tgz" .; }
 trap pack EXIT
@@ -22,7 +26,7 @@ say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 
 # 1. The trimmed SGLang site (unpatched: the toolkit applies the patchsets) and the models.
-DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} OUT=$EV bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
+DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} HUGE=${HUGE:-} OUT=$EV bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 EXTRA=""; python3 -c "import IPython.display" 2>/dev/null || EXTRA=":/tmp/site/_stubs"
 NUMA=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA="LD_LIBRARY_PATH = \"$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}\""
@@ -60,7 +64,8 @@ $5
 EOF
 }
 { host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'
-  host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""; } > /tmp/inv/gpu.toml
+  host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""
+  host gpu-huge huge 0.85 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
 tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
@@ -109,7 +114,78 @@ else
   say "skip the sweep: $(left)s left"
 fi
 fi
-grep -h "plain step uses\|Dynamic speculation disable\|Traceback\|Error" /tmp/site/.toolkit/server/*/server.log 2>/dev/null \
+# 5. Every profile in one call: one inventory host per profile (own port, NCCL port, state dir),
+#    all servers started side by side with `invoke server start`, then measured one at a time
+#    with `invoke bench --no-restart` (the others idle), put side by side with `invoke bench
+#    compare`, a torch profile of PROFILE_LOAD_C concurrent requests per server, and stopped.
+if [[ $PHASES == *" psweep "* ]]; then
+  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+  PS_PROFILES=${PS_PROFILES:-baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn}
+  i=0; : > /tmp/inv/psweep.toml
+  for prof in ${PS_PROFILES//,/ }; do
+    i=$((i + 1))
+    host "p-$prof" big "${PS_MEM:-0.7}" ", \"--load-format\", \"dummy\", \"--nccl-port\", \"$((31050 + 100 * i))\"${PS_FLAGS:-}" \
+      "SGLANG_SIMULATE_ACC_LEN = \"2.6\"
+${PS_ENV:-}" >> /tmp/inv/psweep.toml
+  done
+  # own state dir and HTTP port per host (the shared host() template has neither)
+  python3 - "$PS_PROFILES" "${PS_KV_TOKENS:-32768}" <<'PY'
+import sys
+path = "/tmp/inv/psweep.toml"
+text = open(path).read()
+for i, prof in enumerate(sys.argv[1].split(","), start=1):
+    text = text.replace(f"[p-{prof}]\n", f"[p-{prof}]\nstate_dir = \"/tmp/tkstate/p-{prof}\"\n", 1)
+    # several servers share the one GPU on purpose: no "GPU memory held" refusal for these hosts
+    text = text.replace(f"[p-{prof}.server]\n", f"[p-{prof}.server]\nport = {31000 + 100 * i}\n"
+                        "nvidia_smi = \"/nonexistent/gpu-shared-on-purpose\"\n", 1)
+    text = text.replace('"65536"', f'"{sys.argv[2]}"')
+open(path, "w").write(text)
+PY
+  for prof in ${PS_PROFILES//,/ }; do
+    tk server start "$prof" --host "p-$prof" --timeout 400 --skip-patch-check > "$EV/start-$prof.txt" 2>&1 &
+    sleep "${PS_STAGGER_S:-8}"
+  done
+  wait
+  for prof in ${PS_PROFILES//,/ }; do tail -n 3 "$EV/start-$prof.txt"; done
+  say "servers started; $(left)s left"
+  runs=""
+  for prof in ${PS_BENCH_PROFILES-${PS_PROFILES//,/ }}; do  # PS_BENCH_PROFILES="" skips the sweep
+    if [ "$(left)" -lt 60 ]; then say "skip bench $prof: $(left)s left"; continue; fi
+    tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
+       --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${PS_LEVEL_S:-12}" \
+       --out "$EV/bench/$prof" 2>&1 | grep " c=[0-9]*:"
+    runs="$runs,$EV/bench/$prof"
+  done
+  [ -n "$runs" ] && tk bench compare "${runs#,}" --plot "$EV/bench-compare.png"
+  # concurrency 1, alternating servers, to compare two profiles there with less noise
+  for round in ${PS_C1_ROUNDS:-}; do
+    for prof in ${PS_C1_PROFILES:-eagle3-v2 eagle3-v2-dyn}; do
+      tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
+         --concurrency 1 --requests "${PS_C1_REQUESTS:-24}" --warmup 1 --out "$EV/bench-c1/$prof-$round" 2>&1 | grep " c=1:"
+    done
+  done
+  for prof in ${PROFILE_PROFILES:-baseline eagle3-v2-dyn eagle3-dyn}; do
+    [[ ,$PS_PROFILES, == *,$prof,* ]] || continue
+    if [ "$(left)" -lt 40 ]; then say "skip profile $prof: $(left)s left"; continue; fi
+    port=$(python3 -c "import tomllib,sys; print(tomllib.load(open('/tmp/inv/psweep.toml','rb'))['p-$prof']['server']['port'])")
+    for c in ${PROFILE_LOAD_C:-64}; do
+      timeout 100 python3 gpu/profile_load.py "http://127.0.0.1:$port" "$EV/prof-$prof-c$c" --concurrency "$c" --steps 8
+    done
+  done
+  for prof in ${PS_PROFILES//,/ }; do tk server stop --host "p-$prof" > /dev/null 2>&1 & done; wait
+  for f in /tmp/tkstate/p-*/server/*/server.log; do cp "$f" "$EV/$(echo "$f" | cut -d/ -f4).server.log"; done
+  say "psweep done; $(left)s left"
+fi
+# 6. The 32B-shape dummy target (HUGE=1 at setup), servers one after another through
+#    `invoke bench --profiles`: a decode step long enough that the GPU sets the pace.
+if [[ $PHASES == *" hsweep "* ]]; then
+  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+  tk bench --host gpu-huge --profiles "${HUGE_PROFILES:-baseline,eagle3-v2-dyn}" --dataset synthetic --input-len 128 \
+     --output-len 160 --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${HUGE_LEVEL_S:-10}" \
+     --timeout 300 --out "$EV/bench-huge" 2>&1 | grep -v "━\|^ *$"
+  say "hsweep done; $(left)s left"
+fi
+grep -h "plain step uses\|Dynamic speculation disable\|Traceback\|Error" /tmp/site/.toolkit/server/*/server.log /tmp/tkstate/p-*/server/*/server.log 2>/dev/null \
   | sed 's/^\[[^]]*\] //' | sort | uniq -c | sort -rn | head -20
 tk patch revert --host gpu && tk patch verify --host gpu
 say "done"

@@ -1,0 +1,99 @@
+"""Summarise torch-profiler traces of SGLang decode steps (from gpu/profile_load.py).
+
+Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz]
+
+For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, and every
+host-blocking CUDA call (stream/event synchronize, memcpy) with the SGLang functions it was
+called from. With a second (baseline) trace: the kernels the first adds per graph launch of
+the baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
+"""
+import collections
+import gzip
+import json
+import sys
+
+
+def load(path):
+    with gzip.open(path) as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def gpu_events(events):
+    return [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
+def busy_us(intervals):
+    total, current = 0, None
+    for start, end in sorted(intervals):
+        if current is None or start > current[1]:
+            total += current[1] - current[0] if current else 0
+            current = [start, end]
+        else:
+            current[1] = max(current[1], end)
+    return total + (current[1] - current[0] if current else 0)
+
+
+def kernel_totals(events):
+    totals, counts = collections.Counter(), collections.Counter()
+    for e in gpu_events(events):
+        totals[e["name"][:80]] += e["dur"]
+        counts[e["name"][:80]] += 1
+    return totals, counts
+
+
+def graph_launches(events):
+    return sum(1 for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "GraphLaunch" in e["name"])
+
+
+def summary(path, events):
+    kernels = gpu_events(events)
+    t0 = min(e["ts"] for e in kernels)
+    t1 = max(e["ts"] + e["dur"] for e in kernels)
+    busy = busy_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+    print(f"== {path}\nwindow {(t1 - t0) / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms ({busy / (t1 - t0):.0%}), "
+          f"CUDA-graph launches {graph_launches(events)}")
+    totals, counts = kernel_totals(events)
+    for name, dur in totals.most_common(10):
+        print(f"  {dur / 1e3:8.2f} ms x{counts[name]:5d}  {name}")
+
+
+def blocking_calls(events):
+    """Host-blocking CUDA calls, grouped by the innermost three SGLang frames around them."""
+    python = [e for e in events if e.get("cat") == "python_function" and "sglang" in e["name"]]
+    calls = [e for e in events if e.get("cat") == "cuda_runtime"
+             and ("Synchronize" in e["name"] or e["name"] == "cudaMemcpyAsync")]
+    grouped, time_us = collections.Counter(), collections.Counter()
+    for call in calls:
+        frames = sorted((p for p in python if p["tid"] == call["tid"] and p["ts"] <= call["ts"]
+                         and p["ts"] + p["dur"] >= call["ts"] + call["dur"]), key=lambda p: p["ts"])
+        where = " <- ".join(p["name"].split("sglang/srt/")[-1][:60] for p in reversed(frames[-3:]))
+        grouped[(call["name"], where)] += 1
+        time_us[(call["name"], where)] += call["dur"]
+    print("host-blocking / copy calls (count, host time, where):")
+    for key, n in grouped.most_common(12):
+        print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
+
+
+def extra_per_step(events, base_events):
+    steps = max(1, graph_launches(base_events))
+    ours, our_counts = kernel_totals(events)
+    base, base_counts = kernel_totals(base_events)
+    rows = sorted(((ours[k] - base.get(k, 0), k) for k in set(ours) | set(base)), reverse=True)
+    extra = (sum(ours.values()) - sum(base.values())) / steps / 1e3
+    print(f"extra GPU time per step vs the baseline trace: {extra:.3f} ms "
+          f"(baseline {sum(base.values()) / steps / 1e3:.3f} ms per step)")
+    for delta, name in rows[:10]:
+        print(f"  {delta / steps / 1e3:7.3f} ms/step  x{base_counts.get(name, 0) / steps:.0f} -> "
+              f"x{our_counts.get(name, 0) / steps:.0f}  {name}")
+
+
+def main():
+    events = load(sys.argv[1])
+    summary(sys.argv[1], events)
+    blocking_calls(events)
+    if len(sys.argv) > 2:
+        extra_per_step(events, load(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()
