@@ -141,24 +141,31 @@ def print_levels(records: list[dict]) -> None:
                                                    "ITL p50", "E2E p50"], latency)
 
 
-def print_recommendation(rec: recommend_mod.Recommendation) -> None:
-    if any(level.eagle3_dyn is not None or level.eagle3 is not None for level in rec.levels):
-        rows = [(l.concurrency, _fmt(l.baseline), _fmt(l.eagle3), _fmt(l.eagle3_dyn),
-                 _fmt(l.eagle3_over_baseline, 2), _fmt(l.dyn_over_best, 2)) for l in rec.levels]
-        report.table("output tok/s by profile", ["conc", "baseline", "eagle3", "eagle3-dyn",
-                                                 "eagle3/baseline", "dyn/best"], rows)
-    report.line(f"recommendation: {rec.text}")
+def print_recommendation(recs: list[recommend_mod.Recommendation]) -> None:
+    for rec in recs:
+        if any(level.eagle3_dyn is not None or level.eagle3 is not None for level in rec.levels):
+            rows = [(l.concurrency, _fmt(l.baseline), _fmt(l.eagle3), _fmt(l.eagle3_dyn),
+                     _fmt(l.eagle3_over_baseline, 2), _fmt(l.dyn_over_best, 2)) for l in rec.levels]
+            report.table("output tok/s by profile", ["conc", "baseline", rec.speculative, rec.dynamic,
+                                                     f"{rec.speculative}/baseline", "dyn/best"], rows)
+        report.line(f"recommendation: {rec.text}")
 
 
-def finalize(writer: RunWriter, records: list[dict], title: str) -> recommend_mod.Recommendation | None:
-    """CSV, plot and recommendation from the levels that finished (also after Ctrl-C)."""
+def finalize(writer: RunWriter, records: list[dict], title: str) -> list[recommend_mod.Recommendation] | None:
+    """CSV, plot and recommendation(s) from the levels that finished (also after Ctrl-C).
+
+    recommendation.json holds the first pair's answer (eagle3 when measured); answers for
+    further pairs (eagle3-v2) go under its "others" key."""
     if not records:
         return None
     writer.write_csv(records)
-    rec = recommend_mod.recommend(records)
-    writer.write_recommendation(rec.to_dict())
-    plot_throughput(records, writer.plot, title=title, crossover=rec.crossover_concurrency)
-    return rec
+    recs = recommend_mod.recommend_all(records)
+    data = recs[0].to_dict()
+    if len(recs) > 1:
+        data["others"] = [rec.to_dict() for rec in recs[1:]]
+    writer.write_recommendation(data)
+    plot_throughput(records, writer.plot, title=title, crossover=recs[0].crossover_concurrency)
+    return recs
 
 
 def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
@@ -226,15 +233,16 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         except KeyboardInterrupt:
             interrupted = True
     title = f"bench {run_id} ({options.prompts.dataset}, output {options.prompts.output_len} tokens)"
-    rec = finalize(writer, records, title)
+    recs = finalize(writer, records, title)
     if json_:
         report.emit_json({"run_id": run_id, "out": str(out_dir), "records": records,
-                          "recommendation": rec.to_dict() if rec else None, "errors": errors,
+                          "recommendation": recs[0].to_dict() if recs else None,
+                          "recommendations": [r.to_dict() for r in recs or []], "errors": errors,
                           "interrupted": interrupted})
     else:
         if records:
             print_levels(records)
-            print_recommendation(rec)
+            print_recommendation(recs)
         report.line(f"written: {writer.jsonl}" + (f", {writer.csv}, {writer.plot}, {writer.recommendation}"
                                                     if records else " (no level finished)"))
     for error in errors:

@@ -10,7 +10,7 @@ import pytest
 from toolkit.bench.compare import compare
 from toolkit.bench.outputs import OutputError, RunWriter, load_records
 from toolkit.bench.plot import plot_throughput
-from toolkit.bench.recommend import crossover, recommend
+from toolkit.bench.recommend import crossover, recommend, recommend_all
 
 
 def record(profile, concurrency, output_tps, per_request=None, run_id="r1", completed=10):
@@ -59,6 +59,40 @@ def test_recommendation_when_eagle3_always_or_never_wins():
     assert never.verdict == "eagle3-never-wins" and never.threshold is None
     missing = recommend([record("baseline", 1, 100)])
     assert missing.verdict == "not-enough-data"
+
+
+H200_LEVELS = (1, 2, 4, 8, 16, 32, 64)   # docs/evidence/dyn-disable-2: one call, 8B-shape target
+H200 = {"baseline": [211.4, 366.8, 810.8, 1571.1, 2733.7, 5350.7, 9145.1],
+        "eagle3-v2": [356.6, 475.6, 979.9, 1675.2, 2807.3, 4855.2, 6420.1],
+        "eagle3-v2-dyn": [337.9, 619.6, 1225.4, 1050.4, 1947.5, 3672.8, 6586.2],
+        "eagle3": [266.3, 384.6, 753.5, 1365.5, 2050.6, 2954.5, 3765.4]}
+
+
+def h200_records(*profiles):
+    return [record(p, c, v) for p in profiles for c, v in zip(H200_LEVELS, H200[p])]
+
+
+def test_the_v2_pair_gets_its_own_recommendation():
+    recs = recommend_all(h200_records("baseline", "eagle3", "eagle3-v2", "eagle3-v2-dyn"))
+    assert [(r.speculative, r.dynamic) for r in recs] == [("eagle3", "eagle3-dyn"), ("eagle3-v2", "eagle3-v2-dyn")]
+    v1, v2 = recs
+    # v1 loses from 4 on (753.5 < 810.8): ratios 1.049 at 2, 0.929 at 4 -> crossover 2.65;
+    # v2 only from 32 (4855.2 < 5350.7): 1.027 at 16, 0.907 at 32 -> 18.7
+    assert v1.crossover_concurrency == pytest.approx(2 ** (1 + 0.04853 / (0.04853 + 0.07067)), rel=1e-3)
+    assert v2.crossover_concurrency == pytest.approx(2 ** (4 + 0.02692 / (0.02692 + 0.09260)), rel=1e-3)
+    assert v1.threshold == 2 and v2.threshold == 18
+    assert v2.text.startswith("eagle3-v2 stops paying off") and "SGLANG_SPEC_DISABLE_THRESHOLD=18" in v2.text
+    # dyn (run with threshold 5) over the better of baseline/eagle3-v2: 0.63 at c=8, 1.30 at c=2
+    assert "eagle3-v2-dyn reaches 0.63-1.30 of the better of baseline/eagle3-v2" in v2.text
+    assert {l.concurrency: l.eagle3_dyn for l in v2.levels}[64] == 6586.2
+
+
+def test_without_a_speculative_reference_the_answer_names_eagle3():
+    only_dyn = recommend_all(h200_records("baseline", "eagle3-v2-dyn"))
+    assert len(only_dyn) == 1 and only_dyn[0].verdict == "not-enough-data"
+    assert "'eagle3'" in only_dyn[0].text
+    v2_only = recommend_all(h200_records("baseline", "eagle3-v2"))
+    assert [r.speculative for r in v2_only] == ["eagle3-v2"] and v2_only[0].verdict == "crossover"
 
 
 def test_failed_levels_are_left_out_of_the_curves():
@@ -118,3 +152,13 @@ def test_plot_writes_a_png(tmp_path):
                            tmp_path / "plot.png", title="test", crossover=3.0)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_recommendation_file_keeps_eagle3_first_and_the_v2_answer_under_others(tmp_path):
+    from toolkit_cli.bench import finalize
+    writer = RunWriter(tmp_path / "run")
+    recs = finalize(writer, h200_records("baseline", "eagle3", "eagle3-v2"), "h200")
+    saved = json.loads(writer.recommendation.read_text())
+    assert saved["speculative"] == "eagle3" and saved["threshold"] == recs[0].threshold == 2
+    assert [other["speculative"] for other in saved["others"]] == ["eagle3-v2"]
+    assert saved["others"][0]["threshold"] == 18 and writer.plot.exists()

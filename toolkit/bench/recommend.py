@@ -7,6 +7,10 @@ running decode requests exceed SGLANG_SPEC_DISABLE_THRESHOLD, so the recommended
 the largest whole concurrency still below the crossover: floor(crossover), at least 1.
 For eagle3-dyn: its output tok/s over the better of baseline and eagle3 at each level
 (1.0 = it gets the best of both).
+
+The speculative reference is a profile pair: `eagle3` with `eagle3-dyn` (v1 worker) or
+`eagle3-v2` with `eagle3-v2-dyn` (v2 worker); `recommend_all` answers for every pair whose
+speculative profile the run measured (the v2 worker's crossover differs from v1's).
 """
 from __future__ import annotations
 
@@ -14,14 +18,15 @@ import math
 from dataclasses import asdict, dataclass, field
 
 METRIC = "output_throughput"
+PAIRS = (("eagle3", "eagle3-dyn"), ("eagle3-v2", "eagle3-v2-dyn"))
 
 
 @dataclass
 class LevelComparison:
     concurrency: int
     baseline: float | None
-    eagle3: float | None
-    eagle3_dyn: float | None
+    eagle3: float | None            # the speculative reference (Recommendation.speculative)
+    eagle3_dyn: float | None        # its dyn-disable profile (Recommendation.dynamic)
     eagle3_over_baseline: float | None
     dyn_over_best: float | None
 
@@ -34,6 +39,8 @@ class Recommendation:
     text: str
     metric: str = METRIC
     levels: list[LevelComparison] = field(default_factory=list)
+    speculative: str = "eagle3"
+    dynamic: str = "eagle3-dyn"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,37 +81,45 @@ def recommend(records: list[dict], *, baseline: str = "baseline", eagle3: str = 
         best = max(v for v in (b, e) if v is not None) if (b is not None or e is not None) else None
         table.append(LevelComparison(c, b, e, d, _ratio(e, b), _ratio(d, best)))
     shared = [c for c in all_levels if c in base and c in spec]
+    names = {"speculative": eagle3, "dynamic": eagle3_dyn}
     if len(shared) < 1:
         return Recommendation("not-enough-data", None, None,
                               f"need both '{baseline}' and '{eagle3}' at one or more common concurrency levels",
-                              levels=table)
+                              levels=table, **names)
     ratios = [spec[c] / base[c] for c in shared]
     point = crossover(shared, ratios)
     if point is not None:
         threshold = max(1, math.floor(point))
-        text = (f"EAGLE-3 stops paying off at about concurrency {point:.1f} (output tok/s, eagle3 vs "
+        text = (f"{eagle3} stops paying off at about concurrency {point:.1f} (output tok/s, {eagle3} vs "
                 f"baseline, interpolated between {max(c for c in shared if c < point)} and "
                 f"{min(c for c in shared if c >= point)}); recommended dyn-disable threshold: {threshold} "
                 f"(SGLANG_SPEC_DISABLE_THRESHOLD={threshold}: drafting stops above {threshold} running requests)")
         verdict = "crossover"
     elif all(r > 1.0 for r in ratios):
         point, threshold = None, None
-        text = (f"EAGLE-3 wins at every measured level up to concurrency {shared[-1]} "
+        text = (f"{eagle3} wins at every measured level up to concurrency {shared[-1]} "
                 f"(ratio {ratios[-1]:.2f} there): no crossover measured; a threshold of at least "
                 f"{shared[-1]} keeps it on everywhere measured; measure higher levels to place it")
         verdict = "eagle3-always-wins"
     elif ratios[0] <= 1.0:
         point, threshold = None, None
-        text = (f"EAGLE-3 does not beat baseline even at concurrency {shared[0]} "
+        text = (f"{eagle3} does not beat baseline even at concurrency {shared[0]} "
                 f"(ratio {ratios[0]:.2f}): use baseline; no dyn-disable threshold helps")
         verdict = "eagle3-never-wins"
     else:
         point, threshold = None, None
-        text = "the eagle3/baseline ratio never falls through 1 between measured levels"
+        text = f"the {eagle3}/baseline ratio never falls through 1 between measured levels"
         verdict = "not-enough-data"
     if dyn:
         dyn_ratios = [row.dyn_over_best for row in table if row.dyn_over_best is not None]
         if dyn_ratios:
-            text += (f". eagle3-dyn reaches {min(dyn_ratios):.2f}-{max(dyn_ratios):.2f} of the better of "
-                     f"baseline/eagle3 across levels")
-    return Recommendation(verdict, point, threshold, text, levels=table)
+            text += (f". {eagle3_dyn} reaches {min(dyn_ratios):.2f}-{max(dyn_ratios):.2f} of the better of "
+                     f"baseline/{eagle3} across levels")
+    return Recommendation(verdict, point, threshold, text, levels=table, **names)
+
+
+def recommend_all(records: list[dict], *, baseline: str = "baseline") -> list[Recommendation]:
+    """One recommendation per speculative pair the run measured (eagle3 first); at least one."""
+    measured = {record.get("profile") for record in records}
+    pairs = [pair for pair in PAIRS if pair[0] in measured] or [PAIRS[0]]
+    return [recommend(records, baseline=baseline, eagle3=spec, eagle3_dyn=dyn) for spec, dyn in pairs]
