@@ -38,3 +38,23 @@ def test_two_tasks_in_one_line():
 def test_required_positional_still_required(capsys):
     assert run(["other"]) == []
     assert "did not receive required positional arguments: 'action'" in capsys.readouterr().err
+
+
+def test_dash_h_is_help_and_dash_capital_h_is_the_host(capsys):
+    assert run(["patch", "verify", "-H", "gpu1"]) == [("verify", None, "gpu1", False)]
+    # -h is not a task flag any more: where a positional is still open Invoke hands it to that
+    # positional (the commands show their help for it, see common.wants_help) ...
+    assert run(["patch", "-h"]) == [("-h", None, None, False)]
+    assert run(["patch", "verify", "-h"]) == [("verify", "-h", None, False)]
+    # ... and where none is open it is Invoke's own help for the task
+    assert run(["other", "x", "-h"]) == []
+    out = capsys.readouterr().out
+    assert "Usage: invoke [--core-opts] other" in out
+
+
+def test_every_host_option_takes_dash_capital_h():
+    from tasks import ns
+    for name in ("patch", "server", "smoke", "bench", "facts", "provision", "wheelhouse", "demo"):
+        task = ns[name]
+        names = {arg.name: arg.names for arg in task.get_arguments()}
+        assert names["host"] == ("host", "H"), name

@@ -309,7 +309,7 @@ def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None
           dataset=None, input_len=None, output_len=None, seed=None, no_restart=False, url=None, out=None,
           json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None):
     """Sweep concurrency levels over server profiles; find where EAGLE-3 stops paying off."""
-    if wants_help(action):
+    if wants_help(action, files):
         report.line(USAGE)
         return
     if action == "compare":

@@ -45,6 +45,7 @@ def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda v
         raise Exit(code=1)
 
 
-def wants_help(action: str | None) -> bool:
-    # Invoke hands a leading --help to the first positional; show the task's help instead.
-    return action in ("--help", "-h", "help")
+def wants_help(*positionals: str | None) -> bool:
+    # Invoke hands a --help typed where a positional is still open to that positional
+    # (`invoke patch -h`, `invoke patch verify -h`); show the task's help instead.
+    return any(value in ("--help", "-h", "help") for value in positionals)

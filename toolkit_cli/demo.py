@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 
-from invoke import task
 
 from toolkit import report
 
 from .bench import bench
+from .parsing import command
 from .patch import patch
 from .provision import provision
 from .sandbox import sandbox
@@ -28,7 +28,7 @@ def _step(title: str, fn, *args, **kwargs) -> None:
     report.note(f"   ({time.monotonic() - started:.1f} s)")
 
 
-@task(help={
+@command(positional=[], help={
     "host": "host to run it on (default: sandbox, which is started first)",
     "patchset": "patchset to apply, verify and revert (default sm120)",
     "profile": "server profile to start, smoke and bench (default: cpu-ref)",

@@ -22,9 +22,14 @@ class Command(Task):
 
     def get_arguments(self, ignore_unknown_help=None):
         arguments = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        taken = {name for argument in arguments for name in argument.names}
         for argument in arguments:
             if argument.name in self.optional_positional:
                 setattr(argument, _OPTIONAL, True)
+            # Invoke would give --host the short flag -h, which then hides -h for help
+            # (`invoke patch apply -h` must print help): --host gets -H instead.
+            if argument.name == "host" and "h" in argument.names and "H" not in taken:
+                argument.names = tuple("H" if name == "h" else name for name in argument.names)
         return arguments
 
 

@@ -43,7 +43,7 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
 def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
           all_=False, requires=None, fresh=False):
     """Patchsets on the installed SGLang: list, check offline, apply, verify, revert, edit, refresh."""
-    if wants_help(action):
+    if wants_help(action, name):
         report.line(USAGE)
         return
     if action not in ACTIONS:

@@ -58,7 +58,7 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
                 model=None, draft_model=None, tp=None, threshold=None, skip_patch_check=False, dry_run=False,
                 follow=False, rank=None, lines=None, duration=None, out=None, seed=None, json_=False):
     """The model server on a host: start a profile, stop it, status, logs; make the reference model."""
-    if wants_help(action):
+    if wants_help(action, profile):
         report.line(USAGE)
         return
     if action not in ACTIONS:

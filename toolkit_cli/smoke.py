@@ -1,7 +1,6 @@
 """`invoke smoke [--host NAME] [--json] [--url URL]`: check that the running server really works."""
 from __future__ import annotations
 
-from invoke import task
 from rich.markup import escape
 
 from toolkit import report, server
@@ -9,6 +8,7 @@ from toolkit import smoke as engine
 from toolkit.inventory import Host
 
 from .common import HOST_HELP, fail, finish, run_on_hosts
+from .parsing import command
 
 
 class SmokeSetupError(RuntimeError):
@@ -49,7 +49,7 @@ def print_result(result: engine.SmokeResult, about: dict) -> None:
     report.line(f"FAILED: {', '.join(failed)}" if failed else "all checks passed")
 
 
-@task(help={
+@command(positional=[], help={
     "host": HOST_HELP,
     "json_": "print one JSON object (host -> checks) instead of tables",
     "url": "smoke an OpenAI-compatible server at this base URL instead of a host's recorded server "
