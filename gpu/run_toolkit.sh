@@ -39,7 +39,7 @@ mkdir -p /tmp/inv
 FLAGS='"--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
   "--disable-piecewise-cuda-graph", "--random-seed", "0", "--max-running-requests", "64",
   "--cuda-graph-max-bs", "64", "--decode-log-interval", "200"'
-host() {  # host NAME MODEL-PAIR MEM EXTRA-FLAGS EXTRA-ENV
+host() {  # host NAME MODEL-PAIR MEM EXTRA-FLAGS EXTRA-ENV [EXTRA-HOST-LINES EXTRA-SERVER-LINES KV-TOKENS]
   cat <<EOF
 [$1]
 transport = "local"
@@ -48,11 +48,13 @@ pythonpath = "/tmp/site"
 gpus = 1
 stack = "gpu"
 labels = ["h200"]
+${6:-}
 [$1.server]
 tp_size = ${TP:-1}
 model = "/tmp/models/target-$2"
 draft_model = "/tmp/models/draft-$2"
-flags = [$FLAGS, "--mem-fraction-static", "$3", "--max-total-tokens", "65536"$4]
+${7:-}
+flags = [$FLAGS, "--mem-fraction-static", "$3", "--max-total-tokens", "${8:-65536}"$4]
 [$1.server.env]
 PYTHONPATH = "/tmp/site$EXTRA"
 $NUMA
@@ -124,23 +126,13 @@ if [[ $PHASES == *" psweep "* ]]; then
   i=0; : > /tmp/inv/psweep.toml
   for prof in ${PS_PROFILES//,/ }; do
     i=$((i + 1))
+    # own state dir, HTTP and NCCL ports per host; the servers share the one GPU on purpose, so
+    # the "GPU memory held" refusal is off for these hosts (nvidia_smi names no binary)
     host "p-$prof" big "${PS_MEM:-0.7}" ", \"--load-format\", \"dummy\", \"--nccl-port\", \"$((31050 + 100 * i))\"${PS_FLAGS:-}" \
       "SGLANG_SIMULATE_ACC_LEN = \"2.6\"
-${PS_ENV:-}" >> /tmp/inv/psweep.toml
+${PS_ENV:-}" "state_dir = \"/tmp/tkstate/p-$prof\"" "port = $((31000 + 100 * i))
+nvidia_smi = \"/nonexistent/gpu-shared-on-purpose\"" "${PS_KV_TOKENS:-32768}" >> /tmp/inv/psweep.toml
   done
-  # own state dir and HTTP port per host (the shared host() template has neither)
-  python3 - "$PS_PROFILES" "${PS_KV_TOKENS:-32768}" <<'PY'
-import sys
-path = "/tmp/inv/psweep.toml"
-text = open(path).read()
-for i, prof in enumerate(sys.argv[1].split(","), start=1):
-    text = text.replace(f"[p-{prof}]\n", f"[p-{prof}]\nstate_dir = \"/tmp/tkstate/p-{prof}\"\n", 1)
-    # several servers share the one GPU on purpose: no "GPU memory held" refusal for these hosts
-    text = text.replace(f"[p-{prof}.server]\n", f"[p-{prof}.server]\nport = {31000 + 100 * i}\n"
-                        "nvidia_smi = \"/nonexistent/gpu-shared-on-purpose\"\n", 1)
-    text = text.replace('"65536"', f'"{sys.argv[2]}"')
-open(path, "w").write(text)
-PY
   for prof in ${PS_PROFILES//,/ }; do
     tk server start "$prof" --host "p-$prof" --timeout 400 --skip-patch-check > "$EV/start-$prof.txt" 2>&1 &
     sleep "${PS_STAGGER_S:-8}"
