@@ -1,10 +1,8 @@
 """`invoke bench [options]` (a concurrency sweep over profiles) and `invoke bench compare FILES`."""
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from invoke import Exit
 from rich.markup import escape
@@ -16,9 +14,8 @@ from toolkit.bench.compare import compare as compare_runs
 from toolkit.bench.outputs import OutputError, RunWriter
 from toolkit.bench.plot import plot_throughput
 from toolkit.bench.prompts import PromptError, PromptSource
-from toolkit.bench.runner import (BenchError, BenchOptions, RunningServer, ServedProfile, SweepListener,
-                                  new_run_id, run_sweep)
-from toolkit.inventory import Host
+from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
+from toolkit.bench.runner import BenchError, BenchOptions, RunningServer, SweepListener, new_run_id, run_sweep
 
 from .common import HOST_HELP, fail, hosts_or_exit, wants_help
 from .parsing import command
@@ -41,58 +38,6 @@ def _ints(text: str, what: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         fail(f"{what} needs integers >= 1, got {text!r}", code=2)
     return values
-
-
-class HostServers:
-    """Start each profile's server on the host, reach it through `server.endpoint`, stop it after."""
-
-    def __init__(self, host: Host, *, timeout: float, note):
-        self.host = host
-        self.timeout = timeout
-        self.note = note
-
-    @contextlib.contextmanager
-    def serve(self, profile: str) -> Iterator[ServedProfile]:
-        running = server.status(self.host)
-        if running is not None and running.status != "dead":
-            self.note(f"{self.host.name}: stopping the running {running.profile} server first")
-            stopped = server.stop(self.host)
-            if not stopped.stopped:
-                raise BenchError(f"could not stop the running {running.profile} server: {stopped.reason}")
-        self.note(f"{self.host.name}: starting {profile}")
-        state = server.start(self.host, profile, timeout=self.timeout, progress=self.note)
-        try:
-            with server.endpoint(self.host, state) as url:
-                yield ServedProfile(profile, url, _server_facts(self.host, state))
-        finally:
-            result = server.stop(self.host)
-            if not result.stopped:
-                self.note(f"{self.host.name}: WARNING: {profile} server not fully stopped: {result.reason}")
-
-
-def _server_facts(host: Host, state) -> dict:
-    return {"host": host.name, "kind": state.kind, "tp_size": state.tp_size,
-            "dyn_threshold": state.dyn_threshold, "served_model": state.model,
-            "draft_model": state.draft_model}
-
-
-def _host_facts(host: Host) -> dict:
-    """What the provisioning facts say about the host and its stack (one round trip); {} if unavailable."""
-    try:
-        from toolkit import facts as facts_mod
-
-        gathered = facts_mod.gather(host, extra_packages=["sglang", "sglang-kernel", "torch",
-                                                          "flashinfer-python", "transformers", "vllm"])
-    except Exception as exc:   # facts are a bonus in the record, never a reason to fail
-        report.note(f"{host.name}: host facts unavailable ({exc})")
-        return {"host": {"name": host.name}, "versions": {}}
-    raw = gathered.raw
-    gpus = raw.get("gpus") or []
-    return {"host": {"name": host.name, "os": (raw.get("os") or {}).get("name"),
-                     "gpus": [g.get("name") for g in gpus], "gpu_count": len(gpus),
-                     "driver": raw.get("driver"), "cuda": raw.get("cuda")},
-            "versions": {"python": gathered.python_version,
-                         **{name: entry.get("version") for name, entry in gathered.packages.items()}}}
 
 
 class ProgressListener(SweepListener):
@@ -202,11 +147,11 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
                 fail(f"--no-restart uses the running server ({state.profile}); --profiles "
                      f"{','.join(profile_names)} does not match it", code=2)
             profile_names = [state.profile]
-            control = _RunningOnHost(target, state)
+            control = RunningOnHost(target, state)
         else:
             profile_names = profile_names or DEFAULT_PROFILES.split(",")
             control = HostServers(target, timeout=float(timeout or server.DEFAULT_TIMEOUT), note=report.note)
-        run_facts = _host_facts(target)
+        run_facts = host_facts(target, note=report.note)
     run_id = new_run_id()
     out_dir = Path(out) if out else paths.PROJECT_ROOT / "out" / "bench" / run_id
     writer = RunWriter(out_dir)
@@ -251,18 +196,6 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         raise Exit("interrupted: the levels that finished are kept", code=130)
     if errors or not records:
         raise Exit(code=1)
-
-
-class _RunningOnHost:
-    """--no-restart: the host's running server, reached through the endpoint; never stopped."""
-
-    def __init__(self, host: Host, state):
-        self.host, self.state = host, state
-
-    @contextlib.contextmanager
-    def serve(self, profile: str) -> Iterator[ServedProfile]:
-        with server.endpoint(self.host, self.state) as url:
-            yield ServedProfile(profile, url, _server_facts(self.host, self.state))
 
 
 def _compare(files, json_, plot):

@@ -1,0 +1,79 @@
+"""Servers for a sweep on an inventory host: started and stopped per profile, or the one running.
+
+`HostServers` and `RunningOnHost` are the `ServerControl`s of `runner.run_sweep` for a host (the
+`--url` case needs no host: `runner.RunningServer`). `host_facts` is what a bench record says
+about the machine and its stack, from the provisioning facts (one round trip).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from .. import server
+from ..inventory import Host
+from .runner import BenchError, ServedProfile
+
+FACT_PACKAGES = ["sglang", "sglang-kernel", "torch", "flashinfer-python", "transformers", "vllm"]
+
+
+def server_facts(host: Host, state: server.ServerState) -> dict:
+    return {"host": host.name, "kind": state.kind, "tp_size": state.tp_size,
+            "dyn_threshold": state.dyn_threshold, "served_model": state.model,
+            "draft_model": state.draft_model}
+
+
+class HostServers:
+    """Start each profile's server on the host, reach it through `server.endpoint`, stop it after."""
+
+    def __init__(self, host: Host, *, timeout: float, note: Callable[[str], None]):
+        self.host = host
+        self.timeout = timeout
+        self.note = note
+
+    @contextlib.contextmanager
+    def serve(self, profile: str) -> Iterator[ServedProfile]:
+        running = server.status(self.host)
+        if running is not None and running.status != "dead":
+            self.note(f"{self.host.name}: stopping the running {running.profile} server first")
+            stopped = server.stop(self.host)
+            if not stopped.stopped:
+                raise BenchError(f"could not stop the running {running.profile} server: {stopped.reason}")
+        self.note(f"{self.host.name}: starting {profile}")
+        state = server.start(self.host, profile, timeout=self.timeout, progress=self.note)
+        try:
+            with server.endpoint(self.host, state) as url:
+                yield ServedProfile(profile, url, server_facts(self.host, state))
+        finally:
+            result = server.stop(self.host)
+            if not result.stopped:
+                self.note(f"{self.host.name}: WARNING: {profile} server not fully stopped: {result.reason}")
+
+
+class RunningOnHost:
+    """--no-restart: the host's running server, reached through the endpoint; never stopped."""
+
+    def __init__(self, host: Host, state: server.ServerState):
+        self.host, self.state = host, state
+
+    @contextlib.contextmanager
+    def serve(self, profile: str) -> Iterator[ServedProfile]:
+        with server.endpoint(self.host, self.state) as url:
+            yield ServedProfile(profile, url, server_facts(self.host, self.state))
+
+
+def host_facts(host: Host, note: Callable[[str], None] = lambda text: None) -> dict:
+    """The host and its stack's versions for the records; a bare entry (and a note) if unavailable."""
+    try:
+        from .. import facts as facts_mod
+
+        gathered = facts_mod.gather(host, extra_packages=FACT_PACKAGES)
+    except Exception as exc:   # facts are a bonus in the record, never a reason to fail
+        note(f"{host.name}: host facts unavailable ({exc})")
+        return {"host": {"name": host.name}, "versions": {}}
+    raw = gathered.raw
+    gpus = raw.get("gpus") or []
+    return {"host": {"name": host.name, "os": (raw.get("os") or {}).get("name"),
+                     "gpus": [g.get("name") for g in gpus], "gpu_count": len(gpus),
+                     "driver": raw.get("driver"), "cuda": raw.get("cuda")},
+            "versions": {"python": gathered.python_version,
+                         **{name: entry.get("version") for name, entry in gathered.packages.items()}}}
