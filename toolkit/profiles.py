@@ -190,6 +190,11 @@ def _int(value, what: str, profile: str) -> int:
         raise ProfileError(f"profile {profile}: {what} must be an integer, not {value!r}") from None
 
 
+def default_hysteresis(threshold: int) -> int:
+    """The dyn-disable patch's own default: max(1, threshold // 4), capped at threshold - 1."""
+    return min(max(1, threshold // 4), threshold - 1)
+
+
 def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict | None = None) -> LaunchPlan:
     """The launch plan for profile `name` on `host` (overrides > host [server] > profile)."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -220,6 +225,9 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     hysteresis = pick("dyn_hysteresis")
     threshold = None if threshold is None else _int(threshold, "dyn_threshold", name)
     hysteresis = None if hysteresis is None else _int(hysteresis, "dyn_hysteresis", name)
+    if "dyn_threshold" in overrides and "dyn_hysteresis" not in overrides and threshold is not None:
+        # a hysteresis set for the profile's own threshold (1 for 5) would flap at e.g. 18
+        hysteresis = default_hysteresis(threshold)
     if threshold is not None and threshold < 1:
         raise ProfileError(f"profile {name}: dyn_threshold must be >= 1, got {threshold}")
     if threshold is not None and hysteresis is not None and not 0 <= hysteresis < threshold:

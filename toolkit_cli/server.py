@@ -12,7 +12,7 @@ from .parsing import command
 
 ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
-  start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N]
+  start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N] [--hysteresis N]
                 [--skip-patch-check] [--dry-run]
                            render launch.sh on the host, start detached, wait until ready
   stop [--grace S] [--memory-wait S]
@@ -27,9 +27,19 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
 
 
-def _overrides(port, model, draft_model, tp, threshold) -> dict:
-    return {"port": int(port) if port else None, "model": model or None, "draft_model": draft_model or None,
-            "tp_size": int(tp) if tp else None, "dyn_threshold": int(threshold) if threshold else None}
+def _int_option(value, option: str) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{option} takes an integer, got {value!r}") from None
+
+
+def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
+    return {"port": _int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
+            "tp_size": _int_option(tp, "--tp"), "dyn_threshold": _int_option(threshold, "--threshold"),
+            "dyn_hysteresis": _int_option(hysteresis, "--hysteresis")}
 
 
 @command(positional=["action", "profile"], optional=["profile"], help={
@@ -44,6 +54,8 @@ def _overrides(port, model, draft_model, tp, threshold) -> dict:
     "draft_model": "start/render: draft model path on the host instead of server.draft_model",
     "tp": "start/render: tensor-parallel size instead of the profile's/host's",
     "threshold": "start/render: dyn-disable threshold (running requests above which drafting stops)",
+    "hysteresis": "start/render: drafting resumes at threshold - hysteresis (default with --threshold: "
+                  "max(1, threshold // 4), as the patch's own default)",
     "skip_patch_check": "start: do not check that the profile's required patchsets are applied",
     "dry_run": "start: print the launch script it would write and the checks it would make; start nothing",
     "follow": "logs: keep printing new lines (for --duration seconds or until Ctrl-C)",
@@ -55,7 +67,7 @@ def _overrides(port, model, draft_model, tp, threshold) -> dict:
     "json_": "status/start/stop: print JSON instead of a table",
 }, name="server")
 def server_task(c, action, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
-                model=None, draft_model=None, tp=None, threshold=None, skip_patch_check=False, dry_run=False,
+                model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False, dry_run=False,
                 follow=False, rank=None, lines=None, duration=None, out=None, seed=None, json_=False):
     """The model server on a host: start a profile, stop it, status, logs; make the reference model."""
     if wants_help(action, profile):
@@ -68,8 +80,8 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
         fail(f"`invoke server {action}` needs a profile; one of: {', '.join(_profile_names())}", code=2)
     if action not in ("start", "render") and profile:
         fail(f"`invoke server {action}` takes no profile (got {profile!r})", code=2)
-    overrides = _overrides(port, model, draft_model, tp, threshold)
     try:
+        overrides = _overrides(port, model, draft_model, tp, threshold, hysteresis)
         if profile:
             profiles.load_profile(profile)  # a bad name is bad input (exit 2), not a host failure
         if action == "profiles":

@@ -61,6 +61,16 @@ def test_eagle3_v2_dyn_is_topk_1_with_spec_v2_and_keeps_the_dyn_env():
                         "SGLANG_SPEC_DISABLE_HYSTERESIS": "1"}
 
 
+def test_a_threshold_override_brings_the_patch_default_hysteresis_unless_one_is_given():
+    assert server.plan(GPU_HOST, "eagle3-dyn").env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "1"
+    for threshold, expected in ((18, "4"), (2, "1"), (1, "0"), (100, "25")):
+        plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": threshold})
+        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == expected, threshold
+    plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": 18, "dyn_hysteresis": 2})
+    assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "2"
+    assert "TP7: Dynamic speculation disable enabled: threshold=18 hysteresis=2" in plan.expected_log_lines()
+
+
 def test_eagle3_v2_is_the_same_worker_without_dyn_disable():
     plan, dyn = server.plan(GPU_HOST, "eagle3-v2"), server.plan(GPU_HOST, "eagle3-v2-dyn")
     assert plan.argv == dyn.argv

@@ -89,6 +89,18 @@ def test_dry_run_lists_the_patch_check_unless_it_is_skipped(cli):
     assert "patchset(s) applied" not in skipped.stderr and "Nothing started" in skipped.stderr
 
 
+def test_threshold_and_hysteresis_reach_the_launch_script_and_bad_values_exit_2(cli):
+    args = ("start", "eagle3-v2-dyn", "--host", "cpu-test", "--dry-run", "--model", "/m", "--draft-model", "/d")
+    done = cli(*args, "--threshold", "18")
+    assert done.returncode == 0, done.stderr
+    assert "SGLANG_SPEC_DISABLE_THRESHOLD=18" in done.stdout and "SGLANG_SPEC_DISABLE_HYSTERESIS=4" in done.stdout
+    assert "SGLANG_SPEC_DISABLE_HYSTERESIS=2" in cli(*args, "--threshold", "18", "--hysteresis", "2").stdout
+    bad = cli(*args, "--threshold", "abc")
+    assert bad.returncode == 2 and "--threshold takes an integer, got 'abc'" in bad.stderr
+    out_of_range = cli(*args, "--threshold", "18", "--hysteresis", "18")
+    assert out_of_range.returncode == 2 and "0 <= hysteresis < threshold (18)" in out_of_range.stderr
+
+
 def test_a_failed_start_prints_the_log_tail_and_exits_1(cli, tmp_path):
     done = cli("start", "fake-dies", "--host", "cpu-test", "--timeout", "30")
     assert done.returncode == 1
