@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolkit import paths, report, server
 from toolkit.bench import recommend as recommend_mod
 from toolkit.bench.compare import compare as compare_runs
-from toolkit.bench.outputs import OutputError, RunWriter
+from toolkit.bench.outputs import OutputError, RunWriter, median_by_level
 from toolkit.bench.plot import plot_throughput
 from toolkit.bench.prompts import PromptError, PromptSource
 from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
@@ -25,7 +25,7 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
 USAGE = """usage:
   invoke bench [--profiles baseline,eagle3,eagle3-dyn] [--concurrency 1,2,4,...] [--requests N]
                [--dataset builtin|synthetic|FILE.jsonl] [--input-len L] [--output-len M] [--seed S]
-               [--no-restart] [--url URL] [--out DIR] [--host NAME]
+               [--repeat N] [--no-restart] [--url URL] [--out DIR] [--host NAME]
   invoke bench compare RUN[,RUN...] [--plot FILE.png] [--json]   (RUN: a results.jsonl or a bench output folder)
 every option with its help: invoke --help bench"""
 
@@ -65,17 +65,35 @@ class ProgressListener(SweepListener):
         self.progress.console.print(text, markup=False)
 
 
+def _positive_int(text, what: str, *, default: int) -> int:
+    if text in (None, ""):
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        fail(f"{what} takes an integer >= 1, got {text!r}", code=2)
+    return value
+
+
 def _fmt(value, digits=1):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _throughput_cell(metrics: dict) -> str:
+    spread = metrics.get("output_throughput_range")
+    return _fmt(metrics["output_throughput"]) + (f" [{_fmt(spread[0])}-{_fmt(spread[1])}]" if spread else "")
+
+
 def print_levels(records: list[dict]) -> None:
+    """One row per profile and level: the median of the runs where a level was repeated."""
     throughput, latency = [], []
-    for r in records:
+    for r in median_by_level(records):
         m = r["metrics"]
         level = (r["profile"], r["concurrency"])
-        throughput.append((*level, f"{m['completed']}/{m['completed'] + m['failed']}",
-                           _fmt(m["request_throughput"], 2), _fmt(m["output_throughput"]),
+        throughput.append((*level, f"{_fmt(m['completed'], 0)}/{_fmt(m['completed'] + m['failed'], 0)}",
+                           _fmt(m["request_throughput"], 2), _throughput_cell(m),
                            _fmt(m["mean_request_output_throughput_tok_s"]),
                            _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
         latency.append((*level, _fmt(m["median_ttft_ms"]), _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2),
@@ -114,7 +132,7 @@ def finalize(writer: RunWriter, records: list[dict], title: str) -> list[recomme
 
 
 def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-           out, url, json_, max_level_seconds, warmup, timeout):
+           out, url, json_, max_level_seconds, warmup, timeout, repeat):
     if url and no_restart:
         fail("--url already means 'use this running server'; leave out --no-restart", code=2)
     try:
@@ -123,7 +141,8 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         options = BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
                                prompts=prompts, requests=int(requests) if requests else None,
                                seed=int(seed or 0), warmup=int(warmup if warmup is not None else 2),
-                               max_level_seconds=float(max_level_seconds or 600))
+                               max_level_seconds=float(max_level_seconds or 600),
+                               repeat=_positive_int(repeat, "--repeat", default=1))
     except (PromptError, BenchError, ValueError) as exc:
         fail(str(exc), code=2)
     profile_names = [p.strip() for p in (profiles or "").split(",") if p.strip()]
@@ -157,7 +176,7 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
     writer = RunWriter(out_dir)
     report.note(f"bench {run_id}: profiles {','.join(profile_names)}, concurrency "
                 f"{','.join(map(str, options.concurrency))}; results in {out_dir}")
-    total = len(profile_names) * sum(options.requests_for(c) for c in options.concurrency)
+    total = len(profile_names) * options.repeat * sum(options.requests_for(c) for c in options.concurrency)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=report.err_console, transient=False)
     interrupted = False
@@ -236,11 +255,12 @@ def _compare(files, json_, plot):
     "max_level_seconds": "time bound per level: no new requests after it (default 600)",
     "warmup": "warm-up requests per profile before the first level (default 2)",
     "timeout": "seconds to wait for each profile's server to be ready (default 900)",
+    "repeat": "passes over all levels per profile (default 1); tables, plot and recommendation use the median",
     "plot": "compare: also write a PNG with every run's curves to this path",
 })
 def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None, requests=None,
           dataset=None, input_len=None, output_len=None, seed=None, no_restart=False, url=None, out=None,
-          json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None):
+          json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None, repeat=None):
     """Sweep concurrency levels over server profiles; find where EAGLE-3 stops paying off."""
     if wants_help(action, files):
         report.line(USAGE)
@@ -251,7 +271,7 @@ def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None
         fail(f"unknown action {action!r} (files for compare go after `compare`)\n{USAGE}", code=2)
     try:
         _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-               out, url, json_, max_level_seconds, warmup, timeout)
+               out, url, json_, max_level_seconds, warmup, timeout, repeat)
     except (server.ServerError, OutputError) as exc:
         fail(str(exc))
     sys.stdout.flush()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from toolkit.bench.compare import compare
-from toolkit.bench.outputs import OutputError, RunWriter, load_records
+from toolkit.bench.outputs import OutputError, RunWriter, load_records, median_by_level
 from toolkit.bench.plot import plot_throughput
 from toolkit.bench.recommend import crossover, recommend, recommend_all
 
@@ -162,3 +162,29 @@ def test_recommendation_file_keeps_eagle3_first_and_the_v2_answer_under_others(t
     assert saved["speculative"] == "eagle3" and saved["threshold"] == recs[0].threshold == 2
     assert [other["speculative"] for other in saved["others"]] == ["eagle3-v2"]
     assert saved["others"][0]["threshold"] == 18 and writer.plot.exists()
+
+
+def test_repeated_levels_report_the_median_and_the_spread():
+    runs = [record("baseline", 8, v) for v in (1500.0, 1600.0, 1200.0)] + [record("baseline", 16, 2700.0)]
+    for k, r in enumerate(runs[:3]):
+        r["repeat"] = k
+    merged = median_by_level(runs)
+    assert [(r["concurrency"], r["metrics"]["output_throughput"]) for r in merged] == [(8, 1500.0), (16, 2700.0)]
+    assert merged[0]["metrics"]["repeats"] == 3 and merged[0]["metrics"]["output_throughput_range"] == [1200.0, 1600.0]
+    assert merged[0]["metrics"]["median_ttft_ms"] == 80.0 and "repeats" not in merged[1]["metrics"]
+    # a repeat that completed nothing is no data point; the others still give the median
+    runs.append(record("baseline", 8, 0.0, completed=0))
+    assert median_by_level(runs)[0]["metrics"]["output_throughput"] == 1500.0
+
+
+def test_the_recommendation_and_compare_use_the_median_of_repeats(tmp_path):
+    records = sweep(base=[100, 200], eagle=[150, 150], levels=(1, 2))
+    # a noisy second and third eagle3 run at concurrency 2: median 150 (not the last, 400)
+    records += [record("eagle3", 2, 100.0), record("eagle3", 2, 400.0)]
+    rec = recommend(records)
+    assert {l.concurrency: l.eagle3 for l in rec.levels}[2] == 150.0 and rec.verdict == "crossover"
+    writer = RunWriter(tmp_path / "run")
+    for r in records:
+        writer.append(r)
+    table = compare([tmp_path / "run"]).tables["output tok/s"]
+    assert table == [[1, 100.0, 150.0], [2, 200.0, 150.0]]

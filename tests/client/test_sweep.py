@@ -59,3 +59,14 @@ def test_a_dying_server_loses_its_profile_not_the_sweep(tmp_path):
     assert result.errors[1].startswith("eagle3: server unreachable after concurrency 2")
     assert all(r["run_id"] == result.run_id for r in result.records)
     assert result.records[0]["server"] == {"kind": "fake", "model": "fake-model"}
+
+
+def test_repeat_runs_whole_passes_and_every_run_is_kept(tmp_path):
+    servers = FakeServers()
+    writer = RunWriter(tmp_path)
+    options = BenchOptions(concurrency=[1, 2], requests=4, prompts=PromptSource(output_len=4), warmup=1, repeat=3)
+    result = run_sweep(["baseline"], options, servers, on_level=writer.append)
+    assert not result.errors
+    order = [(r["repeat"], r["concurrency"]) for r in load_records(tmp_path)]
+    assert order == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]   # passes, not runs in a row
+    assert all(r["params"]["repeat"] == 3 and r["metrics"]["completed"] == 4 for r in result.records)

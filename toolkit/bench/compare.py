@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .outputs import load_records
+from .outputs import load_records, median_by_level
 
 # (metric key, heading) shown by compare, one table each.
 COMPARED = (("output_throughput", "output tok/s"),
@@ -44,7 +44,8 @@ def compare(paths: list[Path]) -> Comparison:
         if record["_label"] not in columns:
             columns.append(record["_label"])
     levels = sorted({int(r["concurrency"]) for r in records})
-    cells = {(r["_label"], int(r["concurrency"])): r["metrics"] for r in records}
+    cells = {(r["_label"], int(r["concurrency"])): r["metrics"]
+             for r in median_by_level(records, key=lambda r: (r["_label"], int(r["concurrency"])))}
     comparison = Comparison(columns, levels, records=records)
     for key, heading in COMPARED:
         rows = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import statistics
 from pathlib import Path
 
 from .metrics import LATENCY_METRICS, PERCENTILES
@@ -19,7 +20,7 @@ CSV_METRICS = (["completed", "failed", "duration_s", "total_input_tokens", "tota
                 "request_throughput", "output_throughput", "total_token_throughput"]
                + [f"{stat}_{m}_ms" for m in LATENCY_METRICS for stat in _STATS]
                + [f"{stat}_request_output_throughput_tok_s" for stat in _STATS])
-CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "requests", "dataset", "output_len",
+CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests", "dataset", "output_len",
                 "input_len", "seed", "server_kind", "avg_spec_accept_length", "stopped_early"]
                + CSV_METRICS)
 
@@ -57,7 +58,8 @@ def csv_row(record: dict) -> dict:
     server = record.get("server", {})
     metrics = record.get("metrics", {})
     row = {"run_id": record.get("run_id"), "time": record.get("time"), "profile": record.get("profile"),
-           "concurrency": record.get("concurrency"), "requests": record.get("requests"),
+           "concurrency": record.get("concurrency"), "repeat": record.get("repeat", 0),
+           "requests": record.get("requests"),
            "dataset": params.get("dataset"), "output_len": params.get("output_len"),
            "input_len": params.get("input_len"), "seed": params.get("seed"),
            "server_kind": server.get("kind"), "avg_spec_accept_length": server.get("avg_spec_accept_length"),
@@ -101,3 +103,33 @@ def load_records(path: Path) -> list[dict]:
     if not records:
         raise OutputError(f"{path}: holds no bench records")
     return records
+
+
+def median_by_level(records: list[dict], key=None) -> list[dict]:
+    """One record per (profile, concurrency) -- or per `key(record)` -- in first-seen order.
+
+    Levels run once stay as they are. For a level run several times (`--repeat`), numeric
+    metrics become the median over the runs that completed requests, `metrics["repeats"]`
+    counts those runs and `metrics["output_throughput_range"]` gives [min, max]."""
+    key = key or (lambda record: (record["profile"], int(record["concurrency"])))
+    groups: dict = {}
+    for record in records:
+        groups.setdefault(key(record), []).append(record)
+    merged = []
+    for group in groups.values():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        runs = [r for r in group if r.get("metrics", {}).get("completed")] or group
+        metrics = dict(runs[-1]["metrics"])
+        for name in metrics:
+            values = [r["metrics"].get(name) for r in runs]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                metrics[name] = statistics.median(values)
+        throughputs = [r["metrics"].get("output_throughput") for r in runs
+                       if r["metrics"].get("output_throughput") is not None]
+        metrics["repeats"] = len(runs)
+        if throughputs:
+            metrics["output_throughput_range"] = [min(throughputs), max(throughputs)]
+        merged.append({**runs[-1], "metrics": metrics})
+    return merged

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .outputs import median_by_level
+
 
 def _series(records: list[dict], label_of) -> dict[str, list[tuple[int, float | None, float | None]]]:
     series: dict[str, dict[int, tuple[float | None, float | None]]] = {}
-    for record in records:
+    for record in median_by_level(records, key=lambda r: (label_of(r), int(r["concurrency"]))):
         metrics = record.get("metrics", {})
         if not metrics.get("completed"):
             continue

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from .outputs import median_by_level
+
 METRIC = "output_throughput"
 PAIRS = (("eagle3", "eagle3-dyn"), ("eagle3-v2", "eagle3-v2-dyn"))
 
@@ -47,9 +49,9 @@ class Recommendation:
 
 
 def _curve(records: list[dict], profile: str) -> dict[int, float]:
-    """concurrency -> metric for one profile; the last record wins where a level repeats."""
+    """concurrency -> metric for one profile; the median where a level ran several times."""
     curve: dict[int, float] = {}
-    for record in records:
+    for record in median_by_level(records):
         value = record.get("metrics", {}).get(METRIC)
         if record.get("profile") == profile and value is not None and record["metrics"].get("completed"):
             curve[int(record["concurrency"])] = float(value)

@@ -46,19 +46,22 @@ class BenchOptions:
     max_level_seconds: float = 600.0
     request_timeout: float = 600.0
     model: str | None = None
+    repeat: int = 1                      # passes over all levels (reports use the median per level)
 
     def __post_init__(self):
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise BenchError("concurrency levels must be integers >= 1")
         if self.requests is not None and self.requests < 1:
             raise BenchError("--requests must be >= 1")
+        if self.repeat < 1:
+            raise BenchError("--repeat must be >= 1")
         self.concurrency = sorted(set(self.concurrency))
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests if self.requests is not None else default_requests(concurrency)
 
     def describe(self) -> dict:
-        return {"concurrency": self.concurrency, "requests": self.requests, "seed": self.seed,
+        return {"concurrency": self.concurrency, "requests": self.requests, "seed": self.seed, "repeat": self.repeat,
                 "temperature": self.temperature, "warmup": self.warmup,
                 "max_level_seconds": self.max_level_seconds, "request_timeout": self.request_timeout,
                 **self.prompts.describe()}
@@ -225,13 +228,16 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
     result = SweepResult(run_id=run_id or new_run_id())
     calibrated = not options.prompts.is_synthetic
     for profile in profiles:
-        total = sum(options.requests_for(c) for c in options.concurrency)
+        total = options.repeat * sum(options.requests_for(c) for c in options.concurrency)
         listener.profile_started(profile, total)
         try:
             with control.serve(profile) as served:
                 warm = asyncio.run(_warm_up(served.base_url, options, calibrate=not calibrated))
                 calibrated = True
-                for concurrency in options.concurrency:
+                # whole passes over the levels, not each level N times in a row: slow drift on
+                # the machine then spreads over every level instead of biasing some
+                passes = [(r, c) for r in range(options.repeat) for c in options.concurrency]
+                for repeat, concurrency in passes:
                     count = options.requests_for(concurrency)
                     listener.level_started(profile, concurrency, count)
                     requests = options.prompts.requests(count, options.seed)
@@ -243,6 +249,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                                       rejected_fields=warm.get("rejected_fields"))
                     state = asyncio.run(_server_state(served.base_url))
                     record = level_record(result.run_id, served, options, level, warm, state, run_facts)
+                    record["repeat"] = repeat
                     result.records.append(record)
                     on_level(record)
                     listener.level_done(record)
