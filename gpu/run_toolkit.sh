@@ -13,6 +13,7 @@
 #      (default: all; "" = no sweep), PS_LEVEL_S, PS_MEM, PS_KV_TOKENS, PS_STAGGER_S, PS_C1_ROUNDS /
 #      PS_C1_PROFILES / PS_C1_REQUESTS (alternating c=1 runs), PROFILE_PROFILES, PROFILE_LOAD_C.
 # hsweep: HUGE=1 (makes the 32B-shape models at setup), HUGE_PROFILES, HUGE_LEVEL_S.
+# REPEAT (default 1): invoke bench --repeat for psweep and hsweep (median per level).
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
@@ -144,7 +145,7 @@ nvidia_smi = \"/nonexistent/gpu-shared-on-purpose\"" "${PS_KV_TOKENS:-32768}" >>
   for prof in ${PS_BENCH_PROFILES-${PS_PROFILES//,/ }}; do  # PS_BENCH_PROFILES="" skips the sweep
     if [ "$(left)" -lt 60 ]; then say "skip bench $prof: $(left)s left"; continue; fi
     tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
-       --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${PS_LEVEL_S:-12}" \
+       --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${PS_LEVEL_S:-12}" --repeat "${REPEAT:-1}" \
        --out "$EV/bench/$prof" 2>&1 | grep " c=[0-9]*:"
     runs="$runs,$EV/bench/$prof"
   done
@@ -173,7 +174,7 @@ fi
 if [[ $PHASES == *" hsweep "* ]]; then
   tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
   tk bench --host gpu-huge --profiles "${HUGE_PROFILES:-baseline,eagle3-v2-dyn}" --dataset synthetic --input-len 128 \
-     --output-len 160 --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${HUGE_LEVEL_S:-10}" \
+     --output-len 160 --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${HUGE_LEVEL_S:-10}" --repeat "${REPEAT:-1}" \
      --timeout 300 --out "$EV/bench-huge" 2>&1 | grep -v "━\|^ *$"
   say "hsweep done; $(left)s left"
 fi
