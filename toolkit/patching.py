@@ -49,28 +49,30 @@ class CompileReport:
 
 
 @dataclass
-class ApplyResult:
+class _WriteResult:
+    """What apply and revert report: the stack before/after and one row per file."""
     host: str
-    patchset: str
     stack_before: list[str]
     stack_after: list[str]
     files: list[FileChange]
-    changed: int
     dry_run: bool
     round_trips: int
+
+    @property
+    def changed(self) -> int:
+        """Files written (or, in a dry run, that would be)."""
+        return sum(f.status in ("changed", "would change") for f in self.files)
+
+
+@dataclass
+class ApplyResult(_WriteResult):
+    patchset: str = ""
     recovered: dict | None = None
     pycache_removed: list[str] = field(default_factory=list)
 
 
 @dataclass
-class RevertResult:
-    host: str
-    stack_before: list[str]
-    stack_after: list[str]
-    files: list[FileChange]
-    changed: int
-    dry_run: bool
-    round_trips: int
+class RevertResult(_WriteResult):
     record_ok: bool = True
     notes: list[str] = field(default_factory=list)
     recovered: dict | None = None
@@ -252,7 +254,8 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             raise PatchRefused(f"{', '.join(sorted(drifted))} changed by hand (neither pristine nor"
                                f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
         new_state = _new_state(image, known, probe["site"])
-        result = ApplyResult(host.name, name, current, desired, rows, len(writes), dry_run, 0, probe["recovered"])
+        result = ApplyResult(host.name, current, desired, rows, dry_run, 0, patchset=name,
+                             recovered=probe["recovered"])
         if dry_run or (not writes and _same_state(state, new_state)):
             result.round_trips = transport.round_trips
             return result
@@ -333,7 +336,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         probe = patchhost.probe(transport, host, package)
         state = probe["state"]
         current = _stack_of(state)
-        result = RevertResult(host.name, current, current, [], 0, dry_run, 0, recovered=probe["recovered"])
+        result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"])
         if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
             result.notes.append("no patchset applied; nothing to revert")
             result.round_trips = transport.round_trips
@@ -386,7 +389,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         if drifted:
             raise PatchRefused(f"{', '.join(drifted)} changed by hand since the patch was applied;"
                                f" `invoke patch revert --force` overwrites them; nothing written")
-        result.stack_after, result.changed = keep, len(writes)
+        result.stack_after = keep
         new_state = _new_state(image, known, probe["site"]) if keep else {
             "format": STATE_FORMAT, "package": package, "version": version, "site": probe["site"],
             "stack": [], "files": {}}
