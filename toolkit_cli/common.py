@@ -49,3 +49,13 @@ def wants_help(*positionals: str | None) -> bool:
     # Invoke hands a --help typed where a positional is still open to that positional
     # (`invoke patch -h`, `invoke patch verify -h`); show the task's help instead.
     return any(value in ("--help", "-h", "help") for value in positionals)
+
+
+def help_or_bad_action(usage: str, action: str | None, actions, *positionals: str | None) -> bool:
+    """True after printing `usage` for a help request; exit 2 for an action not in `actions`."""
+    if wants_help(action, *positionals):
+        report.line(usage)
+        return True
+    if action not in actions:
+        fail(f"unknown action {action!r}\n{usage}", code=2)
+    return False

@@ -10,7 +10,7 @@ from rich.table import Table
 from toolkit import authoring, compiler, patching, report, wheels
 from toolkit.patchsets import PatchsetError
 
-from .common import HOST_HELP, fail, finish, run_on_hosts, wants_help
+from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from .parsing import command
 
 ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh")
@@ -43,11 +43,8 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
 def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
           all_=False, requires=None, fresh=False):
     """Patchsets on the installed SGLang: list, check offline, apply, verify, revert, edit, refresh."""
-    if wants_help(action, name):
-        report.line(USAGE)
+    if help_or_bad_action(USAGE, action, ACTIONS, name):
         return
-    if action not in ACTIONS:
-        fail(f"unknown action {action!r}\n{USAGE}", code=2)
     name = name or None
     if action in ("apply", "edit", "refresh") and not name:
         fail(f"`invoke patch {action}` needs a patchset name; see `invoke patch list`", code=2)

@@ -12,7 +12,7 @@ from toolkit.inventory import Host
 from toolkit.parallel import for_each_host
 from toolkit.transport import TransportError
 
-from .common import HOST_HELP, fail, finish, hosts_or_exit, wants_help
+from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit
 from .parsing import command
 
 STACK_HELP = "stack name (a file in stacks/: gpu, cpu-ref) or a path to a stack .toml; default: the host's `stack`"
@@ -147,11 +147,8 @@ WHEELHOUSE_OPTIONS = "\n".join(f"  --{name.rstrip('_').replace('_', '-'):10s} {t
 def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host=None, refresh=False,
                json_=False):
     """Download a stack's wheels for an air-gapped host (then: invoke provision --wheelhouse DIR)."""
-    if wants_help(action):
-        report.line(WHEELHOUSE_USAGE + "\n" + WHEELHOUSE_OPTIONS)
+    if help_or_bad_action(WHEELHOUSE_USAGE + "\n" + WHEELHOUSE_OPTIONS, action, ("build",)):
         return
-    if action != "build":
-        fail(f"unknown action {action!r}\n{WHEELHOUSE_USAGE}", code=2)
     chosen = _load_or_exit(stack or "cpu-ref")
     if host and not (python and platform):
         target = hosts_or_exit(host)

@@ -7,7 +7,7 @@ import threading
 
 from toolkit import profiles, report, server
 
-from .common import HOST_HELP, fail, finish, hosts_or_exit, run_on_hosts, wants_help
+from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, run_on_hosts
 from .parsing import command
 
 ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
@@ -70,11 +70,8 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
                 model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False, dry_run=False,
                 follow=False, rank=None, lines=None, duration=None, out=None, seed=None, json_=False):
     """The model server on a host: start a profile, stop it, status, logs; make the reference model."""
-    if wants_help(action, profile):
-        report.line(USAGE)
+    if help_or_bad_action(USAGE, action, ACTIONS, profile):
         return
-    if action not in ACTIONS:
-        fail(f"unknown action {action!r}\n{USAGE}", code=2)
     profile = profile or None
     if action in ("start", "render") and not profile:
         fail(f"`invoke server {action}` needs a profile; one of: {', '.join(_profile_names())}", code=2)
