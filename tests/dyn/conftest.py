@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,42 @@ def patch_text() -> str:
     return PATCH.read_text()
 
 
+def tree_with(root: Path, patches: list[Path]) -> Path:
+    """The pristine 0.5.11 files the patches touch, under root, with the patches applied in order."""
+    wheel = wheels.pristine("sglang", "0.5.11")
+    for patch in patches:
+        for path, is_new in touched_paths(patch.read_text()):
+            target = root / path
+            if not is_new and wheel.has(path) and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(path))
+    for patch in patches:
+        done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, f"{patch.name}: {done.stderr}"
+    return root
+
+
+def load_by_path(name: str, path: Path):
+    """A module of the patched tree, imported from its file (not from an installed sglang)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_imports_without_torch(path: Path, check: str) -> None:
+    """Import the module at `path` in a fresh interpreter, run `check` (an assert on `m`), and
+    fail if that pulled in torch."""
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('d', {str(path)!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"{check}\n"
+            "assert 'torch' not in sys.modules, 'policy module pulled in torch'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="session")
 def pristine_tree(tmp_path_factory, patch_text) -> Path:
     """The pristine 0.5.11 versions of the files the patch modifies, in a fresh folder."""
@@ -46,20 +81,11 @@ def pristine_tree(tmp_path_factory, patch_text) -> Path:
 
 
 @pytest.fixture(scope="session")
-def patched_tree(tmp_path_factory, pristine_tree) -> Path:
-    root = tmp_path_factory.mktemp("patched")
-    shutil.copytree(pristine_tree, root, dirs_exist_ok=True)
-    subprocess.run(["git", "apply", "--unsafe-paths", f"--directory={root.relative_to(root.anchor)}",
-                    "-p1", str(PATCH)], check=True, cwd=root.anchor)
-    return root
+def patched_tree(tmp_path_factory) -> Path:
+    return tree_with(tmp_path_factory.mktemp("patched"), [PATCH])
 
 
 @pytest.fixture(scope="session")
 def dyn(patched_tree):
     """The patch's policy module, loaded by path (it must not need torch or the rest of sglang)."""
-    path = patched_tree / "sglang/srt/speculative/dyn_disable.py"
-    spec = importlib.util.spec_from_file_location("dyn_disable_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path("dyn_disable_under_test", patched_tree / "sglang/srt/speculative/dyn_disable.py")

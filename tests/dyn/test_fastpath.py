@@ -9,9 +9,7 @@ stand-in for the kv-splits heuristic (the same one is used on both sides of each
 from __future__ import annotations
 
 import enum
-import importlib.util
 import py_compile
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.dyn.conftest import PATCH as BASE_PATCH
-from tests.dyn.conftest import touched_paths
+from tests.dyn.conftest import assert_imports_without_torch, load_by_path, touched_paths, tree_with
 from toolkit import wheels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,29 +37,9 @@ def patch_text() -> str:
 
 
 @pytest.fixture(scope="module")
-def stacked_tree(tmp_path_factory, patch_text) -> Path:
+def stacked_tree(tmp_path_factory) -> Path:
     """Pristine 0.5.11 files touched by either patch, then dyn-disable, then this patchset."""
-    wheel = wheels.pristine("sglang", "0.5.11")
-    root = tmp_path_factory.mktemp("stacked")
-    for text in (BASE_PATCH.read_text(), patch_text):
-        for path, is_new in touched_paths(text):
-            target = root / path
-            if not is_new and wheel.has(path) and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(wheel.read(path))
-    for patch in (BASE_PATCH, PATCH):
-        done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root,
-                              capture_output=True, text=True)
-        assert done.returncode == 0, f"{patch.name}: {done.stderr}"
-    return root
-
-
-def load_by_path(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return tree_with(tmp_path_factory.mktemp("stacked"), [BASE_PATCH, PATCH])
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +116,7 @@ def test_runtime_enables_the_flag_before_capturing_the_plain_graphs(stacked_tree
 
 
 def test_policy_module_still_imports_without_torch(stacked_tree):
-    code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('d', {str(stacked_tree / POLICY)!r})\n"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-            "assert m.decode_attn_wanted({}) is True\n"
-            "assert 'torch' not in sys.modules, 'policy module pulled in torch'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    assert_imports_without_torch(stacked_tree / POLICY, "assert m.decode_attn_wanted({}) is True")
 
 
 # --- env switch and eligibility (pure Python) ---------------------------------------------

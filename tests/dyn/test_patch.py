@@ -7,11 +7,10 @@ import py_compile
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
-from tests.dyn.conftest import PATCH, PATCHSET, REPO, touched_paths
+from tests.dyn.conftest import PATCH, PATCHSET, REPO, assert_imports_without_torch, touched_paths
 
 EXPECTED = {
     "sglang/srt/speculative/dyn_disable.py": True,
@@ -63,13 +62,8 @@ def test_patched_file_byte_compiles(patched_tree, tmp_path, path):
 
 
 def test_policy_module_imports_without_torch(patched_tree):
-    code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('d', {str(patched_tree / 'sglang/srt/speculative/dyn_disable.py')!r})\n"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-            "assert m.config_from_env({}) is None\n"
-            "assert 'torch' not in sys.modules, 'policy module pulled in torch'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    assert_imports_without_torch(patched_tree / "sglang/srt/speculative/dyn_disable.py",
+                                 "assert m.config_from_env({}) is None")
 
 
 def test_workers_stay_inert_without_the_threshold(patched_tree):
