@@ -48,10 +48,10 @@ class Recommendation:
         return asdict(self)
 
 
-def _curve(records: list[dict], profile: str) -> dict[int, float]:
-    """concurrency -> metric for one profile; the median where a level ran several times."""
+def _curve(levels: list[dict], profile: str) -> dict[int, float]:
+    """concurrency -> metric for one profile, from one record per level (`median_by_level`)."""
     curve: dict[int, float] = {}
-    for record in median_by_level(records):
+    for record in levels:
         value = record.get("metrics", {}).get(METRIC)
         if record.get("profile") == profile and value is not None and record["metrics"].get("completed"):
             curve[int(record["concurrency"])] = float(value)
@@ -75,7 +75,8 @@ def crossover(levels: list[int], ratios: list[float]) -> float | None:
 
 def recommend(records: list[dict], *, baseline: str = "baseline", eagle3: str = "eagle3",
               eagle3_dyn: str = "eagle3-dyn") -> Recommendation:
-    base, spec, dyn = _curve(records, baseline), _curve(records, eagle3), _curve(records, eagle3_dyn)
+    levels = median_by_level(records)   # the median where a level ran several times (--repeat)
+    base, spec, dyn = _curve(levels, baseline), _curve(levels, eagle3), _curve(levels, eagle3_dyn)
     all_levels = sorted(set(base) | set(spec) | set(dyn))
     table = []
     for c in all_levels:
