@@ -127,12 +127,11 @@ if [[ $PHASES == *" psweep "* ]]; then
   i=0; : > /tmp/inv/psweep.toml
   for prof in ${PS_PROFILES//,/ }; do
     i=$((i + 1))
-    # own state dir, HTTP and NCCL ports per host; the servers share the one GPU on purpose, so
-    # the "GPU memory held" refusal is off for these hosts (nvidia_smi names no binary)
+    # own state dir, HTTP and NCCL ports per host; the servers share the one GPU on purpose
     host "p-$prof" big "${PS_MEM:-0.7}" ", \"--load-format\", \"dummy\", \"--nccl-port\", \"$((31050 + 100 * i))\"${PS_FLAGS:-}" \
       "SGLANG_SIMULATE_ACC_LEN = \"2.6\"
 ${PS_ENV:-}" "state_dir = \"/tmp/tkstate/p-$prof\"" "port = $((31000 + 100 * i))
-nvidia_smi = \"/nonexistent/gpu-shared-on-purpose\"" "${PS_KV_TOKENS:-32768}" >> /tmp/inv/psweep.toml
+shared_gpu = true" "${PS_KV_TOKENS:-32768}" >> /tmp/inv/psweep.toml
   done
   for prof in ${PS_PROFILES//,/ }; do
     tk server start "$prof" --host "p-$prof" --timeout 400 --skip-patch-check > "$EV/start-$prof.txt" 2>&1 &

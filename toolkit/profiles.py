@@ -33,7 +33,7 @@ TOP_LEVEL_KEYS = {
 }
 READY_KEYS = {"endpoint", "log_lines", "rank_log_lines"}
 HOST_SERVER_KEYS = {"model", "draft_model", "bind", "port", "tp_size", "env_file", "flags", "env",
-                    "nvidia_smi", "idle_memory_slack_mib", "memory_wait_s"}
+                    "nvidia_smi", "idle_memory_slack_mib", "memory_wait_s", "shared_gpu"}
 OVERRIDE_KEYS = {"model", "draft_model", "bind", "port", "tp_size", "dyn_threshold", "dyn_hysteresis",
                  "flags", "env"}
 # Inline env values end up in the launch script and in reports: secrets belong in server.env_file.
@@ -70,6 +70,7 @@ class LaunchPlan:
     summary: str = ""
     nvidia_smi: str = "nvidia-smi"
     idle_memory_slack_mib: int = 512
+    shared_gpu: bool = False             # other servers use this host's GPUs on purpose
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -190,6 +191,12 @@ def _int(value, what: str, profile: str) -> int:
         raise ProfileError(f"profile {profile}: {what} must be an integer, not {value!r}") from None
 
 
+def _bool(value, what: str, host: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(f"host {host}: [server] {what} must be true or false, not {value!r}")
+    return value
+
+
 def default_hysteresis(threshold: int) -> int:
     """The dyn-disable patch's own default: max(1, threshold // 4), capped at threshold - 1."""
     return min(max(1, threshold // 4), threshold - 1)
@@ -290,6 +297,7 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
         server_dir=posixpath.join(host.toolkit_state_dir, "server", name),
         summary=profile.get("summary", ""), nvidia_smi=str(server.get("nvidia_smi", "nvidia-smi")),
         idle_memory_slack_mib=_int(server.get("idle_memory_slack_mib", 512), "idle_memory_slack_mib", name),
+        shared_gpu=_bool(server.get("shared_gpu", False), "shared_gpu", host.name),
         notes=notes,
     )
 

@@ -218,7 +218,7 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
             "host": host.name, "launch_id": uuid.uuid4().hex}
     args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
             "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
-            "nvidia_smi": launch.nvidia_smi}
+            "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu}
     try:
         answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
     except (KeyboardInterrupt, TransportError) as exc:
@@ -274,7 +274,8 @@ def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None 
     with host.connect() as transport:
         answer = _ctl(transport, host, "stop", grace + memory_wait + 120, grace=grace, memory_wait_s=memory_wait,
                       nvidia_smi=str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
-                      slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)))
+                      slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)),
+                      shared_gpu=bool(_host_setting(host, "shared_gpu", False)))
         answer["round_trips"] = transport.round_trips
     if "profile" not in answer:  # nothing recorded
         return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""),

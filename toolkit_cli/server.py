@@ -123,6 +123,7 @@ def _render(host_spec, profile, overrides, for_start: bool, check_patches: bool 
         report.line(server.render_launch_script(launch).rstrip("\n"))
         if for_start:
             checks = ["no toolkit server recorded as running", f"port {launch.port} free on {launch.bind}",
+                      "GPU shared on purpose (server.shared_gpu): no GPU memory check" if launch.shared_gpu else
                       f"no process holds GPU memory ({launch.nvidia_smi}; skipped if absent)"]
             if launch.requires_patchsets and check_patches:
                 checks.append(f"patchset(s) applied: {', '.join(launch.requires_patchsets)}")

@@ -184,3 +184,10 @@ def test_sglang_profiles_use_flags_and_env_that_sglang_0_5_11_knows():
             if not variable.startswith("SGLANG_SPEC_DISABLE_"):  # added by the dyn-disable patchset
                 assert variable in environ, f"{name}: {variable} is not read by sglang 0.5.11"
     assert '"EAGLE3"' in server_args
+
+
+def test_shared_gpu_is_a_host_switch_and_must_be_a_boolean():
+    shared = Host(name="gpu-a", venv="/v", server={"model": "/m", "shared_gpu": True})
+    assert server.plan(shared, "baseline").shared_gpu and not server.plan(GPU_HOST, "baseline").shared_gpu
+    with pytest.raises(profiles.ProfileError, match=r"host gpu-b: \[server\] shared_gpu must be true or false, not 'yes'"):
+        server.plan(Host(name="gpu-b", venv="/v", server={"model": "/m", "shared_gpu": "yes"}), "baseline")

@@ -100,6 +100,18 @@ def test_leftover_gpu_process_refuses_start_and_names_it(fake_host, nvidia_smi):
     assert server.status(host) is None
 
 
+def test_a_shared_gpu_host_starts_and_stops_beside_other_gpu_processes(fake_host, nvidia_smi):
+    """Mock nvidia-smi: another process holds 80 GiB, as a second server on the same GPU would."""
+    host = with_nvidia_smi(fake_host, nvidia_smi)
+    host = dataclasses.replace(host, server={**host.server, "shared_gpu": True})
+    nvidia_smi.show("h200-leftover")
+    state = server.start(host, "fake", timeout=30)
+    assert any("shared_gpu" in note for note in state.notes) and state.idle_gpu_memory is None
+    result = server.stop(host, grace=5, memory_wait=1)
+    assert result.stopped and result.gpu_memory is None and not result.holders
+    assert any("shared_gpu" in note for note in result.notes)
+
+
 def test_stop_waits_for_gpu_memory_back_to_idle(fake_host, nvidia_smi):
     """Mock nvidia-smi (no GPU here): idle at start and after stop."""
     host = with_nvidia_smi(fake_host, nvidia_smi)

@@ -200,6 +200,10 @@ def _gpu_memory(binary):
     return [{"index": int(r[0]), "used_mib": int(float(r[1])), "total_mib": int(float(r[2]))} for r in rows]
 
 
+SHARED_GPU_NOTE = ("server.shared_gpu: other servers use this GPU on purpose; "
+                   "GPU memory checks skipped")
+
+
 def _gpu_holders(binary):
     rows = _nvidia_smi(binary, "--query-compute-apps=pid,used_memory")
     if rows is None:
@@ -387,8 +391,10 @@ def start(args):
         os.unlink(p["active"])
     idle = None
     try:
-        holders = _gpu_holders(args["nvidia_smi"])
-        if holders is None:
+        holders = None if args.get("shared_gpu") else _gpu_holders(args["nvidia_smi"])
+        if args.get("shared_gpu"):
+            notes.append(SHARED_GPU_NOTE)
+        elif holders is None:
             notes.append("%s not found on the host: GPU memory check skipped" % args["nvidia_smi"])
         elif holders:
             pids = " ".join(str(h["pid"]) for h in holders)
@@ -505,6 +511,10 @@ def stop(args):
     if record:
         record.update(status="stopped", stopped_at=time.time(), stopped_with=how)
         _write_json(p["record"], record)
+    if args.get("shared_gpu"):
+        answer["gpu_memory"] = None
+        answer["notes"].append(SHARED_GPU_NOTE)
+        return answer
     over, now = _memory_back_to_idle(args["nvidia_smi"], (record or {}).get("idle_gpu_memory"),
                                      args["slack_mib"], args["memory_wait_s"])
     if over is None:
