@@ -17,7 +17,7 @@ from toolkit.bench.prompts import PromptError, PromptSource
 from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
 from toolkit.bench.runner import BenchError, BenchOptions, RunningServer, SweepListener, new_run_id, run_sweep
 
-from .common import HOST_HELP, fail, hosts_or_exit, wants_help
+from .common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
 from .parsing import command
 
 DEFAULT_PROFILES = "baseline,eagle3,eagle3-dyn"
@@ -63,18 +63,6 @@ class ProgressListener(SweepListener):
 
     def note(self, text):
         self.progress.console.print(text, markup=False)
-
-
-def _positive_int(text, what: str, *, default: int) -> int:
-    if text in (None, ""):
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        fail(f"{what} takes an integer >= 1, got {text!r}", code=2)
-    return value
 
 
 def _fmt(value, digits=1):
@@ -136,13 +124,13 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
     if url and no_restart:
         fail("--url already means 'use this running server'; leave out --no-restart", code=2)
     try:
-        prompts = PromptSource(dataset=dataset or "builtin", input_len=int(input_len or 256),
-                               output_len=int(output_len or 256))
+        prompts = PromptSource(dataset=dataset or "builtin", input_len=int_option(input_len, "--input-len", 256),
+                               output_len=int_option(output_len, "--output-len", 256))
         options = BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
-                               prompts=prompts, requests=int(requests) if requests else None,
-                               seed=int(seed or 0), warmup=int(warmup if warmup is not None else 2),
+                               prompts=prompts, requests=int_option(requests, "--requests"),
+                               seed=int_option(seed, "--seed", 0), warmup=int_option(warmup, "--warmup", 2),
                                max_level_seconds=float(max_level_seconds or 600),
-                               repeat=_positive_int(repeat, "--repeat", default=1))
+                               repeat=int_option(repeat, "--repeat", 1))
     except (PromptError, BenchError, ValueError) as exc:
         fail(str(exc), code=2)
     profile_names = [p.strip() for p in (profiles or "").split(",") if p.strip()]

@@ -27,6 +27,17 @@ def fail(message: str, code: int = 1):
     raise Exit(f"error: {message}", code=code)
 
 
+def int_option(value, option: str, default: int | None = None) -> int | None:
+    """An integer option as typed (`default` when not given); exit 2 naming the option otherwise.
+    Ranges are checked where the value is used (profiles, BenchOptions)."""
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        fail(f"{option} takes an integer, got {value!r}", code=2)
+
+
 def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False,
            show: Callable[[Any], None] | None = None) -> None:
     """Print per-host errors (and, with `show`, each good result); exit non-zero when any host

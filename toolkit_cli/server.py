@@ -7,7 +7,7 @@ import threading
 
 from toolkit import profiles, report, server
 
-from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, run_on_hosts
+from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
 from .parsing import command
 
 ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
@@ -27,19 +27,10 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
 
 
-def _int_option(value, option: str) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{option} takes an integer, got {value!r}") from None
-
-
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
-    return {"port": _int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
-            "tp_size": _int_option(tp, "--tp"), "dyn_threshold": _int_option(threshold, "--threshold"),
-            "dyn_hysteresis": _int_option(hysteresis, "--hysteresis")}
+    return {"port": int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
+            "tp_size": int_option(tp, "--tp"), "dyn_threshold": int_option(threshold, "--threshold"),
+            "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
 
 
 @command(positional=["action", "profile"], optional=["profile"], help={
