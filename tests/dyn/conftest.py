@@ -2,6 +2,7 @@
 SGLang 0.5.11 wheel (hash-checked against RECORD), and the patched copy of them."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -53,6 +54,17 @@ def load_by_path(name: str, path: Path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def method_source(path: Path, class_name: str, func_name: str) -> str:
+    """The source of one method of a class in a (patched) file, for exec or inspection."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == func_name:
+                    return ast.unparse(item)
+    raise AssertionError(f"{class_name}.{func_name} not found in {path}")
 
 
 def assert_imports_without_torch(path: Path, check: str) -> None:

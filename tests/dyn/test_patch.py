@@ -19,6 +19,7 @@ EXPECTED = {
     "sglang/srt/speculative/eagle_worker_v2.py": False,
     "sglang/srt/speculative/eagle_info_v2.py": False,
     "sglang/srt/managers/scheduler.py": False,
+    "sglang/srt/managers/schedule_batch.py": False,
     "sglang/srt/observability/scheduler_metrics_mixin.py": False,
 }
 
