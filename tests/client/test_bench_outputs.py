@@ -87,10 +87,14 @@ def test_the_v2_pair_gets_its_own_recommendation():
     assert {l.concurrency: l.eagle3_dyn for l in v2.levels}[64] == 6586.2
 
 
-def test_without_a_speculative_reference_the_answer_names_eagle3():
+def test_without_a_speculative_reference_the_answer_names_the_missing_one():
     only_dyn = recommend_all(h200_records("baseline", "eagle3-v2-dyn"))
-    assert len(only_dyn) == 1 and only_dyn[0].verdict == "not-enough-data"
-    assert "'eagle3'" in only_dyn[0].text
+    assert [r.speculative for r in only_dyn] == ["eagle3-v2"] and only_dyn[0].verdict == "not-enough-data"
+    assert "need both 'baseline' and 'eagle3-v2'" in only_dyn[0].text
+    # what was measured is still summarised: dyn over baseline, 0.67 at c=8 to 1.69 at c=2
+    assert "eagle3-v2-dyn reaches 0.67-1.69 of baseline across levels" in only_dyn[0].text
+    nothing = recommend_all(h200_records("baseline"))
+    assert [r.speculative for r in nothing] == ["eagle3"] and nothing[0].text.endswith("threshold")
     v2_only = recommend_all(h200_records("baseline", "eagle3-v2"))
     assert [r.speculative for r in v2_only] == ["eagle3-v2"] and v2_only[0].verdict == "crossover"
 

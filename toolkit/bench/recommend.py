@@ -85,9 +85,11 @@ def recommend(records: list[dict], *, baseline: str = "baseline", eagle3: str = 
         table.append(LevelComparison(c, b, e, d, _ratio(e, b), _ratio(d, best)))
     shared = [c for c in all_levels if c in base and c in spec]
     names = {"speculative": eagle3, "dynamic": eagle3_dyn}
+    reference = f"baseline/{eagle3}" if spec else "baseline"
     if len(shared) < 1:
-        return Recommendation("not-enough-data", None, None,
-                              f"need both '{baseline}' and '{eagle3}' at one or more common concurrency levels",
+        text = (f"need both '{baseline}' and '{eagle3}' at one or more common concurrency levels "
+                f"to place a threshold")
+        return Recommendation("not-enough-data", None, None, text + _dyn_summary(table, eagle3_dyn, reference),
                               levels=table, **names)
     ratios = [spec[c] / base[c] for c in shared]
     point = crossover(shared, ratios)
@@ -113,16 +115,22 @@ def recommend(records: list[dict], *, baseline: str = "baseline", eagle3: str = 
         point, threshold = None, None
         text = f"the {eagle3}/baseline ratio never falls through 1 between measured levels"
         verdict = "not-enough-data"
-    if dyn:
-        dyn_ratios = [row.dyn_over_best for row in table if row.dyn_over_best is not None]
-        if dyn_ratios:
-            text += (f". {eagle3_dyn} reaches {min(dyn_ratios):.2f}-{max(dyn_ratios):.2f} of the better of "
-                     f"baseline/{eagle3} across levels")
-    return Recommendation(verdict, point, threshold, text, levels=table, **names)
+    return Recommendation(verdict, point, threshold, text + _dyn_summary(table, eagle3_dyn, reference),
+                          levels=table, **names)
+
+
+def _dyn_summary(table: list[LevelComparison], eagle3_dyn: str, reference: str) -> str:
+    """'. DYN reaches a-b of the better of baseline/EAGLE3 across levels', or '' without figures."""
+    ratios = [row.dyn_over_best for row in table if row.dyn_over_best is not None]
+    if not ratios:
+        return ""
+    best = "the better of " + reference if "/" in reference else reference
+    return f". {eagle3_dyn} reaches {min(ratios):.2f}-{max(ratios):.2f} of {best} across levels"
 
 
 def recommend_all(records: list[dict], *, baseline: str = "baseline") -> list[Recommendation]:
-    """One recommendation per speculative pair the run measured (eagle3 first); at least one."""
+    """One recommendation per speculative pair the run measured either side of (eagle3 first);
+    at least one."""
     measured = {record.get("profile") for record in records}
-    pairs = [pair for pair in PAIRS if pair[0] in measured] or [PAIRS[0]]
+    pairs = [pair for pair in PAIRS if measured & set(pair)] or [PAIRS[0]]
     return [recommend(records, baseline=baseline, eagle3=spec, eagle3_dyn=dyn) for spec, dyn in pairs]
