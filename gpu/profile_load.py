@@ -7,6 +7,11 @@ for a torch profile of STEPS forward steps once all requests are decoding
 (POST /start_profile), waits for every request, then for the trace file. The server writes
 the trace (chrome JSON, gzipped) under OUT_DIR; gpu/trace_steps.py summarises it.
 Bounded: one request per worker, every wait has a deadline. Stdlib only.
+
+The prompts are a dozen tokens, so prefill is over well within --settle seconds; the decode
+must outlast it: MAX_TOKENS x step time > settle (400 x 4.5 ms on the H200's 8B shape). If the
+load ends before the profiled steps ran, no trace comes; that is reported after a short wait
+instead of waiting out the whole timeout.
 """
 import argparse
 import glob
@@ -29,7 +34,8 @@ def main():
     ap.add_argument("url")
     ap.add_argument("out_dir")
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--settle", type=float, default=0.5, help="seconds from sending to profiling")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--timeout", type=float, default=90)
     args = ap.parse_args()
@@ -47,17 +53,22 @@ def main():
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(args.concurrency)]
     for t in threads:
         t.start()
-    time.sleep(2.0)  # all prefills done, decoding at full batch
+    time.sleep(args.settle)  # all prefills done, decoding at full batch
     post(args.url + "/start_profile", {"output_dir": args.out_dir, "num_steps": args.steps,
                                        "activities": ["CPU", "GPU"]}, 30)
     deadline = time.time() + args.timeout
     for t in threads:
         t.join(max(0.1, deadline - time.time()))
+    # the trace is written right after the profiled steps; with the load over, none will come
+    deadline = min(deadline, time.time() + 15)
     while time.time() < deadline and not glob.glob(os.path.join(args.out_dir, "*.json*")):
         time.sleep(0.5)
     time.sleep(2.0)  # let the writer finish
     files = glob.glob(os.path.join(args.out_dir, "*"))
-    print(json.dumps({"url": args.url, "errors": len(errors), "first_error": errors[:1], "files": files}))
+    report = {"url": args.url, "errors": len(errors), "first_error": errors[:1], "files": files}
+    if not files:
+        report["hint"] = "no trace: the load ended before the profiled steps; raise --max-tokens"
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
