@@ -119,8 +119,6 @@ def installed_versions(dirs, wanted):
     return found
 
 
-# PyPI's default Linux torch wheel is a CUDA build whose version has no `+cuXYZ` label, so
-# the label alone cannot tell the build: torch writes it into torch/version.py (read, not imported).
 # -- the version rule, shared with the control side ------------------------------------
 
 def _release(version):
@@ -165,7 +163,8 @@ def describe_installed(entry, name):
     return "%s %s" % (name, have)
 
 
-
+# PyPI's default Linux torch wheel is a CUDA build whose version has no `+cuXYZ` label, so
+# the label alone cannot tell the build: torch writes it into torch/version.py (read, not imported).
 CUDA_BUILD_FILES = {"torch": os.path.join("torch", "version.py")}
 _CUDA_LINE = re.compile(r"""^cuda\s*(?::[^=\n]*)?=\s*(?:None|(['"])([^'"\n]*)\1)\s*(?:#.*)?$""", re.M)
 
