@@ -191,9 +191,11 @@ def _int(value, what: str, profile: str) -> int:
         raise ProfileError(f"profile {profile}: {what} must be an integer, not {value!r}") from None
 
 
-def _bool(value, what: str, host: str) -> bool:
+def shared_gpu(host: Host) -> bool:
+    """The host's `[server] shared_gpu` switch: other servers use its GPUs on purpose."""
+    value = (host.server or {}).get("shared_gpu", False)
     if not isinstance(value, bool):
-        raise ProfileError(f"host {host}: [server] {what} must be true or false, not {value!r}")
+        raise ProfileError(f"host {host.name}: [server] shared_gpu must be true or false, not {value!r}")
     return value
 
 
@@ -297,7 +299,7 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
         server_dir=posixpath.join(host.toolkit_state_dir, "server", name),
         summary=profile.get("summary", ""), nvidia_smi=str(server.get("nvidia_smi", "nvidia-smi")),
         idle_memory_slack_mib=_int(server.get("idle_memory_slack_mib", 512), "idle_memory_slack_mib", name),
-        shared_gpu=_bool(server.get("shared_gpu", False), "shared_gpu", host.name),
+        shared_gpu=shared_gpu(host),
         notes=notes,
     )
 

@@ -271,11 +271,12 @@ def _start_and_wait(host, launch, args, timeout, wait_chunk, progress) -> dict:
 def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopResult:
     """TERM the server's process group, KILL after `grace` s, wait for GPU memory to be idle again."""
     memory_wait = float(_host_setting(host, "memory_wait_s", DEFAULT_MEMORY_WAIT) if memory_wait is None else memory_wait)
+    shared_gpu = profiles.shared_gpu(host)   # a bad value is refused before connecting
     with host.connect() as transport:
         answer = _ctl(transport, host, "stop", grace + memory_wait + 120, grace=grace, memory_wait_s=memory_wait,
                       nvidia_smi=str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
                       slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)),
-                      shared_gpu=bool(_host_setting(host, "shared_gpu", False)))
+                      shared_gpu=shared_gpu)
         answer["round_trips"] = transport.round_trips
     if "profile" not in answer:  # nothing recorded
         return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""),

@@ -191,3 +191,6 @@ def test_shared_gpu_is_a_host_switch_and_must_be_a_boolean():
     assert server.plan(shared, "baseline").shared_gpu and not server.plan(GPU_HOST, "baseline").shared_gpu
     with pytest.raises(profiles.ProfileError, match=r"host gpu-b: \[server\] shared_gpu must be true or false, not 'yes'"):
         server.plan(Host(name="gpu-b", venv="/v", server={"model": "/m", "shared_gpu": "yes"}), "baseline")
+    # stop reads the same switch: a string is refused before any connection, not taken as true
+    with pytest.raises(profiles.ProfileError, match="shared_gpu must be true or false"):
+        server.stop(Host(name="gpu-b", venv="/v", server={"model": "/m", "shared_gpu": "false"}))
