@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-
 from toolkit import report
 
 from .bench import bench

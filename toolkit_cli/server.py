@@ -4,7 +4,6 @@ from __future__ import annotations
 import signal
 import threading
 
-
 from toolkit import profiles, report, server
 
 from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
