@@ -125,6 +125,19 @@ def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
+def comparison_row(mine: list[dict], theirs: list[dict], **fields) -> dict:
+    """`fields`, the medians both clients report (output tok/s, TTFT p50), their ratios and every run."""
+    row = {**fields,
+           "ours_output_tok_s": median_of(mine, "output_throughput"),
+           "vllm_output_tok_s": median_of(theirs, "output_throughput"),
+           "ours_ttft_p50_ms": median_of(mine, "median_ttft_ms"),
+           "vllm_ttft_p50_ms": median_of(theirs, "median_ttft_ms"),
+           "runs": {"ours": mine, "vllm": theirs}}
+    row["output_tok_s_ratio"] = row["ours_output_tok_s"] / row["vllm_output_tok_s"]
+    row["ttft_p50_ratio"] = row["ours_ttft_p50_ms"] / row["vllm_ttft_p50_ms"]
+    return row
+
+
 def accuracy(args, venv: Path, workdir: Path) -> list[dict]:
     cpu_venv = _cached_venv("cpu-ref", CPU_REF_REQUIREMENTS)
     model = cache_dir() / "test-models" / "tiny-llama"
@@ -155,16 +168,9 @@ def accuracy(args, venv: Path, workdir: Path) -> list[dict]:
                           f"TTFT p50 {last['median_ttft_ms']:.1f} ms, ITL p50 {last['median_itl_ms']:.1f} ms, "
                           f"E2E p50 {last['median_e2el_ms']:.0f} ms, {last['completed']} ok "
                           f"({last['total_output_tokens']} tokens)", flush=True)
-            row = {"concurrency": concurrency, "requests": args.requests, "output_len": args.output_len,
-                   "reps": args.reps,
-                   "ours_output_tok_s": median_of(mine, "output_throughput"),
-                   "vllm_output_tok_s": median_of(theirs, "output_throughput"),
-                   "ours_ttft_p50_ms": median_of(mine, "median_ttft_ms"),
-                   "ours_ttft_p50_vllm_definition_ms": median_of(mine, "median_first_event_ms"),
-                   "vllm_ttft_p50_ms": median_of(theirs, "median_ttft_ms"),
-                   "runs": {"ours": mine, "vllm": theirs}}
-            row["output_tok_s_ratio"] = row["ours_output_tok_s"] / row["vllm_output_tok_s"]
-            row["ttft_p50_ratio"] = row["ours_ttft_p50_ms"] / row["vllm_ttft_p50_ms"]
+            row = comparison_row(mine, theirs, concurrency=concurrency, requests=args.requests,
+                                 output_len=args.output_len, reps=args.reps)
+            row["ours_ttft_p50_vllm_definition_ms"] = median_of(mine, "median_first_event_ms")
             row["ttft_p50_ratio_same_definition"] = row["ours_ttft_p50_vllm_definition_ms"] / row["vllm_ttft_p50_ms"]
             rows.append(row)
     finally:
@@ -193,17 +199,10 @@ def timed_accuracy(args, venv: Path, workdir: Path) -> list[dict]:
                 mine.append(ours(base_url, prompts, concurrency, args.requests, args.fake_chunks_timed))
                 theirs.append(peer(venv, base_url, "fake-model", model, prompts, concurrency, args.requests,
                                    args.fake_chunks_timed, workdir))
-            row = {"concurrency": concurrency, "requests": args.requests, "chunks": args.fake_chunks_timed,
-                   "delay_s": args.fake_delay, "reps": args.reps,
-                   "ours_output_tok_s": median_of(mine, "output_throughput"),
-                   "vllm_output_tok_s": median_of(theirs, "output_throughput"),
-                   "ours_ttft_p50_ms": median_of(mine, "median_ttft_ms"),
-                   "vllm_ttft_p50_ms": median_of(theirs, "median_ttft_ms"),
-                   "ours_itl_p50_ms": median_of(mine, "median_itl_ms"),
-                   "vllm_itl_p50_ms": median_of(theirs, "median_itl_ms"),
-                   "runs": {"ours": mine, "vllm": theirs}}
-            row["output_tok_s_ratio"] = row["ours_output_tok_s"] / row["vllm_output_tok_s"]
-            row["ttft_p50_ratio"] = row["ours_ttft_p50_ms"] / row["vllm_ttft_p50_ms"]
+            row = comparison_row(mine, theirs, concurrency=concurrency, requests=args.requests,
+                                 chunks=args.fake_chunks_timed, delay_s=args.fake_delay, reps=args.reps)
+            row["ours_itl_p50_ms"] = median_of(mine, "median_itl_ms")
+            row["vllm_itl_p50_ms"] = median_of(theirs, "median_itl_ms")
             rows.append(row)
     finally:
         fake.terminate()
