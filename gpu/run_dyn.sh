@@ -35,9 +35,9 @@ if [ ! -d /tmp/site/sglang ]; then
   for ps in ${DYN_PATCHSETS:-dyn-disable}; do
     python3 gpu/apply_patch.py patchsets/$ps/0001-$ps.patch /tmp/site || { say "patch $ps failed"; exit 1; }
   done
-  python3 -m py_compile /tmp/site/sglang/srt/speculative/dyn_disable*.py /tmp/site/sglang/srt/speculative/eagle_worker*.py \
-    /tmp/site/sglang/srt/managers/scheduler.py /tmp/site/sglang/srt/observability/scheduler_metrics_mixin.py \
-    /tmp/site/sglang/srt/layers/attention/triton_backend.py /tmp/site/sglang/srt/speculative/eagle_info_v2.py && say "patched files compile (${DYN_PATCHSETS:-dyn-disable})"
+  # every file the applied patches touch, read from their diff headers
+  patched=$(for ps in ${DYN_PATCHSETS:-dyn-disable}; do sed -n 's#^+++ b/#/tmp/site/#p' patchsets/$ps/*.patch; done | sort -u)
+  python3 -m py_compile $patched && say "patched files compile (${DYN_PATCHSETS:-dyn-disable}: $(echo $patched | wc -w) files)"
   fi
 fi
 export PYTHONPATH=/tmp/site

@@ -70,6 +70,7 @@ EOF
   host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""
   host gpu-huge huge 0.85 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
 tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
+apply_dyn_stack() { tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu; }
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
 
@@ -108,7 +109,7 @@ fi
 # 4. baseline vs eagle3-dyn (plus the fast plain path, where that patchset exists) on the 32-layer target.
 if [[ $PHASES == *" sweep "* ]]; then
 if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 150 ]; then
-  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+  apply_dyn_stack
 fi
 if [ "$(left)" -gt 150 ]; then
   tk bench --host gpu-big --profiles "${SWEEP_PROFILES:-eagle3-dyn,baseline}" --concurrency "${SWEEP_LEVELS:-1,8,32,64}" \
@@ -122,7 +123,7 @@ fi
 #    with `invoke bench --no-restart` (the others idle), put side by side with `invoke bench
 #    compare`, a torch profile of PROFILE_LOAD_C concurrent requests per server, and stopped.
 if [[ $PHASES == *" psweep "* ]]; then
-  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+  apply_dyn_stack
   PS_PROFILES=${PS_PROFILES:-baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn}
   i=0; : > /tmp/inv/psweep.toml
   for prof in ${PS_PROFILES//,/ }; do
@@ -171,7 +172,7 @@ fi
 # 6. The 32B-shape dummy target (HUGE=1 at setup), servers one after another through
 #    `invoke bench --profiles`: a decode step long enough that the GPU sets the pace.
 if [[ $PHASES == *" hsweep "* ]]; then
-  tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu
+  apply_dyn_stack
   tk bench --host gpu-huge --profiles "${HUGE_PROFILES:-baseline,eagle3-v2-dyn}" --dataset synthetic --input-len 128 \
      --output-len 160 --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${HUGE_LEVEL_S:-10}" --repeat "${REPEAT:-1}" \
      --timeout 300 --out "$EV/bench-huge" 2>&1 | grep -v "━\|^ *$"
