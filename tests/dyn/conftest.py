@@ -67,6 +67,14 @@ def method_source(path: Path, class_name: str, func_name: str) -> str:
     raise AssertionError(f"{class_name}.{func_name} not found in {path}")
 
 
+def function_source(path: Path, func_name: str) -> str:
+    """The source of one module-level function of a (patched) file, for exec."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == func_name:
+            return ast.unparse(node)
+    raise AssertionError(f"{func_name} not found in {path}")
+
+
 def assert_imports_without_torch(path: Path, check: str) -> None:
     """Import the module at `path` in a fresh interpreter, run `check` (an assert on `m`), and
     fail if that pulled in torch."""

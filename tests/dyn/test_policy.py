@@ -86,10 +86,27 @@ def test_bursts_cross_up_and_down_fifty_times(dyn):
     assert decisions[:10] == [True, True, False, False, False, False, False, True, True, True]
 
 
-def test_ranks_fed_the_same_batch_sizes_decide_identically(dyn):
-    sizes = [1, 3, 8, 8, 6, 5, 4, 9, 2, 1, 30, 3] * 10
-    a, b = dyn.SpecSwitch(cfg(dyn, 5)), dyn.SpecSwitch(cfg(dyn, 5))
-    assert run(a, sizes) == run(b, sizes)
+def test_decisions_follow_the_config_read_at_start_not_the_environment_later(dyn, monkeypatch):
+    """Every TP rank reads the environment once at start; a later change of it (or a rank whose
+    environment differs after start) must not change its decisions mid-run."""
+    monkeypatch.setenv(dyn.THRESHOLD_ENV, "5")
+    switch = dyn.SpecSwitch(dyn.config_from_env())
+    assert run(switch, [6, 6]) == [False, False]
+    monkeypatch.setenv(dyn.THRESHOLD_ENV, "50")
+    monkeypatch.setenv(dyn.HYSTERESIS_ENV, "40")
+    assert run(switch, [6, 4, 9]) == [False, True, False]
+
+
+@pytest.mark.parametrize("raw, expected", [(None, True), ("", True), ("1", True), (" 0 ", False)])
+def test_draft_kv_only_defaults_on(dyn, raw, expected):
+    env = {} if raw is None else {dyn.DRAFT_KV_ONLY_ENV: raw}
+    assert dyn.draft_kv_only_from_env(env) is expected
+
+
+@pytest.mark.parametrize("raw", ["yes", "2", "off"])
+def test_draft_kv_only_bad_value_names_the_variable(dyn, raw):
+    with pytest.raises(dyn.DynDisableConfigError, match=dyn.DRAFT_KV_ONLY_ENV):
+        dyn.draft_kv_only_from_env({dyn.DRAFT_KV_ONLY_ENV: raw})
 
 
 def test_forced_spec_steps_do_not_move_the_switch(dyn):

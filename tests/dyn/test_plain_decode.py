@@ -1,0 +1,599 @@
+"""The plain step of the patched workers, run on the CPU.
+
+A plain step's target forward is a DECODE forward on a second instance of the server's own
+attention backend with DECODE CUDA graphs, built as for a server without speculation; the v2
+worker keeps only the draft's KV cache current while plain and computes the draft's hidden state
+and top-k once, when drafting resumes. The functions here are the patched wheel files' own
+(dyn_disable_runtime.py loaded whole; the workers' methods extracted and executed), run with
+CPU torch. Stand-ins replace what needs a GPU server: the model runner, SGLang's CudaGraphRunner
+base class, ForwardBatch, the triton cache-location kernel (a torch reference), the sampling
+kernel and the draft model's layer objects (small real torch modules with the same attribute
+names). What they cannot show (CUDA graphs replaying, the real kernels) ran on the H200s:
+docs/evidence/dyn-disable-4/README.md."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import logging
+import sys
+import types
+from contextlib import nullcontext
+
+import pytest
+
+from tests.dyn.conftest import function_source, load_by_path, method_source
+from toolkit import wheels
+
+torch = pytest.importorskip("torch")
+
+RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
+POLICY = "sglang/srt/speculative/dyn_disable.py"
+WORKER_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
+SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
+FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
+GIB = 1 << 30
+
+
+class Mode:
+    DECODE = "DECODE"
+    TARGET_VERIFY = "TARGET_VERIFY"
+
+
+class Capture:
+    NULL, LAST, FULL = 0, 1, 2
+
+
+class Algo:
+    NONE = "NONE"
+    EAGLE3 = "EAGLE3"
+
+
+class VerifyInput:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class Result:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class StockGraphRunner:
+    """Stands for SGLang's CudaGraphRunner: captures in __init__, choosing its mode from the
+    model runner's speculative algorithm at that moment, as the real one does."""
+
+    def __init__(self, model_runner, *, attn_backend=None):
+        self.model_runner = model_runner
+        self.attn_backend = attn_backend
+        self.algorithm_at_init = model_runner.spec_algorithm
+        self.capture_forward_mode = Mode.DECODE if model_runner.spec_algorithm == Algo.NONE else Mode.TARGET_VERIFY
+        self.capture_hidden_mode = Capture.NULL
+        self.capture_bs = [1, 2, 4, 8]
+        self.max_bs = 8
+        if model_runner.oom_at_capture:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
+        self.capture()
+
+    def capture(self):
+        self.hidden_mode_at_capture = self.capture_hidden_mode
+
+
+class ForwardBatch:
+    built = []
+
+    @classmethod
+    def init_new(cls, batch, model_runner):
+        fb = types.SimpleNamespace(batch=batch, attn_backend=model_runner.attn_backend)
+        cls.built.append(fb)
+        return fb
+
+
+@pytest.fixture(scope="module")
+def runtime(patched_tree):
+    saved = dict(sys.modules)
+    stubs = {}
+
+    def stub(name, **attrs):
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        stubs[name] = module
+
+    policy = load_by_path("dyn_disable_policy_for_runtime", patched_tree / POLICY)
+    stub("sglang.srt.model_executor.forward_batch_info", CaptureHiddenMode=Capture,
+         ForwardBatch=ForwardBatch, ForwardMode=Mode)
+    stub("sglang.srt.speculative.dyn_disable", SpecSwitch=policy.SpecSwitch,
+         config_from_env=policy.config_from_env)
+    stub("sglang.srt.speculative.eagle_info", EagleVerifyInput=VerifyInput)
+    stub("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=Algo)
+    stub("sglang.srt.model_executor.cuda_graph_runner", CudaGraphRunner=StockGraphRunner)
+    stub("sglang.srt.managers.utils", GenerationBatchResult=Result)
+    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor", "sglang.srt.speculative",
+                 "sglang.srt.managers"):
+        stubs.setdefault(name, types.ModuleType(name))
+    sys.modules.update(stubs)
+    module = load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
+    yield module
+    for name in list(sys.modules):
+        if name not in saved:
+            del sys.modules[name]
+    sys.modules.update(saved)
+
+
+# --- the decode batch ---------------------------------------------------------------------
+
+def model_worker_batch_class():
+    """A dataclass with exactly the fields of SGLang 0.5.11's ModelWorkerBatch (read from the
+    wheel), so dataclasses.replace in the patch meets the real field set."""
+    tree = ast.parse(wheels.pristine("sglang", "0.5.11").read(SCHEDULE_BATCH))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ModelWorkerBatch")
+    names = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+    assert {"forward_mode", "seq_lens", "seq_lens_cpu", "spec_info", "capture_hidden_mode"} <= set(names)
+    return dataclasses.make_dataclass("ModelWorkerBatch", [(n, object, dataclasses.field(default=None)) for n in names])
+
+
+def verify_batch():
+    seq_lens = torch.tensor([5, 9, 17])
+    return model_worker_batch_class()(
+        forward_mode=Mode.TARGET_VERIFY, input_ids=torch.tensor([11, 12, 13]),
+        req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=31, out_cache_loc=torch.tensor([40, 41, 42]), spec_info=object(),
+        capture_hidden_mode=Capture.NULL, sampling_info=object())
+
+
+def test_the_decode_batch_counts_the_new_token_and_carries_no_spec_info(runtime):
+    batch = verify_batch()
+    decode = runtime.as_decode_batch(batch)
+    assert decode.forward_mode == Mode.DECODE and decode.spec_info is None
+    assert decode.capture_hidden_mode == Capture.FULL
+    assert decode.seq_lens.tolist() == [6, 10, 18] and decode.seq_lens_cpu.tolist() == [6, 10, 18]
+    assert decode.orig_seq_lens.tolist() == [6, 10, 18] and decode.seq_lens_sum == 34
+    for kept in ("input_ids", "out_cache_loc", "req_pool_indices", "sampling_info"):
+        assert getattr(decode, kept) is getattr(batch, kept)
+    # the verify batch itself is left as it was
+    assert batch.seq_lens.tolist() == [5, 9, 17] and batch.forward_mode == Mode.TARGET_VERIFY
+
+
+def test_decode_positions_are_the_positions_the_token_would_verify_at(runtime, tmp_path):
+    """SGLang's own decode positions (clamp_position of seq_lens) for the decode batch equal
+    the one-token verify's positions (seq_lens), i.e. the token keeps its place."""
+    source = tmp_path / "forward_batch_info.py"
+    source.write_bytes(wheels.pristine("sglang", "0.5.11").read(FORWARD_BATCH_INFO))
+    namespace = {"torch": torch}
+    exec(function_source(source, "_clamp_position_native"), namespace)
+    batch = verify_batch()
+    decode = runtime.as_decode_batch(batch)
+    verify = runtime.build_trivial_verify_input(batch.input_ids, batch.seq_lens, batch.seq_lens_cpu, 31)
+    assert namespace["_clamp_position_native"](decode.seq_lens).tolist() == verify.positions.tolist()
+
+
+def test_missing_host_lengths_stay_missing(runtime):
+    batch = dataclasses.replace(verify_batch(), seq_lens_cpu=None, seq_lens_sum=None)
+    decode = runtime.as_decode_batch(batch)
+    assert decode.seq_lens_cpu is None and decode.seq_lens_sum is None
+
+
+# --- what the patch refuses -----------------------------------------------------------------
+
+@pytest.mark.parametrize("args, runner_attrs, words", [
+    ({"enable_dp_attention": True}, {}, "DP attention"),
+    ({"speculative_adaptive": True}, {}, "--speculative-adaptive"),
+    ({"enable_two_batch_overlap": True}, {}, "two-batch overlap"),
+    ({"enable_pdmux": True}, {}, "PD multiplexing"),
+    ({"pp_size": 2}, {}, "pipeline parallelism"),
+    ({"enable_lora": True}, {}, "LoRA"),
+    ({}, {"hybrid_gdn_config": object()}, "hybrid linear-attention"),
+    ({}, {"mamba2_config": object()}, "hybrid linear-attention"),
+    ({}, {"hybrid_lightning_config": object()}, "hybrid linear-attention"),
+    ({}, {"kimi_linear_config": object()}, "hybrid linear-attention"),
+    ({}, {"mambaish_config": object()}, "hybrid linear-attention"),
+])
+def test_unsupported_servers_are_refused_with_the_reason(runtime, monkeypatch, caplog, args, runner_attrs, words):
+    server_args = types.SimpleNamespace(**args)
+    runner = types.SimpleNamespace(**runner_attrs)
+    assert words in runtime.unsupported_reason(server_args, runner)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
+    with caplog.at_level(logging.WARNING):
+        assert runtime.make_switch(server_args, "EAGLEWorkerV2", runner) is None
+    assert words in caplog.text and "speculation stays always on" in caplog.text
+
+
+def test_a_dense_or_mla_target_without_those_features_is_served(runtime, monkeypatch, caplog):
+    runner = types.SimpleNamespace(hybrid_gdn_config=None, mamba2_config=None, mambaish_config=None)
+    server_args = types.SimpleNamespace(pp_size=1, enable_lora=False)
+    assert runtime.unsupported_reason(server_args, runner) is None
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
+    with caplog.at_level(logging.INFO):
+        switch = runtime.make_switch(server_args, "EAGLEWorkerV2", runner)
+    assert switch.config.threshold == 8
+    assert "Dynamic speculation disable enabled: threshold=8 hysteresis=2" in caplog.text
+
+
+# --- building the plain decode path ---------------------------------------------------------
+
+class FakeDevice:
+    def __init__(self, free_before, free_after):
+        self.readings = [free_before, free_after]
+
+    def synchronize(self):
+        pass
+
+    def mem_get_info(self):
+        free = self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+        return free, 100 * GIB
+
+
+def model_runner(graphs=True, oom=False):
+    runner = types.SimpleNamespace(
+        device="fake", spec_algorithm=Algo.EAGLE3, init_new_workspace=False,
+        graph_runner=object() if graphs else None, oom_at_capture=oom, backends=[])
+
+    def get_backend(init_new_workspace=False):
+        runner.init_new_workspace = init_new_workspace
+        backend = types.SimpleNamespace(algorithm_at_init=runner.spec_algorithm,
+                                        new_workspace=init_new_workspace)
+        runner.backends.append(backend)
+        return backend
+
+    runner._get_attention_backend = get_backend
+    return runner
+
+
+def test_the_plain_path_is_built_as_a_non_speculative_server_builds_it(runtime, monkeypatch):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(10 * GIB, 9.5 * GIB))
+    runner = model_runner()
+    state = runtime.build_plain_decode_state(runner)
+    backend, graphs = state.attn_backend, state.graph_runner
+    assert backend.algorithm_at_init == Algo.NONE and backend.new_workspace is True
+    assert graphs.algorithm_at_init == Algo.NONE and graphs.capture_forward_mode == Mode.DECODE
+    assert graphs.attn_backend is backend
+    # the target's hidden states come back from the decode graphs (the draft extend needs them)
+    assert graphs.hidden_mode_at_capture == Capture.FULL
+    # the server itself is left speculative, its own workspace flag as it was
+    assert runner.spec_algorithm == Algo.EAGLE3 and runner.init_new_workspace is False
+    assert state.extra_memory_gib == pytest.approx(0.5)
+    assert state.graphs_note == "CUDA graphs for batch sizes 1..8"
+    line = runtime.plain_decode_message(state, "KV cache only")
+    assert line.startswith("Dynamic speculation disable: plain step is a decode forward on SimpleNamespace")
+    assert "extra GPU memory 0.50 GiB" in line
+
+
+def test_a_server_without_cuda_graphs_gets_an_eager_plain_path(runtime, monkeypatch):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    state = runtime.build_plain_decode_state(model_runner(graphs=False))
+    assert state.graph_runner is None and "no CUDA graphs" in state.graphs_note
+
+
+def test_out_of_memory_while_capturing_says_what_to_change(runtime, monkeypatch):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    runner = model_runner(oom=True)
+    with pytest.raises(RuntimeError, match="lower --mem-fraction-static"):
+        runtime.build_plain_decode_state(runner)
+    assert runner.spec_algorithm == Algo.EAGLE3 and runner.init_new_workspace is False
+
+
+def test_the_forward_swaps_in_the_plain_backend_and_graphs_only_for_its_duration(runtime):
+    stock_backend, stock_graphs = object(), object()
+    seen = {}
+
+    def forward(fb):
+        seen["graph_runner"] = runner.graph_runner
+        return types.SimpleNamespace(logits_output="logits", can_run_graph=True,
+                                     expert_distribution_metrics=None, routed_experts_output=None)
+
+    runner = types.SimpleNamespace(attn_backend=stock_backend, graph_runner=stock_graphs, forward=forward)
+    state = runtime.PlainDecodeState("plain-backend", "plain-graphs", "", 0.0)
+    ForwardBatch.built.clear()
+    out = runtime.plain_decode_forward(types.SimpleNamespace(model_runner=runner), state, verify_batch())
+    assert ForwardBatch.built[0].attn_backend == "plain-backend"
+    assert ForwardBatch.built[0].batch.forward_mode == Mode.DECODE
+    assert seen["graph_runner"] == "plain-graphs"
+    assert out.logits_output == "logits" and out.can_run_cuda_graph is True
+    assert runner.attn_backend is stock_backend and runner.graph_runner is stock_graphs
+
+
+# --- the draft's KV-only update ---------------------------------------------------------------
+
+H, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def rope(positions, q, k):
+    """A neox-style rotary embedding that works in place, like SGLang's kernel."""
+    def rotate(x):
+        x3 = x.view(x.shape[0], -1, HEAD_DIM)
+        half = HEAD_DIM // 2
+        angle = positions[:, None, None].float() * (torch.arange(half) + 1).float() / 10
+        a, b = x3[..., :half].clone(), x3[..., half:].clone()
+        x3[..., :half] = a * torch.cos(angle) - b * torch.sin(angle)
+        x3[..., half:] = b * torch.cos(angle) + a * torch.sin(angle)
+    rotate(q)
+    rotate(k)
+    return q, k
+
+
+class KVPool:
+    def __init__(self, slots):
+        self.k = torch.zeros(slots, KV_HEADS, HEAD_DIM)
+        self.v = torch.zeros(slots, KV_HEADS, HEAD_DIM)
+
+    def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
+        assert layer.layer_id == 0
+        self.k[loc] = k
+        self.v[loc] = v
+
+
+def eagle3_draft(name="LlamaForCausalLMEagle3", qkv_bias=False, dtype=torch.float32):
+    """A draft runner with LlamaForCausalLMEagle3's attribute layout and real (small) layers."""
+    torch.manual_seed(0)
+    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    attn = torch.nn.Module()
+    attn.qkv_proj = torch.nn.Linear(2 * H, q_size + 2 * kv_size, bias=qkv_bias).to(dtype)
+    attn.q_size, attn.kv_size, attn.rotary_emb = q_size, kv_size, rope
+    attn.attn = types.SimpleNamespace(layer_id=0, tp_k_head_num=KV_HEADS, tp_v_head_num=KV_HEADS,
+                                      qk_head_dim=HEAD_DIM, v_head_dim=HEAD_DIM, k_scale=None, v_scale=None)
+    layer = torch.nn.Module()
+    layer.self_attn, layer.input_layernorm, layer.hidden_norm = attn, RMSNorm(H), RMSNorm(H)
+    inner = torch.nn.Module()
+    inner.embed_tokens, inner.fc, inner.midlayer = torch.nn.Embedding(64, H), torch.nn.Linear(3 * H, H, bias=False), layer
+    model = type(name, (torch.nn.Module,), {})()
+    model.model = inner
+    return types.SimpleNamespace(model=model, token_to_kv_pool=KVPool(32))
+
+
+def full_layer_kv(draft, tokens, target_hidden, positions):
+    """K and V as the draft layer's own attention computes them (the reference)."""
+    inner = draft.model.model
+    layer, attn = inner.midlayer, inner.midlayer.self_attn
+    x = torch.cat([layer.input_layernorm(inner.embed_tokens(tokens)),
+                   layer.hidden_norm(inner.fc(target_hidden))], dim=-1)
+    q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q, k = rope(positions, q.clone(), k.clone())
+    return k.view(-1, KV_HEADS, HEAD_DIM), v.reshape(-1, KV_HEADS, HEAD_DIM)
+
+
+def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime):
+    draft = eagle3_draft()
+    tokens, positions = torch.tensor([3, 7, 9]), torch.tensor([5, 11, 2])
+    target_hidden = torch.randn(3, 3 * H)
+    loc = torch.tensor([20, 4, 13])
+    with torch.no_grad():
+        hidden = runtime.draft_kv_only_extend(draft, tokens, target_hidden, positions, loc)
+        k_ref, v_ref = full_layer_kv(draft, tokens, target_hidden, positions)
+        assert torch.allclose(hidden, draft.model.model.fc(target_hidden))
+    pool = draft.token_to_kv_pool
+    assert torch.allclose(pool.k[loc], k_ref, atol=1e-6) and torch.allclose(pool.v[loc], v_ref, atol=1e-6)
+    untouched = [i for i in range(32) if i not in loc.tolist()]
+    assert pool.k[untouched].abs().sum() == 0 and pool.v[untouched].abs().sum() == 0
+
+
+def test_kv_only_update_takes_an_fc_output_as_it_is(runtime):
+    draft = eagle3_draft()
+    fc_hidden = torch.randn(2, H)
+    with torch.no_grad():
+        out = runtime.draft_kv_only_extend(draft, torch.tensor([1, 2]), fc_hidden, torch.tensor([3, 4]),
+                                           torch.tensor([0, 1]))
+    assert out is fc_hidden
+
+
+@pytest.mark.parametrize("draft, words", [
+    (lambda: eagle3_draft(name="DeepseekV3ForCausalLMNextN"), "DeepseekV3ForCausalLMNextN draft"),
+    (lambda: eagle3_draft(qkv_bias=True), "QKV bias"),
+])
+def test_kv_only_update_is_refused_for_drafts_it_does_not_know(runtime, draft, words):
+    assert words in runtime.draft_kv_only_reason(draft())
+
+
+def test_kv_only_update_is_refused_for_quantized_weights(runtime):
+    draft = eagle3_draft()
+    attn = draft.model.model.midlayer.self_attn
+    attn.qkv_proj.weight = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int8), requires_grad=False)
+    assert runtime.draft_kv_only_reason(draft) == "a quantized draft"
+    assert runtime.draft_kv_only_reason(eagle3_draft()) is None
+
+
+# --- the v2 worker's plain step and resume, executed -------------------------------------------
+
+def assign_slots(req_pool_indices, req_to_token, start_offset, end_offset, batch_size, draft_token_num, device):
+    """Torch reference of SGLang's assign_extend_cache_locs_func."""
+    out = [req_to_token[r, s:e] for r, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist())]
+    return torch.cat(out).to(torch.int64)
+
+
+class DraftInput:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+@pytest.fixture()
+def worker_v2(patched_tree, monkeypatch):
+    """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
+    calls = []
+    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+
+    def plain_decode_forward(target_worker, state, batch):
+        calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist()))
+        logits = torch.full((len(batch.seq_lens), 8), -1.0)
+        logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0  # argmax = id % 8
+        hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)  # "3H" = 6
+        return Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
+                      can_run_cuda_graph=True, routed_experts_output=None)
+
+    def build_trivial_verify_input(verified_id, seq_lens, seq_lens_cpu, seq_lens_sum):
+        def sample(batch, logits_output, vocab_mask):
+            calls.append(("sample",))
+            predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
+            return predict, torch.ones_like(predict), None
+        return types.SimpleNamespace(draft_token=verified_id.to(torch.int64), sample=sample)
+
+    def draft_kv_only_extend(draft_runner, tokens, target_hidden, positions, out_cache_loc):
+        calls.append(("kv_only", tokens.tolist(), positions.tolist(), out_cache_loc.tolist()))
+        return target_hidden[:, :2] * 10  # stands for fc(): hidden size 2
+
+    runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward,
+                                 build_trivial_verify_input=build_trivial_verify_input,
+                                 draft_kv_only_extend=draft_kv_only_extend)
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
+
+    class PrepareExtend:
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+
+        def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, draft_runner, runner):
+            calls.append(("draft_extend", predict.tolist(), batch.seq_lens.tolist(),
+                          batch.out_cache_loc.tolist(), runner))
+            self.spec = self
+            return types.SimpleNamespace(spec_info=self, hidden=self.hidden_states)
+
+    def draft_forward(fb, skip_attn_backend_init=False):
+        bs = fb.hidden.shape[0]
+        logits = torch.zeros(bs, 8)
+        logits[:, 5] = 1.0
+        return types.SimpleNamespace(logits_output=types.SimpleNamespace(
+            next_token_logits=logits, hidden_states=torch.full((bs, 2), 7.0)))
+
+    namespace = {
+        "torch": torch, "dataclasses": dataclasses, "assign_extend_cache_locs_func": assign_slots,
+        "EagleDraftInput": lambda **kw: PrepareExtend(**kw) if "hidden_states" in kw else DraftInput(**kw),
+        "GenerationBatchResult": Result, "maybe_detect_nan": lambda *a: None,
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
+        "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+    }
+    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+        source = method_source(patched_tree / WORKER_V2, "EAGLEWorkerV2", name)
+        exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
+    worker = types.SimpleNamespace(
+        device="cpu", speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
+        _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
+        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=draft_forward),
+                                           draft_tp_context=lambda group: nullcontext(), topk=1))
+    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+        setattr(worker, name, types.MethodType(namespace[name], worker))
+    return worker, calls
+
+
+def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
+    seq_lens = torch.tensor(seq_lens)
+    spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
+                      topk_p=torch.rand(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
+                      hidden_states=torch.zeros(len(seq_lens), 2))
+    return model_worker_batch_class()(
+        forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec)
+
+
+def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, monkeypatch):
+    worker, calls = worker_v2
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
+    batch = decode_batch()
+    incoming = batch.spec_info
+    result = worker._forward_plain_decode(batch)
+    slots = [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]  # req_to_token[row, seq_len]
+    assert calls[0] == ("target", [11, 12, 13], slots)
+    assert calls[1] == ("sample",)
+    # outputs laid out as a verify of 4 tokens with only the root accepted
+    assert result.next_token_ids.tolist() == [3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0]
+    assert result.accept_lens.tolist() == [1, 1, 1]
+    assert result.logits_output.hidden_states.shape == (12, 6)
+    nxt = result.next_draft_input
+    assert nxt.dyn_plain_step is True and nxt.verified_id.tolist() == [3, 4, 5]
+    assert nxt.new_seq_lens.tolist() == [6, 10, 18]
+    # the draft writes its KV for the new position (its positions are the token's) in the same slots
+    assert calls[2] == ("kv_only", [3, 4, 5], [5, 9, 17], slots)
+    assert len(calls) == 3  # no full draft extend while plain
+    assert (nxt.topk_p == -1).all() and nxt.topk_p.shape == incoming.topk_p.shape
+    assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
+
+
+def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, monkeypatch):
+    worker, calls = worker_v2
+    worker._dyn_draft_kv_only = False
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
+    worker._dyn_draft_extend_runner = None  # no graphs: eager
+    result = worker._forward_plain_decode(decode_batch())
+    kinds = [c[0] for c in calls]
+    assert kinds == ["target", "sample", "draft_extend"] and worker._dyn_resync_pending is False
+    assert calls[2][1] == [3, 4, 5] and calls[2][2] == [5, 9, 17]
+    assert result.next_draft_input.topk_index.tolist() == [[5], [5], [5]]
+
+
+def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(worker_v2):
+    worker, calls = worker_v2
+    worker._dyn_resync_pending = True
+    # after plain steps seq_lens count the last token; request 1 was prefilled since (topk valid)
+    batch = decode_batch(seq_lens=(6, 10, 18), verified=(3, 4, 5))
+    spec = batch.spec_info
+    spec.topk_p = torch.tensor([[-1.0], [0.9], [-1.0]])
+    spec.topk_index = torch.tensor([[0], [42], [0]])
+    spec.hidden_states = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    worker._dyn_resync_draft(batch)
+    kind, predict, seq_lens, locs, runner = calls[0]
+    assert kind == "draft_extend" and predict == [3, 4, 5] and runner is None  # eager, once
+    assert seq_lens == [5, 9, 17]  # the last position again: its KV is rewritten, not a new one
+    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
+    assert spec.topk_index.tolist() == [[5], [42], [5]]
+    assert spec.topk_p[1].item() == pytest.approx(0.9) and (spec.topk_p[[0, 2]] > 0).all()
+    assert spec.hidden_states.tolist() == [[7.0, 7.0], [2.0, 2.0], [7.0, 7.0]]
+    assert worker._dyn_resync_pending is False
+    assert batch.seq_lens.tolist() == [6, 10, 18]  # the step's own batch is untouched
+
+
+def test_forward_batch_generation_routes_plain_resume_and_stock_steps(patched_tree):
+    """The decode branch of the patched forward_batch_generation, executed: without the switch
+    it is the stock draft/verify/extend; with it, plain steps and the resume run in order."""
+    source = method_source(patched_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
+    namespace = {"torch": torch, "CaptureHiddenMode": Capture, "EagleDraftInput": DraftInput,
+                 "speculative_moe_backend_context": nullcontext,
+                 "speculative_moe_a2a_backend_context": nullcontext}
+    exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    log = []
+
+    class Verify:
+        def is_verify_input(self):
+            return True
+
+    def worker(dyn, decisions):
+        w = types.SimpleNamespace(plan_stream=None, dyn_disable=dyn, _dyn_resync_pending=False)
+        w.draft_worker = types.SimpleNamespace(
+            draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
+            draft=lambda b: log.append("draft") or Verify(),
+            _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
+        w.verify = lambda b: log.append("verify") or "spec-result"
+
+        def plain(b):
+            log.append("plain")
+            w._dyn_resync_pending = True
+            return "plain-result"
+
+        w._forward_plain_decode = plain
+        w._dyn_resync_draft = lambda b: log.append("resync") or setattr(w, "_dyn_resync_pending", False)
+        w._dyn_decide = lambda b: decisions.pop(0)
+        return w
+
+    batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                                  is_extend_in_batch=False, spec_info=DraftInput())
+    stock = worker(None, [])
+    assert namespace["forward_batch_generation"](stock, batch) == "spec-result"
+    assert log == ["draft", "verify", "draft_extend"]
+    log.clear()
+    dyn = worker(object(), [True, False, False, True, True])
+    results = [namespace["forward_batch_generation"](dyn, batch) for _ in range(5)]
+    assert results == ["spec-result", "plain-result", "plain-result", "spec-result", "spec-result"]
+    assert log == ["draft", "verify", "draft_extend", "plain", "plain",
+                   "resync", "draft", "verify", "draft_extend", "draft", "verify", "draft_extend"]
