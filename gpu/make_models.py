@@ -1,6 +1,7 @@
 """Make a tiny Llama target model and a matching EAGLE-3 draft model, offline.
 
 Usage: python3 make_models.py OUT_DIR [--corpus DIR] [--no-weights] [--big LAYERS] [--huge]
+                              [--kimi LAYERS] [--tiny-mla]
 
 Writes, under OUT_DIR:
   tok/                      byte-level BPE tokenizer (1024 tokens) + chat template
@@ -14,6 +15,15 @@ Writes, under OUT_DIR:
   target-big/, draft-big/   with --big LAYERS: config only (hidden 4096), for
                             --load-format dummy throughput sweeps
   target-huge/, draft-huge/ with --huge: config only, Qwen2.5-32B's shape
+  target-kimi/, draft-kimi/ with --kimi LAYERS: config only, Kimi K2.5's shape
+                            (DeepseekV3 architecture: MLA + MoE, hidden 7168,
+                            vocabulary 163840) with LAYERS layers and
+                            KIMI_EXPERTS routed experts, and an EAGLE-3 draft of
+                            the published Kimi drafts' shape (one layer, hidden
+                            7168, draft vocabulary 32000); the tokenizer is padded
+                            with plain-ASCII tokens "<tN>" to 163840 ids
+  target-tinymla/, draft-tinymla/ with --tiny-mla: config only, a small
+                            DeepseekV3 (MLA + MoE) for correctness runs
 Each model folder has config.json, model.safetensors, generation_config.json
 and a copy of the tokenizer files. Weights need torch + safetensors; the
 tokenizer needs `tokenizers` and `transformers`.
@@ -107,6 +117,119 @@ def llama_config(ids, **over):
     }
     cfg.update(over)
     return cfg
+
+
+KIMI_VOCAB = 163840
+# Kimi K2.5 has 384 routed experts; fewer keep the layers inside one H200 (KIMI_EXPERTS, default 64:
+# three six-layer servers side by side)
+KIMI_EXPERTS = int(os.environ.get("KIMI_EXPERTS", "64"))
+
+
+def pad_tokenizer(tok_dir, out, size):
+    """The tokenizer with plain-ASCII added tokens "<tN>" up to `size` ids, so every id a
+    random-weight model emits decodes to ASCII text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok.add_tokens([f"<t{i}>" for i in range(len(tok), size)])
+    assert len(tok) == size, len(tok)
+    tok.save_pretrained(out)
+
+
+def deepseek_v3_config(ids, **over):
+    """A DeepseekV3ForCausalLM config (the architecture of Kimi K2.5's text model)."""
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": KIMI_VOCAB,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "n_shared_experts": 1,
+        "n_routed_experts": KIMI_EXPERTS,
+        "num_experts_per_tok": 8,
+        "routed_scaling_factor": 2.827,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rope_theta": 50000.0,
+        "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": ids["<|begin_of_text|>"],
+        "eos_token_id": ids["<|eot_id|>"],
+        "pad_token_id": ids["<|end_of_text|>"],
+        "torch_dtype": "bfloat16",
+    }
+    cfg.update(over)
+    return cfg
+
+
+def mla_weights(cfg, seed):
+    """Random weights (std 0.02, lm_head x50) for a DeepseekV3 config, in the HF layout."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    qk_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    t = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], h),
+         "model.norm.weight": ones(h),
+         "lm_head.weight": rnd(cfg["vocab_size"], h) * 50}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t.update({
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+            p + "self_attn.q_a_proj.weight": rnd(cfg["q_lora_rank"], h),
+            p + "self_attn.q_a_layernorm.weight": ones(cfg["q_lora_rank"]),
+            p + "self_attn.q_b_proj.weight": rnd(heads * qk_head, cfg["q_lora_rank"]),
+            p + "self_attn.kv_a_proj_with_mqa.weight": rnd(cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h),
+            p + "self_attn.kv_a_layernorm.weight": ones(cfg["kv_lora_rank"]),
+            p + "self_attn.kv_b_proj.weight": rnd(heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
+                                                  cfg["kv_lora_rank"]),
+            p + "self_attn.o_proj.weight": rnd(h, heads * cfg["v_head_dim"]),
+        })
+        if i < cfg["first_k_dense_replace"]:
+            inter = cfg["intermediate_size"]
+            t.update({p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+                      p + "mlp.down_proj.weight": rnd(h, inter)})
+            continue
+        inter = cfg["moe_intermediate_size"]
+        t[p + "mlp.gate.weight"] = rnd(cfg["n_routed_experts"], h)
+        t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(cfg["n_routed_experts"], dtype=torch.float32)
+        for e in range(cfg["n_routed_experts"]):
+            q = f"{p}mlp.experts.{e}."
+            t.update({q + "gate_proj.weight": rnd(inter, h), q + "up_proj.weight": rnd(inter, h),
+                      q + "down_proj.weight": rnd(h, inter)})
+        shared = inter * cfg["n_shared_experts"]
+        t.update({p + "mlp.shared_experts.gate_proj.weight": rnd(shared, h),
+                  p + "mlp.shared_experts.up_proj.weight": rnd(shared, h),
+                  p + "mlp.shared_experts.down_proj.weight": rnd(h, shared)})
+    return t
 
 
 def write_model(d, cfg, tensors, tok_dir, ids):
@@ -220,7 +343,8 @@ def main():
     for name, shape in shapes.items():
         if f"--{name}" not in sys.argv:
             continue
-        layers = int(sys.argv[sys.argv.index("--big") + 1]) if name == "big" else 64
+        layers = (int(sys.argv[sys.argv.index("--big") + 1]) if name == "big"
+                  else int(os.environ.get("HUGE_LAYERS", "64")))
         write_model(os.path.join(out, f"target-{name}"), llama_config(ids, num_hidden_layers=layers, **shape),
                     None, tok_dir, ids)
         write_model(os.path.join(out, f"draft-{name}"), llama_config(
@@ -228,10 +352,39 @@ def main():
             draft_vocab_size=VOCAB, target_hidden_size=shape["hidden_size"],
             eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2 - 1, layers - 4],
                           "use_aux_hidden_state": True}, **shape), None, tok_dir, ids)
+    if "--kimi" in sys.argv:
+        layers = int(sys.argv[sys.argv.index("--kimi") + 1])
+        kimi_tok = os.path.join(out, "tok-kimi")
+        pad_tokenizer(tok_dir, kimi_tok, KIMI_VOCAB)
+        write_model(os.path.join(out, "target-kimi"), deepseek_v3_config(ids, num_hidden_layers=layers),
+                    None, kimi_tok, ids)
+        write_model(os.path.join(out, "draft-kimi"), llama_config(
+            ids, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, vocab_size=KIMI_VOCAB,
+            draft_vocab_size=32000, target_hidden_size=7168, hidden_size=7168,
+            intermediate_size=18432, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+            rope_theta=50000.0, max_position_embeddings=131072,
+            eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2, layers - 2],
+                          "use_aux_hidden_state": True}), None, kimi_tok, ids)
+    if "--tiny-mla" in sys.argv:
+        write_model(os.path.join(out, "target-tinymla"), deepseek_v3_config(
+            ids, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, moe_intermediate_size=256,
+            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, n_routed_experts=8,
+            num_experts_per_tok=2, q_lora_rank=256, max_position_embeddings=4096,
+            rope_scaling=None), None, tok_dir, ids)
+        write_model(os.path.join(out, "draft-tinymla"), dict(dcfg, eagle_config={
+            "eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}),
+            None, tok_dir, ids)
+    if "--tiny-mla" in sys.argv and not no_weights:
+        # the same small DeepseekV3 with real random weights and a sharpened head: context-
+        # dependent greedy output with wide logit margins, for exact-match checks on MLA
+        cfg = json.load(open(os.path.join(out, "target-tinymla", "config.json")))
+        write_model(os.path.join(out, "target-mlasharp"), cfg, mla_weights(cfg, 1234), tok_dir, ids)
     for mode, seed in (("random", 1234), ("const", 4321), ("sharp", 1234)):
         tw, dw = (None, None) if no_weights else make_weights(mode, seed)
         write_model(os.path.join(out, f"target-{mode}"), tcfg, tw, tok_dir, ids)
         write_model(os.path.join(out, f"draft-{mode}"), dcfg, dw, tok_dir, ids)
+        if mode == "sharp" and os.path.isdir(os.path.join(out, "target-mlasharp")):
+            write_model(os.path.join(out, "draft-mlasharp"), dcfg, dw, tok_dir, ids)
     print("models written to", out, "special ids", ids, "const token", CONST_TOKEN)
 
 

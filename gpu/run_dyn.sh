@@ -5,8 +5,10 @@
 #   bash gpu/run_dyn.sh setup                  only prepare /tmp/site and /tmp/models
 # Env: BUDGET_S (default 540): the driver skips work that would end past it.
 #      DYN_APPLY=0: leave /tmp/site pristine (e.g. to apply patchsets with the toolkit instead).
-#      DYN_PATCHSETS (default "dyn-disable"): patchsets applied in order, e.g. "dyn-disable dyn-disable-fastpath".
+#      DYN_PATCHSETS (default "dyn-disable"): patchsets applied in order, e.g. "sm120 dyn-disable".
 #      HUGE=1: also write the config-only 32B-shape pair (make_models.py --huge).
+#      KIMI_LAYERS=N: also write the config-only Kimi-K2.5-shape pair (make_models.py --kimi N).
+#      TINY_MLA=1: also write the small DeepseekV3 (MLA + MoE) pair (make_models.py --tiny-mla).
 #      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
 #      OUT: results folder (set by the GPU machine).
 set -u
@@ -57,7 +59,9 @@ n.rmsnorm(x, w); r = x.clone(); n.fused_add_rmsnorm(x, r, w); torch.cuda.synchro
 PREWARM=$!
 fi
 if [ ! -d /tmp/models/target-sharp ]; then
-  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} $([ "${HUGE:-}" = 1 ] && echo --huge) 2>&1 | tail -1
+  PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} \
+    $([ "${HUGE:-}" = 1 ] && echo --huge) $([ -n "${KIMI_LAYERS:-}" ] && echo --kimi $KIMI_LAYERS) \
+    $([ "${TINY_MLA:-}" = 1 ] && echo --tiny-mla) 2>&1 | tail -1
 fi
 [ -n "${PREWARM:-}" ] && wait $PREWARM
 say "$(tail -n 1 $LOGS/fi_prewarm.log 2>/dev/null)"

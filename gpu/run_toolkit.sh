@@ -70,7 +70,7 @@ EOF
   host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""
   host gpu-huge huge 0.85 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
 tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
-apply_dyn_stack() { tk patch apply dyn-disable --host gpu && tk patch apply dyn-disable-fastpath --host gpu && tk patch verify --host gpu; }
+apply_dyn_stack() { tk patch apply dyn-disable --host gpu && tk patch verify --host gpu; }
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }
 
@@ -106,9 +106,9 @@ if [[ $PHASES == *" symm "* ]]; then
   tk patch revert --host gpu
 fi
 
-# 4. baseline vs eagle3-dyn (plus the fast plain path, where that patchset exists) on the 32-layer target.
+# 4. baseline vs eagle3-dyn on the 32-layer target.
 if [[ $PHASES == *" sweep "* ]]; then
-if [ -d patchsets/dyn-disable-fastpath ] && [ "$(left)" -gt 150 ]; then
+if [ "$(left)" -gt 150 ]; then
   apply_dyn_stack
 fi
 if [ "$(left)" -gt 150 ]; then

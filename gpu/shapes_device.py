@@ -1,0 +1,665 @@
+"""Device-side driver for dyn-disable on the reference shapes (runs on the H200 machines).
+
+Usage (from the repo root, after gpu/run_dyn.sh setup has prepared /tmp/site and /tmp/models):
+  python3 gpu/shapes_device.py PLAN.json --out DIR [--budget-s 520]
+
+A plan (gpu/plans/*.json) lists groups that run at the same time, each on its own GPUs:
+  {"threshold": 8, "groups": [
+     {"name": "check", "gpus": "0", "mode": "check", "tp": 1, "mem": 0.08,
+      "servers": [{"profile": "baseline", "pair": "sharp", "backend": "triton"}, ...],
+      "burst_cycles": 30, "stream_probe": true},
+     {"name": "kimi-tp1", "gpus": "1", "mode": "sweep", "tp": 1, "mem": 0.85, "pair": "kimi",
+      "backend": "triton", "profiles": ["baseline", "eagle3-v2", "eagle3-v2-dyn"],
+      "levels": [1, 4, 16, 32, 64], "shapes": [[128, 160]], "n_per_c": 3, "min_n": 8}]}
+
+check: the servers start side by side; each answers the 32-prompt equality schedule (outputs
+  compared with the baseline of the same model pair and backend), each dyn server takes
+  burst_cycles up/down crossings of its threshold (transitions counted as /server_info deltas over
+  the burst phase, and the per-rank sequence of switch log lines compared across TP ranks), the
+  logs are scanned for errors, and with stream_probe one streamed chat request per server records
+  when each content chunk arrived.
+  Options: "plain_equality" (32 prompts of one length sent at once to every server: on a dyn
+  server with threshold 1 and hysteresis 0 every step after the first is plain, so its outputs
+  show whether a plain step computes what a baseline decode step computes), "determinism" (the
+  same prompt twice at c=1, then twice again with POST /flush_cache before each), "profile"
+  (servers marked "profile": true get a torch profile of a few steps under load; the all-reduce
+  kernels in it are counted by name; mark a server with "torch_profile": true).
+sweep: each level a fixed number of requests of exact input length (token ids) and output length
+  (ignore_eos); every record carries the backend, TP size, model architecture, threshold and
+  profile. "side_by_side": true starts every profile's server at once (one after another up to
+  its KV-cache allocation) and measures them in turns, level by level, for "rounds" rounds;
+  otherwise one server at a time (start, warm up, measure, stop). Each server is warmed up at
+  every level and shape first (short outputs), so JIT compiles do not land in a measurement.
+Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
+(SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
+(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, tinymla)
+load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
+(default 2.6) so acceptance is that of a trained draft.
+Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and server logs under
+/tmp/dyn-logs (the wrapper tars them).
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dyn_device import (  # noqa: E402  (shared with the first rounds' driver)
+    ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
+    server_info, wait_health)
+
+CONFIG_ONLY = {"big", "huge", "kimi", "tinymla"}
+ARCH = {"kimi": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
+V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+      "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
+V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+SWITCH_RE = re.compile(r"^\[[^\]]*?(?: TP(\d+))?\] Dynamic speculation disable: drafting "
+                       r"(stopped|resumed) at (\d+) running decode requests \((.*)\)")
+RECORDS = None
+BUDGET = 520.0
+HEALTHY = {}  # group name -> asyncio.Event set once its (check) servers are healthy
+
+
+def left():
+    return BUDGET - el()
+
+
+class Server:
+    def __init__(self, group, spec, index, threshold):
+        self.group = group
+        self.profile = spec["profile"]
+        self.pair = spec.get("pair", group.get("pair"))
+        self.backend = spec.get("backend", group.get("backend", "triton"))
+        self.tp = int(spec.get("tp", group.get("tp", 1)))
+        self.threshold = int(spec.get("threshold", threshold))
+        self.label = spec.get("label", self.profile)
+        self.name = f"{group['name']}-{self.label}-{self.pair}-{self.backend}"
+        self.port = 30000 + 100 * group["index"] + 10 * index
+        self.base = f"http://127.0.0.1:{self.port}"
+        mem = spec.get("mem", group.get("mem", 0.8))
+        kv = spec.get("kv_tokens", group.get("kv_tokens", 65536))
+        args = ["--model-path", f"{MODELS}/target-{self.pair}", "--host", "127.0.0.1",
+                "--port", str(self.port), "--nccl-port", str(self.port + 5000),
+                "--attention-backend", self.backend, "--sampling-backend", "pytorch",
+                "--grammar-backend", "none", "--disable-piecewise-cuda-graph",
+                "--random-seed", "0", "--tp-size", str(self.tp),
+                "--max-running-requests", str(group.get("max_running", 64)),
+                "--cuda-graph-max-bs", str(group.get("max_running", 64)),
+                "--mem-fraction-static", str(mem), "--max-total-tokens", str(kv),
+                "--log-level", "info", "--decode-log-interval", "100",
+                "--trust-remote-code"]
+        if self.pair in CONFIG_ONLY:
+            args += ["--load-format", "dummy"]
+        env = {}
+        p = self.profile
+        if p != "baseline":
+            args += ["--speculative-draft-model-path", f"{MODELS}/draft-{self.pair}"]
+            args += V2 if "v2" in p else V1
+            if "v2" in p:
+                env["SGLANG_ENABLE_SPEC_V2"] = "1"
+            if p.endswith("-dyn") or p.endswith("-dyn-full"):
+                env["SGLANG_SPEC_DISABLE_THRESHOLD"] = str(self.threshold)
+            if p.endswith("-dyn-full"):
+                env["SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY"] = "0"
+            if self.pair in CONFIG_ONLY and group.get("simulate_acc", True):
+                env["SGLANG_SIMULATE_ACC_LEN"] = str(group.get("acc_len", 2.6))
+        env.update(spec.get("env", {}))
+        self.env_shown = env
+        self.env = dict(os.environ, **env)
+        self.env["CUDA_VISIBLE_DEVICES"] = spec.get("gpus", group["gpus"])
+        extra = os.environ.get("EXTRA_PYTHONPATH", "")
+        self.env["PYTHONPATH"] = "/tmp/site" + (":" + extra if extra else "")
+        self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + spec.get("flags", [])
+        self.log_path = f"{LOGS}/{self.name}.log"
+        self.proc = None
+
+    def meta(self):
+        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+        return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
+                "attention_backend": self.backend, "tp_size": self.tp,
+                "threshold": self.threshold if dyn else None,
+                "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
+                "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN")}
+
+    def start(self):
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+        say(f"start {self.name} port {self.port} gpus {self.group['gpus']} env={self.env_shown}")
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self):
+        if self.proc is None:
+            return
+        for sig, waits in ((signal.SIGTERM, 60), (signal.SIGKILL, 40)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            for _ in range(waits):
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.25)
+        self.proc.wait()
+        self.log.close()
+
+    def log_lines(self):
+        return open(self.log_path, errors="replace").read().splitlines()
+
+    def scan_log(self):
+        lines = self.log_lines()
+        errors = [l for l in lines if ERROR_RE.search(l) and not HARMLESS.search(l)]
+        return {"lines": len(lines), "error_lines": len(errors), "first_errors": errors[:8],
+                "dyn_lines": [l for l in lines if "Dynamic speculation disable" in l
+                              and "drafting" not in l][:8],
+                "graph_lines": [l for l in lines if "Capture cuda graph end" in l
+                                or "Capture draft" in l][:6],
+                "kv_lines": [l for l in lines if "KV Cache is allocated" in l][:2]}
+
+    def switch_sequences(self):
+        """Per TP rank: the switch log lines (kind, running requests, counters) in order."""
+        ranks = {}
+        for line in self.log_lines():
+            m = SWITCH_RE.match(line)
+            if m:
+                ranks.setdefault(int(m.group(1) or 0), []).append(m.group(2, 3, 4))
+        return ranks
+
+
+def record(rec):
+    with open(RECORDS, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def save(out, group, rep):
+    with open(os.path.join(out, f"shapes_{group['name']}.json"), "w") as f:
+        json.dump(rep, f, indent=1)
+
+
+async def start_servers(servers, wait_kv, stagger_s):
+    """Start servers one after another; with wait_kv the next starts once the previous one has
+    allocated its KV cache (SGLang sizes its pools from free memory read around its own weight
+    load, so concurrent loads would misjudge it)."""
+    for srv in servers:
+        srv.start()
+        t0 = time.time()
+        while wait_kv and srv.alive() and time.time() - t0 < 240:
+            text = open(srv.log_path, errors="replace").read()
+            if "KV Cache is allocated" in text or "max_total_num_tokens" in text:
+                break
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(stagger_s)
+
+
+async def wait_up(s, servers, timeout):
+    res = await asyncio.gather(*(wait_health(s, srv, timeout) for srv in servers))
+    for srv, w in zip(servers, res):
+        say(f"{srv.name}: " + (f"healthy after {w} s" if w is not None else f"NOT healthy (alive={srv.alive()})"))
+    return {srv.name: w for srv, w in zip(servers, res)}
+
+
+async def gen_ids(s, srv, ids, max_tokens):
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens,
+                                                  "ignore_eos": True}}
+    t0 = time.time()
+    async with s.post(srv.base + "/generate", json=body) as r:
+        j = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {str(j)[:200]}")
+    return j["meta_info"]["completion_tokens"], time.time() - t0
+
+
+async def level(s, srv, c, n, in_len, out_len, seed):
+    rnd = random.Random(seed)
+    prompts = [[rnd.randrange(10, 1000) for _ in range(in_len)] for _ in range(n)]
+    sem = asyncio.Semaphore(c)
+    toks, lat = [], []
+
+    async def one(ids):
+        async with sem:
+            try:
+                k, dt = await gen_ids(s, srv, ids, out_len)
+            except aiohttp.ServerDisconnectedError:  # a reused keep-alive connection the server closed
+                k, dt = await gen_ids(s, srv, ids, out_len)
+            toks.append(k)
+            lat.append(dt)
+
+    t0 = time.time()
+    await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.time() - t0
+    out_tps = sum(toks) / wall
+    return {"conc": c, "requests": n, "input_len": in_len, "output_len": out_len,
+            "out_tokens": sum(toks), "wall_s": round(wall, 3), "out_tok_per_s": round(out_tps, 1),
+            "mean_latency_s": round(sum(lat) / len(lat), 3),
+            # a step serves min(c, n) requests: its time is about c / (tok/s) once all run
+            "approx_step_ms": round(1000 * min(c, n) / out_tps, 2)}
+
+
+def profile_spec(entry):
+    """"eagle3-v2-dyn" or "eagle3-v2-dyn@flashinfer" (a profile on another attention backend)."""
+    if isinstance(entry, dict):
+        return entry
+    profile, _, backend = entry.partition("@")
+    return {"profile": profile, **({"backend": backend} if backend else {})}
+
+
+async def warm_up(s, srv, group):
+    await level(s, srv, 1, 2, 64, 8, 1)
+    for in_len, _ in group.get("shapes", [[128, 160]]):
+        for c in group["levels"]:
+            await level(s, srv, c, c, in_len, 16, 7 + c)
+
+
+async def measure(s, srv, group, out, rep, c, in_len, out_len, round_no):
+    n = max(group.get("min_n", 8), group.get("n_per_c", 3) * c)
+    try:
+        r = await level(s, srv, c, n, in_len, out_len, 1000 * round_no + c)
+    except Exception as e:
+        r = {"conc": c, "input_len": in_len, "output_len": out_len, "error": repr(e)[:300]}
+    r.update(srv.meta(), group=group["name"], gpus=group["gpus"], round=round_no, t=el())
+    record(r)
+    rep["runs"].append(r)
+    say(f"{srv.name} r{round_no} in{in_len}/out{out_len} c={c}: {r.get('out_tok_per_s')} tok/s "
+        f"(step ~{r.get('approx_step_ms')} ms)")
+    save(out, group, rep)
+
+
+async def sweep_side_by_side(s, group, out, threshold):
+    rep = {"group": group["name"], "mode": "sweep", "side_by_side": True, "runs": [], "logs": {}}
+    servers = [Server(group, profile_spec(p), k, threshold) for k, p in enumerate(group["profiles"])]
+    try:
+        await start_servers(servers, group.get("wait_kv", True), group.get("stagger_s", 1))
+        rep["health_s"] = await wait_up(s, servers, min(360, left() - 30))
+        live = [srv for srv in servers if rep["health_s"][srv.name] is not None]
+        for srv in live:
+            await warm_up(s, srv, group)
+        say(f"{group['name']}: warmed up ({left():.0f} s left)")
+        for round_no in range(1, group.get("rounds", 1) + 1):
+            for in_len, out_len in group.get("shapes", [[128, 160]]):
+                for c in group["levels"]:
+                    order = live if round_no % 2 else list(reversed(live))
+                    for srv in order:
+                        if left() < group.get("stop_left_s", 20):
+                            break
+                        await measure(s, srv, group, out, rep, c, in_len, out_len, round_no)
+        rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
+        await after_sweep_checks(s, group, out, rep, live)
+    finally:
+        for srv in servers:
+            srv.stop()
+            rep["logs"][srv.name] = srv.scan_log()
+            rep.setdefault("switch_sequences", {})[srv.name] = {
+                r: len(v) for r, v in srv.switch_sequences().items()}
+    rep["ratios"] = ratios(rep["runs"])
+    for line in rep["ratios"]["lines"]:
+        say(f"{group['name']}: {line}")
+    save(out, group, rep)
+    return rep
+
+
+async def after_sweep_checks(s, group, out, rep, live):
+    """On the sweep's own servers: bursts across the threshold for dyn servers, determinism,
+    a stream probe, torch profiles (group keys "bursts", "determinism", "stream_probe",
+    "torch_profile": [profile names])."""
+    if group.get("bursts"):
+        rep["bursts"] = {}
+        for srv in live:
+            if "-dyn" in srv.profile and left() > 40:
+                b = await burst_phase(s, srv, group.get("burst_cycles", 28), group.get("burst_width", 12))
+                rep["bursts"][srv.name] = b
+                say(f"bursts {srv.name}: {b['requests']} requests, {b['transitions']} transitions "
+                    f"({b['delta']}), err={b['error']}, ranks {b['ranks']} lines "
+                    f"{b['switch_lines_per_rank']} agree={b['ranks_agree']}")
+                save(out, group, rep)
+    for srv in live:
+        if srv.label in group.get("torch_profile", []) and left() > 45:
+            rep.setdefault("profiles", {})[srv.name] = await asyncio.to_thread(profile_allreduce, srv)
+            say(f"profile {srv.name}: {rep['profiles'][srv.name]}")
+            save(out, group, rep)
+    if group.get("determinism"):
+        rep["determinism"] = {}
+        for srv in live:
+            if left() > 20:
+                rep["determinism"][srv.name] = await determinism(s, srv)
+                say(f"determinism {srv.name}: {rep['determinism'][srv.name]}")
+    if group.get("stream_probe"):
+        rep["stream"] = {}
+        for srv in live:
+            if left() < 10:
+                break
+            try:
+                rep["stream"][srv.name] = await stream_probe(s, srv)
+            except Exception as e:
+                rep["stream"][srv.name] = {"error": repr(e)[:300]}
+            say(f"stream {srv.name}: {rep['stream'][srv.name]}")
+    save(out, group, rep)
+
+
+async def sweep_group(s, group, out, threshold):
+    if group.get("side_by_side"):
+        return await sweep_side_by_side(s, group, out, threshold)
+    rep = {"group": group["name"], "mode": "sweep", "runs": [], "logs": {}}
+    profiles = group["profiles"]
+    for k, profile in enumerate(profiles):
+        if left() < group.get("min_left_s", 90):
+            rep.setdefault("skipped", []).append(profile)
+            say(f"{group['name']}: skip {profile} ({left():.0f} s left)")
+            continue
+        srv = Server(group, profile_spec(profile), k, threshold)
+        srv.start()
+        try:
+            up = await wait_health(s, srv, min(300, left() - 20))
+            say(f"{srv.name}: healthy after {up} s")
+            if up is None:
+                rep["runs"].append(dict(srv.meta(), error="not healthy"))
+                continue
+            await warm_up(s, srv, group)
+            for in_len, out_len in group.get("shapes", [[128, 160]]):
+                for c in group["levels"]:
+                    if left() < 25:
+                        break
+                    await measure(s, srv, group, out, rep, c, in_len, out_len, 1)
+            rep.setdefault("server_info", {})[profile] = await server_info(s, srv)
+        finally:
+            srv.stop()
+            rep["logs"][profile] = srv.scan_log()
+            save(out, group, rep)
+    rep["ratios"] = ratios(rep["runs"])
+    for line in rep["ratios"]["lines"]:
+        say(f"{group['name']}: {line}")
+    save(out, group, rep)
+    return rep
+
+
+def ratios(runs):
+    """Per shape and level: each profile's tok/s and its ratio to the faster baseline and to
+    its own stock worker (eagle3-v2 for v2 profiles, eagle3 for v1 ones)."""
+    samples = {}
+    for r in runs:
+        if "out_tok_per_s" in r:
+            key = (r["input_len"], r["output_len"], r["conc"])
+            label = r.get("label", r["profile"])
+            name = label if r["attention_backend"] == "triton" else f"{label}@{r['attention_backend']}"
+            samples.setdefault(key, {}).setdefault(name, []).append(r["out_tok_per_s"])
+    table = {k: {n: sorted(v)[(len(v) - 1) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+                 for n, v in d.items()} for k, d in samples.items()}
+    lines, rows = [], []
+    for key in sorted(table):
+        vals = table[key]
+        spread = {n: round((max(v) - min(v)) / min(v), 3) for n, v in samples[key].items() if len(v) > 1}
+        bases = {n: v for n, v in vals.items() if n.split("@")[0] == "baseline"}
+        best_base = max(bases.items(), key=lambda kv: kv[1]) if bases else None
+        row = {"input_len": key[0], "output_len": key[1], "conc": key[2], "tok_s": vals,
+               "spread": spread, "fastest_baseline": best_base[0] if best_base else None}
+        for n, v in vals.items():
+            prof = n.split("@")[0]
+            if best_base and prof != "baseline":
+                row[f"{n}/baseline"] = round(v / best_base[1], 3)
+            stock = "eagle3-v2" if "v2" in prof else "eagle3"
+            suffix = n[len(prof):]
+            if prof != stock and prof != "baseline" and (stock + suffix) in vals:
+                row[f"{n}/{stock}"] = round(v / vals[stock + suffix], 3)
+        rows.append(row)
+        lines.append(json.dumps(row))
+    return {"rows": rows, "lines": lines}
+
+
+async def burst_phase(s, srv, cycles, width):
+    before = await server_info(s, srv)
+    t0 = time.time()
+    err, n = None, 0
+    try:
+        for c in range(cycles):
+            if left() < 20:
+                err = f"budget: stopped after {c} cycles"
+                break
+            idx = [(c * width + k) % 32 for k in range(width)]
+            await asyncio.gather(*(generate(s, srv, PROMPTS[i], 12 + (i % 5)) for i in idx))
+            await generate(s, srv, PROMPTS[c % 32], 8)
+            n += width + 1
+    except Exception as e:
+        err = repr(e)[:400]
+    after = await server_info(s, srv)
+    d0 = (before or {}).get("dyn_spec_disable") or {}
+    d1 = (after or {}).get("dyn_spec_disable") or {}
+    delta = {k: d1.get(k, 0) - d0.get(k, 0) for k in ("switches_off", "switches_on", "spec_steps",
+                                                        "plain_steps", "forced_spec_steps")}
+    seqs = srv.switch_sequences()
+    return {"cycles": cycles, "width": width, "requests": n, "error": err,
+            "wall_s": round(time.time() - t0, 1), "delta": delta,
+            "transitions": delta["switches_off"] + delta["switches_on"],
+            "ranks": sorted(seqs), "switch_lines_per_rank": {r: len(v) for r, v in seqs.items()},
+            "ranks_agree": len({json.dumps(v) for v in seqs.values()}) <= 1,
+            "last_switch_per_rank": {r: v[-1] if v else None for r, v in seqs.items()},
+            "alive_after": srv.alive(), "server_info_after": after}
+
+
+async def stream_probe(s, srv, max_tokens=48):
+    """One streamed chat request: when each content chunk arrived and how much text it held."""
+    body = {"model": "x", "stream": True, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": PROMPTS[3]}], "ignore_eos": True}
+    t0 = time.time()
+    chunks = []
+    async with s.post(srv.base + "/v1/chat/completions", json=body) as r:
+        async for raw in r.content:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            try:
+                delta = json.loads(line[5:])["choices"][0]["delta"].get("content") or ""
+            except Exception:
+                continue
+            if delta:
+                chunks.append((round(time.time() - t0, 4), len(delta), delta[:24]))
+    span = chunks[-1][0] - chunks[0][0] if len(chunks) > 1 else 0.0
+    return {"content_chunks": len(chunks), "first_s": chunks[0][0] if chunks else None,
+            "span_s": round(span, 4), "chars": sum(c[1] for c in chunks), "head": chunks[:6]}
+
+
+async def plain_equality(s, live):
+    """32 prompts of one output length, sent at once to every server; outputs compared with the
+    baseline of the same pair and backend."""
+    outs = {}
+    for srv in live:
+        if left() < 40:
+            break
+        rs = await asyncio.gather(*(generate(s, srv, PROMPTS[i], 24) for i in range(32)))
+        outs[srv.name] = [r["output_ids"] for r in rs]
+    res = {}
+    for srv in live:
+        ref = next((r for r in live if r.profile == "baseline" and r.pair == srv.pair
+                    and r.backend == srv.backend and r.name in outs), None)
+        if ref is not None and srv.name in outs and ref is not srv:
+            res[srv.name] = compare(outs[ref.name], outs[srv.name])
+            say(f"plain equality {srv.name}: {res[srv.name]['match']}/32 vs {ref.name}")
+    return res
+
+
+async def flush(s, srv):
+    async with s.post(srv.base + "/flush_cache") as r:
+        return r.status
+
+
+async def determinism(s, srv):
+    """The same prompt twice at temperature 0 (the second hits the prefix cache), then twice
+    with the cache flushed before each (both compute the same full prefill)."""
+    prompt = PROMPTS[5]
+    try:
+        a = (await generate(s, srv, prompt, 48))["output_ids"]
+        b = (await generate(s, srv, prompt, 48))["output_ids"]
+        await flush(s, srv)
+        c = (await generate(s, srv, prompt, 48))["output_ids"]
+        await flush(s, srv)
+        d = (await generate(s, srv, prompt, 48))["output_ids"]
+    except Exception as e:
+        return {"error": repr(e)[:300]}
+
+    def first_diff(x, y):
+        return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None if x == y else min(len(x), len(y)))
+
+    return {"cached_second_equal": a == b, "cached_first_diff": first_diff(a, b),
+            "flushed_equal": c == d, "flushed_first_diff": first_diff(c, d),
+            "flushed_vs_first_equal": a == c}
+
+
+def profile_allreduce(srv):
+    """A torch profile of a few decode steps under load; all-reduce kernels counted by name."""
+    import collections
+    import glob
+    import gzip
+
+    outdir = f"{LOGS}/traces/{srv.name}"
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                        "profile_load.py"), srv.base, outdir,
+                           "--concurrency", "64", "--max-tokens", "400", "--steps", "8",
+                           "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    traces = sorted(glob.glob(f"{outdir}/**/*.json*", recursive=True))
+    counts = collections.Counter()
+    pat = re.compile(r"all_?reduce|allreduce|two_shot|one_shot|multimem|cross_device|AllReduce", re.I)
+    for path in traces:
+        opener = gzip.open if path.endswith(".gz") else open
+        try:
+            with opener(path, "rt") as f:
+                events = json.load(f).get("traceEvents", [])
+        except Exception:
+            continue
+        for ev in events:
+            if ev.get("cat") == "kernel" and pat.search(ev.get("name", "")):
+                counts[ev["name"][:90]] += 1
+    return {"traces": len(traces), "allreduce_kernels": dict(counts.most_common(8)),
+            "driver_rc": done.returncode, "driver_tail": done.stdout[-300:] + done.stderr[-300:]}
+
+
+async def check_group(s, group, out, threshold):
+    rep = {"group": group["name"], "mode": "check"}
+    servers = [Server(group, spec, k, threshold) for k, spec in enumerate(group["servers"])]
+    specs = {srv.name: spec for srv, spec in zip(servers, group["servers"])}
+    try:
+        await start_servers(servers, group.get("wait_kv", False), group.get("stagger_s", 2))
+        rep["health_s"] = await wait_up(s, servers, min(300, left() - 60))
+        HEALTHY[group["name"]].set()
+        live = [srv for srv in servers if rep["health_s"][srv.name] is not None]
+        outs = {}
+        for srv in live:
+            if left() < 60:
+                break
+            try:
+                outs[srv.name] = await equality_schedule(s, srv)
+            except Exception as e:
+                rep.setdefault("failures", {})[f"equality/{srv.name}"] = repr(e)[:400]
+        eq = {}
+        for srv in live:
+            if srv.name not in outs:
+                continue
+            ref = next((r for r in live if r.profile == "baseline" and r.pair == srv.pair
+                        and r.backend == srv.backend and r.name in outs), None)
+            stock = next((r for r in live if r.profile == ("eagle3-v2" if "v2" in srv.profile else "eagle3")
+                          and r.pair == srv.pair and r.backend == srv.backend and r.name in outs), None)
+            eq[srv.name] = {"vs_baseline": compare(outs[ref.name], outs[srv.name]) if ref else None,
+                            "vs_stock": compare(outs[stock.name], outs[srv.name]) if stock else None}
+            say(f"equality {srv.name}: baseline {eq[srv.name]['vs_baseline'] and eq[srv.name]['vs_baseline']['match']}"
+                f"/32, stock {eq[srv.name]['vs_stock'] and eq[srv.name]['vs_stock']['match']}/32")
+        rep["equality"] = eq
+        save(out, group, rep)
+        bursts = {}
+        for srv in live:
+            if not (srv.profile.endswith("-dyn") or srv.profile.endswith("-dyn-full")) or left() < 40:
+                continue
+            b = await burst_phase(s, srv, group.get("burst_cycles", 30), group.get("burst_width", 12))
+            bursts[srv.name] = b
+            say(f"bursts {srv.name}: {b['requests']} requests, {b['transitions']} transitions "
+                f"({b['delta']}), err={b['error']}, ranks {b['ranks']} agree={b['ranks_agree']}")
+            save(out, group, rep)
+        rep["bursts"] = bursts
+        if group.get("plain_equality"):
+            rep["plain_equality"] = await plain_equality(s, live)
+        if group.get("determinism"):
+            rep["determinism"] = {}
+            for srv in live:
+                if left() > 30:
+                    rep["determinism"][srv.name] = await determinism(s, srv)
+                    say(f"determinism {srv.name}: {rep['determinism'][srv.name]}")
+        for srv in live:
+            if specs[srv.name].get("torch_profile") and left() > 60:
+                rep.setdefault("profiles", {})[srv.name] = await asyncio.to_thread(profile_allreduce, srv)
+                say(f"profile {srv.name}: {rep['profiles'][srv.name]}")
+        save(out, group, rep)
+        if group.get("stream_probe"):
+            rep["stream"] = {}
+            for srv in live:
+                try:
+                    rep["stream"][srv.name] = await stream_probe(s, srv)
+                except Exception as e:
+                    rep["stream"][srv.name] = {"error": repr(e)[:300]}
+                say(f"stream {srv.name}: {rep['stream'][srv.name]}")
+        rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
+    finally:
+        for srv in servers:
+            srv.stop()
+        rep["logs"] = {srv.name: srv.scan_log() for srv in servers}
+        rep["meta"] = {srv.name: srv.meta() for srv in servers}
+        for name, lg in rep["logs"].items():
+            say(f"log {name}: {lg['error_lines']} error lines; first={lg['first_errors'][:2]}; "
+                f"dyn={lg['dyn_lines'][:3]}")
+        save(out, group, rep)
+    return rep
+
+
+async def main():
+    global RECORDS, BUDGET
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plan")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=520)
+    a = ap.parse_args()
+    BUDGET = a.budget_s
+    plan = json.load(open(a.plan))
+    os.makedirs(LOGS, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    RECORDS = os.path.join(a.out, "records.jsonl")
+    threshold = int(plan.get("threshold", 8))
+    tasks = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=240)) as s:
+        done = {g["name"]: asyncio.Event() for g in plan["groups"]}
+        HEALTHY.update({g["name"]: asyncio.Event() for g in plan["groups"]})
+
+        async def run(group):
+            try:
+                if group.get("after"):  # another group's GPUs: wait until it has finished
+                    await done[group["after"]].wait()
+                if group.get("start_after_healthy"):
+                    # servers sharing a GPU start after the others have taken their memory, so
+                    # each sizes its KV pool from what is really free
+                    other = group["start_after_healthy"]
+                    await asyncio.wait([asyncio.ensure_future(HEALTHY[other].wait()),
+                                        asyncio.ensure_future(done[other].wait())],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                body = check_group if group["mode"] == "check" else sweep_group
+                return await body(s, group, a.out, threshold)
+            finally:
+                HEALTHY[group["name"]].set()
+                done[group["name"]].set()
+
+        for i, group in enumerate(plan["groups"]):
+            group["index"] = i
+            tasks.append(run(group))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for group, res in zip(plan["groups"], results):
+        if isinstance(res, Exception):
+            say(f"group {group['name']} FAILED: {res!r}")
+    say("all groups done")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

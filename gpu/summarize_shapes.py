@@ -1,0 +1,75 @@
+"""Markdown tables from gpu/shapes_device.py's records.jsonl (dev machine, stdlib only).
+
+Usage: python3 gpu/summarize_shapes.py RECORDS.jsonl [RECORDS.jsonl ...]
+
+One table per (group, input/output shape): output tok/s per profile and concurrency as the
+median over rounds with the spread (max-min)/min when a level ran more than once, the ratio of
+each speculative profile to the faster baseline measured in the same group (triton or
+FlashInfer), and of each dyn profile to its own stock worker on the same backend.
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def name(r):
+    label = r.get("label", r["profile"])
+    return label if r["attention_backend"] == "triton" else f"{label}@{r['attention_backend']}"
+
+
+def stock_of(n):
+    label, _, backend = n.partition("@")
+    stock = "eagle3-v2" if "v2" in label else "eagle3"
+    return stock + ("@" + backend if backend else "")
+
+
+def tables(records):
+    by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    meta = {}
+    for r in records:
+        if "out_tok_per_s" not in r:
+            continue
+        key = (r["group"], r["input_len"], r["output_len"])
+        by[key][r["conc"]][name(r)].append(r["out_tok_per_s"])
+        meta[key] = (r["arch"], r["tp_size"], r.get("threshold"))
+    out = []
+    for key in sorted(by):
+        levels = by[key]
+        names = sorted({n for c in levels.values() for n in c}, key=lambda n: (not n.startswith("baseline"), n))
+        arch, tp, _ = meta[key]
+        thresholds = sorted({r.get("threshold") for r in records if r.get("group") == key[0] and r.get("threshold")})
+        out.append(f"### {key[0]}: {arch}, TP={tp}, input {key[1]} / output {key[2]}, "
+                   f"dyn threshold {thresholds or '-'}\n")
+        out.append("| c | " + " | ".join(names) + " | dyn / faster baseline | dyn / own stock |")
+        out.append("|---" * (len(names) + 3) + "|")
+        for c in sorted(levels):
+            med = {n: statistics.median(v) for n, v in levels[c].items()}
+            cells = []
+            for n in names:
+                v = levels[c].get(n)
+                if not v:
+                    cells.append("-")
+                    continue
+                spread = f" ±{(max(v) - min(v)) / min(v) * 100:.0f}%" if len(v) > 1 else ""
+                cells.append(f"{med[n]:.0f}{spread}")
+            bases = [med[n] for n in med if n.split("@")[0] == "baseline"]
+            best = max(bases) if bases else None
+            dyn = [n for n in names if "-dyn" in n and n in med]
+            vs_base = ", ".join(f"{n}: {med[n] / best:.3f}" for n in dyn) if best else "-"
+            vs_stock = ", ".join(f"{n}: {med[n] / med[stock_of(n)]:.3f}" for n in dyn if stock_of(n) in med)
+            out.append(f"| {c} | " + " | ".join(cells) + f" | {vs_base} | {vs_stock or '-'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    records = []
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    print(tables(records))
+
+
+if __name__ == "__main__":
+    main()
