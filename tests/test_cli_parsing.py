@@ -46,10 +46,10 @@ def test_dash_h_is_help_and_dash_capital_h_is_the_host(capsys):
     # positional (the commands show their help for it, see common.wants_help) ...
     assert run(["patch", "-h"]) == [("-h", None, None, False)]
     assert run(["patch", "verify", "-h"]) == [("verify", "-h", None, False)]
-    # ... and where none is open it is Invoke's own help for the task
+    # ... and where none is open it is Invoke's help for the task, drawn by parsing.render_help
     assert run(["other", "x", "-h"]) == []
     out = capsys.readouterr().out
-    assert "Usage: invoke [--core-opts] other" in out
+    assert out.startswith("Usage: invoke other ACTION [options]\n")
 
 
 def test_every_host_option_takes_dash_capital_h():

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
-from .sandbox import sandbox_port
+from .sandbox import sandbox_port, up_command
 from .transport import LocalTransport, SSHTransport, Transport
 
 
@@ -51,6 +51,8 @@ class Host:
     stack: str | None = None            # default stack for provision
     labels: list[str] = field(default_factory=list)
     server: dict = field(default_factory=dict)
+    # Built-in hosts only (not an inventory key): what to do when the host does not answer.
+    unreachable_advice: str | None = None
 
     @property
     def venv_python(self) -> str:
@@ -73,7 +75,8 @@ class Host:
         if self.transport != "ssh":
             raise InventoryError(f"host {self.name!r}: unknown transport {self.transport!r}")
         return SSHTransport(self.address, port=self.port, user=self.user,
-                            key_filename=_expand(self.key), known_hosts=_expand(self.known_hosts))
+                            key_filename=_expand(self.key), known_hosts=_expand(self.known_hosts),
+                            advice=self.unreachable_advice)
 
     def describe(self) -> str:
         if self.transport == "local":
@@ -85,7 +88,7 @@ def _expand(path: str | None) -> str | None:
     return os.path.expanduser(path) if path else None
 
 
-_FIELDS = set(Host.__dataclass_fields__)
+_FIELDS = set(Host.__dataclass_fields__) - {"unreachable_advice"}
 
 
 def _host_from_table(name: str, table: dict, source: str) -> Host:
@@ -103,6 +106,7 @@ def builtin_hosts() -> dict[str, Host]:
             key=str(sandbox / "client_key"), known_hosts=str(sandbox / "known_hosts"),
             venv=str(sandbox / "host" / "venv"), stack="cpu-ref", labels=["sandbox"],
             server={"bind": "127.0.0.1"},
+            unreachable_advice=f"is the sandbox up? start it with: {up_command(sandbox_port())}",
         ),
         "local": Host(
             name="local", transport="local",

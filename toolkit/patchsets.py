@@ -64,6 +64,11 @@ class Patchset:
     logs: dict = field(default_factory=dict)
     verified: list = field(default_factory=list)
 
+    @property
+    def print_prefixes(self) -> list[str]:
+        """`[logs] print`: prefixes of log lines `invoke server start` shows once the server is ready."""
+        return list(self.logs.get("print", []))
+
     def patches(self, allow_missing: bool = False) -> list[PatchFile]:
         found = []
         for name in self.patch_names:
@@ -145,6 +150,12 @@ def _load_one(folder: Path) -> Patchset:
     for name in data["patches"]:
         if "/" in name or name.startswith("."):
             raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
+    logs = data.get("logs", {})
+    for key in ("startup", "print"):
+        lines = logs.get(key, [])
+        if not isinstance(lines, list) or not all(isinstance(x, str) and x.strip() for x in lines):
+            raise PatchsetError(f"{folder.name}/patchset.toml: [logs] {key} must be a list of non-empty strings"
+                                f" (log line prefixes), not {lines!r}")
     return Patchset(
         name=data["name"], folder=folder, summary=data["summary"], description=data.get("description", ""),
         package=data["package"], versions=[str(v) for v in data["versions"]], order=int(data["order"]),

@@ -33,7 +33,7 @@ TOP_LEVEL_KEYS = {
 }
 READY_KEYS = {"endpoint", "log_lines", "rank_log_lines"}
 HOST_SERVER_KEYS = {"model", "draft_model", "bind", "port", "tp_size", "env_file", "flags", "env",
-                    "nvidia_smi", "idle_memory_slack_mib", "memory_wait_s", "shared_gpu"}
+                    "nvidia_smi", "idle_memory_slack_mib", "memory_wait_s", "shared_gpu", "keep_logs"}
 OVERRIDE_KEYS = {"model", "draft_model", "bind", "port", "tp_size", "dyn_threshold", "dyn_hysteresis",
                  "flags", "env"}
 # Inline env values end up in the launch script and in reports: secrets belong in server.env_file.

@@ -10,6 +10,10 @@ printed (lines in `ready.rank_log_lines` by each TP rank TP0..TP{n-1}). Start re
 server is recorded as running, while a process holds GPU memory, or while the port is taken;
 a server that dies or is not ready in time is stopped again and its log tail is reported.
 
+Every start keeps its own log (`<server dir>/logs/PROFILE-<UTC time>.log`, `server.log` points at
+the newest); after ready, the lines that the host's applied patchsets list under `[logs] print`
+come back in `ServerState.print_lines`, one per distinct text with the TP ranks that printed it.
+
 Host-side work is `toolkit/hostside/server_ctl.py`: start is one round trip for a fast server
 (it waits on the host), plus one per `wait_chunk` seconds of a slow start (progress lines).
 """
@@ -35,6 +39,7 @@ from .inventory import Host
 from .transport import SSHTransport, Transport, TransportError
 
 DEFAULT_TIMEOUT = 900.0     # SGLang with a large model and CUDA graphs takes minutes
+DEFAULT_KEEP_LOGS = 20      # per profile; older logs are removed at the next start (server.keep_logs)
 DEFAULT_GRACE = 30.0
 DEFAULT_MEMORY_WAIT = 60.0
 WAIT_CHUNK = 15.0           # seconds the host waits per round trip before reporting progress
@@ -78,6 +83,11 @@ class ServerState:
     idle_gpu_memory: list[dict] | None = None
     round_trips: int | None = None   # SSH round trips the start took (patch check excluded)
     notes: list[str] = field(default_factory=list)
+    overrides: dict = field(default_factory=dict)       # the command-line options it was started with
+    timeout_s: float | None = None
+    check_patches: bool = True
+    patch_stack: list[str] = field(default_factory=list)  # patchsets applied on the host when it started
+    print_lines: list[str] = field(default_factory=list)  # `[logs] print` lines, "[TP0,TP1] text"
 
     @property
     def started_at_iso(self) -> str:
@@ -135,10 +145,11 @@ def render_launch_script(plan: profiles.LaunchPlan) -> str:
 
 
 def render_unit(plan: profiles.LaunchPlan, grace: float = DEFAULT_GRACE) -> str:
+    # Under systemd the toolkit does not start the server: its output gets a log of its own.
     return _environment().get_template("sglang.service.j2").render(
         plan=plan, script_path=posixpath.join(plan.server_dir, "launch.sh"),
         unit_path=posixpath.join(plan.server_dir, "toolkit-server.service"),
-        log_path=posixpath.join(plan.server_dir, "server.log"), grace=grace)
+        log_path=posixpath.join(plan.server_dir, "logs", f"{plan.profile}-systemd.log"), grace=grace)
 
 
 def plan(host: Host, profile_name: str, overrides: dict | None = None) -> profiles.LaunchPlan:
@@ -162,6 +173,72 @@ def _host_setting(host: Host, key: str, default):
     return (host.server or {}).get(key, default)
 
 
+def default_model_dir(host: Host) -> str:
+    """Where `invoke server model` makes the reference model: server.model, else <venv>/../models/tiny-llama."""
+    return (host.server or {}).get("model") or posixpath.normpath(
+        posixpath.join(host.venv or "", "..", "models", "tiny-llama"))
+
+
+def required_paths(host: Host, launch: profiles.LaunchPlan) -> list[dict]:
+    """What start checks on the host before launching (the server program, model folders), each with
+    the command that makes it right.
+
+    Only absolute paths: SGLang also takes a model hub id (`org/name`), which is not a path."""
+    needs = []
+    if launch.kind == "command":
+        return needs
+    if launch.argv and launch.argv[0].startswith("/"):
+        needs.append({"what": "server program", "path": launch.argv[0],
+                      "advice": f"install the stack first: invoke provision --host {host.name}"})
+    for what, path, option in (("model", launch.model, "--model"), ("draft model", launch.draft_model, "--draft-model")):
+        if not path or not path.startswith("/"):
+            continue
+        if launch.kind == "transformers-serve" and what == "model":
+            out = "" if path == posixpath.normpath(default_model_dir(host)) else f" --out {shlex.quote(path)}"
+            advice = f"make the reference model there first: invoke server model --host {host.name}{out}"
+        else:
+            key = "model" if what == "model" else "draft_model"
+            advice = (f"copy the {what} there, or name where it is with {option} PATH or `{key} = \"PATH\"` "
+                      f"in the [{host.name}.server] table of its hosts/*.toml file")
+        needs.append({"what": f"{what} folder", "path": path, "advice": advice})
+    return needs
+
+
+def print_prefixes() -> dict[str, list[str]]:
+    """{patchset: [prefix, ...]} from the `[logs] print` lists of the patchsets in patchsets/."""
+    from .patchsets import PatchsetError, load_all
+
+    try:
+        known = load_all()
+    except PatchsetError:
+        return {}   # a broken patchset folder is the patch commands' error to report, not start's
+    return {name: ps.print_prefixes for name, ps in known.items() if ps.print_prefixes}
+
+
+def collapse_rank_lines(rows: list) -> list[str]:
+    """[[rank or None, text], ...] in log order -> one line per distinct text, naming the ranks that
+    printed it: "[TP0,TP1] text" (runs of 3 or more as "TP0-TP7"); a line without a rank stays bare."""
+    order: list[str] = []
+    ranks: dict[str, set] = {}
+    for rank, text in rows:
+        if text not in ranks:
+            order.append(text)
+            ranks[text] = set()
+        if rank is not None:
+            ranks[text].add(int(rank))
+    lines = []
+    for text in order:
+        names, run = [], []
+        for rank in sorted(ranks[text]) + [None]:
+            if run and (rank is None or rank != run[-1] + 1):
+                names += [f"TP{run[0]}-TP{run[-1]}"] if len(run) >= 3 else [f"TP{r}" for r in run]
+                run = []
+            if rank is not None:
+                run.append(rank)
+        lines.append(f"[{','.join(names)}] {text}" if names else text)
+    return lines
+
+
 def _state_from_record(host: Host, record: dict, **live) -> ServerState:
     started = record["started_at"]
     ready_at = record.get("ready_at")
@@ -173,7 +250,9 @@ def _state_from_record(host: Host, record: dict, **live) -> ServerState:
         health_endpoint=record.get("health_endpoint", "/health"), model=record.get("model"),
         draft_model=record.get("draft_model"), kind=record.get("kind", ""),
         ready_after_s=round(ready_at - started, 1) if ready_at else None,
-        idle_gpu_memory=record.get("idle_gpu_memory"), **live)
+        idle_gpu_memory=record.get("idle_gpu_memory"), overrides=record.get("overrides") or {},
+        timeout_s=record.get("timeout_s"), check_patches=record.get("check_patches", True),
+        patch_stack=record.get("patch_stack") or [], **live)
 
 
 def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[str], None]) -> list[str]:
@@ -215,10 +294,14 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
             "base_url_on_host": launch.base_url_on_host, "health_endpoint": launch.health_endpoint,
             "model": launch.model, "draft_model": launch.draft_model, "dyn_threshold": launch.dyn_threshold,
             "dyn_hysteresis": launch.dyn_hysteresis, "expected_log_lines": launch.expected_log_lines(),
-            "host": host.name, "launch_id": uuid.uuid4().hex}
+            "host": host.name, "launch_id": uuid.uuid4().hex,
+            "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
+            "check_patches": check_patches, "print_prefixes": print_prefixes()}
     args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
             "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
-            "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu}
+            "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu,
+            "required_paths": required_paths(host, launch), "keep_logs": keep_logs(host),
+            "patch_state": posixpath.join(host.toolkit_state_dir, "patch", "state.json")}
     try:
         answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
     except (KeyboardInterrupt, TransportError) as exc:
@@ -245,7 +328,108 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
     state = _state_from_record(host, answer["record"], status="ready", healthy=True, uptime_s=0.0,
                                round_trips=answer["round_trips"])
     state.notes = notes
+    state.print_lines = collapse_rank_lines(answer.get("print_lines") or [])
     return state
+
+
+def keep_logs(host: Host) -> int:
+    value = (host.server or {}).get("keep_logs", DEFAULT_KEEP_LOGS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise profiles.ProfileError(f"host {host.name}: [server] keep_logs must be an integer >= 1, not {value!r}")
+    return value
+
+
+@dataclass
+class RestartPlan:
+    """What `restart` will do: stop `running` (None: nothing recorded) and start `profile` with `overrides`."""
+    profile: str
+    overrides: dict
+    timeout: float
+    check_patches: bool
+    running: ServerState | None
+    reused_from: str | None      # the recorded start whose options are reused, or None
+    notes: list[str] = field(default_factory=list)
+
+
+def restart_plan(host: Host, profile_name: str | None = None, overrides: dict | None = None,
+                 timeout: float | None = None, check_patches: bool | None = None) -> RestartPlan:
+    """One status round trip: what a restart would stop and start.
+
+    No PROFILE: the recorded server's profile (or the last one started when none is recorded) with
+    the options it was started with; options given now replace those. A different PROFILE starts
+    with the options given now only."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "status", 60)
+    record = answer.get("record")
+    running = None
+    notes = []
+    if record is not None:
+        running = _state_from_record(host, record, status="ready" if answer.get("running") else "dead",
+                                     healthy=answer.get("healthy"), uptime_s=answer.get("uptime_s"))
+    previous = record or answer.get("last")
+    if profile_name is None:
+        if previous is None:
+            raise ServerRefused(f"{host.name}: no server has been started here, so there is nothing to restart; "
+                                f"start one with: invoke server start PROFILE --host {host.name}")
+        profile_name = previous["profile"]
+        if record is None:
+            notes.append(f"nothing is running; starting {profile_name}, the last profile started on {host.name}")
+    same = previous is not None and previous.get("profile") == profile_name
+    earlier = previous if same else {}
+    reused = dict(earlier.get("overrides") or {})
+    started = earlier.get("started_at")
+    return RestartPlan(
+        profile=profile_name, overrides={**reused, **given},
+        timeout=float(timeout if timeout is not None else earlier.get("timeout_s") or DEFAULT_TIMEOUT),
+        check_patches=check_patches if check_patches is not None else earlier.get("check_patches", True),
+        running=running, notes=notes,
+        reused_from=(datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                     if started else None) if same else None)
+
+
+@dataclass
+class RestartResult:
+    plan: RestartPlan
+    stopped: StopResult | None
+    started: ServerState
+
+
+def restart(host: Host, profile_name: str | None = None, *, overrides: dict | None = None,
+            timeout: float | None = None, check_patches: bool | None = None, grace: float = DEFAULT_GRACE,
+            memory_wait: float | None = None,
+            progress: Callable[[str], None] = lambda text: None) -> RestartResult:
+    """Stop the recorded server (if any) and start `profile_name` (default: the same one) again.
+
+    The new launch plan is resolved before anything is stopped, so bad options stop nothing."""
+    todo = restart_plan(host, profile_name, overrides, timeout, check_patches)
+    launch = plan(host, todo.profile, todo.overrides)
+    needs = required_paths(host, launch)
+    if needs:   # what start would refuse for, checked before the running server is stopped
+        with host.connect() as transport:
+            found = transport.run(" ; ".join(f"test -e {shlex.quote(n['path'])} || echo {shlex.quote(n['path'])}"
+                                             for n in needs))
+        for need in needs:
+            if need["path"] in found.stdout.splitlines():
+                raise ServerRefused(f"{host.name}: not restarting {todo.profile}: {need['what']} {need['path']} does "
+                                    f"not exist on the host; {need['advice']}; nothing was stopped")
+    stopped = None
+    if todo.running is not None:
+        progress(f"{host.name}: stopping {todo.running.profile} (pid {todo.running.pid})")
+        stopped = stop(host, grace=grace, memory_wait=memory_wait)
+        if not stopped.stopped:
+            raise ServerError(f"{host.name}: {todo.running.profile} did not stop ({stopped.reason}); "
+                              f"nothing was started")
+    started = start(host, todo.profile, timeout=todo.timeout, overrides=todo.overrides,
+                    check_patches=todo.check_patches, progress=progress)
+    started.notes = todo.notes + started.notes
+    return RestartResult(todo, stopped, started)
+
+
+def running_server(host: Host) -> ServerState | None:
+    """The recorded server when its process still runs, else None (one round trip)."""
+    state = status(host)
+    return state if state is not None and state.status != "dead" else None
 
 
 def _start_and_wait(host, launch, args, timeout, wait_chunk, progress) -> dict:
@@ -301,20 +485,23 @@ def status(host: Host) -> ServerState | None:
 
 
 def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, since_start: bool = True,
-             profile: str | None = None) -> str:
+             profile: str | None = None, run: int = 0) -> str:
     """The server log of the current (or last) run; `rank` keeps TP{rank}'s lines; `lines` the last N.
 
-    since_start=False puts the previous run's log (server.log.prev) in front.
-    """
+    since_start=False puts the previous run's log in front; `run` N reads the Nth run before it."""
     with host.connect() as transport:
-        answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines, profile=profile)
-        text = answer["text"]
-        if not since_start and answer.get("log_path"):
-            previous = transport.run(f"cat {shlex.quote(answer['log_path'] + '.prev')} 2>/dev/null")
-            text = previous.stdout + text
-            if lines:
-                text = "\n".join(text.splitlines()[-lines:])
-    return text
+        answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines, profile=profile, run=run,
+                      runs=1 if since_start else 2)
+    if answer.get("reason") and answer.get("log_path") is None and run:
+        raise ServerError(f"{host.name}: {answer['reason']}")
+    return answer["text"]
+
+
+def list_logs(host: Host, profile: str | None = None) -> dict:
+    """{"profile": NAME, "logs": [{path, size, modified, current}, ...]} oldest first."""
+    with host.connect() as transport:
+        answer = _ctl(transport, host, "logs", 60, profile=profile, list=True)
+    return {"profile": answer.get("profile"), "logs": answer.get("logs", []), "reason": answer.get("reason")}
 
 
 def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration: float = 60.0,
@@ -326,13 +513,17 @@ def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration
         answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines)
         if answer.get("text"):
             emit(answer["text"])
-        offset, profile = answer.get("offset", 0), answer.get("profile")
+        offset, profile, following = answer.get("offset", 0), answer.get("profile"), answer.get("log_path")
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            answer = _ctl(transport, host, "logs", 60, rank=rank, offset=offset, profile=profile)
+            answer = _ctl(transport, host, "logs", 60, rank=rank, offset=offset, profile=profile,
+                          log_path=following)
             if answer.get("text"):
                 emit(answer["text"].rstrip("\n"))
             offset = answer.get("offset", offset)
+            if not answer.get("text") and answer.get("latest") and answer["latest"] != following:
+                following, offset = answer["latest"], 0   # the profile was started again: its new log
+                emit(f"--- a new run of {profile}: {following} ---")
         return transport.round_trips
 
 
@@ -343,8 +534,7 @@ def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout
 
     if not host.venv and not host.python:
         raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
-    target = out_dir or (host.server or {}).get("model") or posixpath.normpath(
-        posixpath.join(host.venv or "", "..", "models", "tiny-llama"))
+    target = out_dir or default_model_dir(host)
     source = resources.files("toolkit").joinpath("refmodel.py").read_text()
     with host.connect() as transport:
         done = transport.run(f"{shlex.quote(host.venv_python)} - {shlex.quote(target)} --seed {int(seed)}",

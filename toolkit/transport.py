@@ -10,6 +10,7 @@ a command's cost does not grow with the number of files it touches.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import socket
@@ -117,10 +118,12 @@ class SSHTransport(Transport):
 
     def __init__(self, address: str, *, port: int = 22, user: str | None = None,
                  key_filename: str | None = None, known_hosts: str | None = None,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, advice: str | None = None) -> None:
         super().__init__()
         self.address, self.port, self.user = address, port, user
         self.known_hosts = known_hosts
+        # What to do when the host does not answer or its files are missing (the sandbox: start it).
+        self.advice = advice
         self._key_filename = key_filename
         self._connect_timeout = connect_timeout
         self._connection = None
@@ -131,10 +134,40 @@ class SSHTransport(Transport):
             self._connection = self._connect()
         return self._connection
 
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH files this host under: `address`, or `[address]:port` off port 22."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def _check_files(self) -> None:
+        if self.known_hosts and not os.path.isfile(self.known_hosts):
+            folder = os.path.dirname(self.known_hosts) or "."
+            raise HostKeyError(
+                f"known_hosts file {self.known_hosts} does not exist; " + (self.advice or
+                f"after checking the host's fingerprint, create it with: mkdir -p {shlex.quote(folder)} && "
+                f"ssh-keyscan -p {self.port} {shlex.quote(self.address)} >> {shlex.quote(self.known_hosts)}"))
+        if self._key_filename and not os.path.isfile(self._key_filename):
+            raise TransportError(
+                f"SSH key {self._key_filename} does not exist; " + (self.advice or
+                "set `key` in the host's inventory table to an existing private key"))
+
+    def _file_holding(self) -> str:
+        """The known_hosts file whose entry for this host disagrees (the configured one, else ~/.ssh's)."""
+        import paramiko
+
+        if self.known_hosts:
+            try:
+                if paramiko.HostKeys(self.known_hosts).lookup(self.known_hosts_name):
+                    return self.known_hosts
+            except OSError:
+                pass
+        return os.path.expanduser("~/.ssh/known_hosts")
+
     def _connect(self):
         import paramiko
         from fabric import Config, Connection
 
+        self._check_files()
         connect_kwargs = {"look_for_keys": self._key_filename is None, "allow_agent": self._key_filename is None}
         if self._key_filename:
             connect_kwargs["key_filename"] = self._key_filename
@@ -149,19 +182,22 @@ class SSHTransport(Transport):
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
+            holder = self._file_holding()
             raise HostKeyError(
-                f"host key of {self.address}:{self.port} does not match known_hosts"
-                f" ({self.known_hosts or '~/.ssh/known_hosts'}); if the host was rebuilt, remove the old"
-                f" entry with: ssh-keygen -R '[{self.address}]:{self.port}'") from exc
+                f"host key of {self.address}:{self.port} does not match the entry in {holder}; if the host was"
+                f" rebuilt, check its new fingerprint, then remove the old entry with: ssh-keygen -R"
+                f" {shlex.quote(self.known_hosts_name)} -f {shlex.quote(holder)}") from exc
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
+                target = self.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
                 raise HostKeyError(
-                    f"host {self.address}:{self.port} is not in known_hosts; after checking its"
-                    f" fingerprint, accept it with: ssh-keyscan -p {self.port} {self.address}"
-                    f" >> {self.known_hosts or '~/.ssh/known_hosts'}") from exc
+                    f"host {self.address}:{self.port} is not in known_hosts ({target}); after checking its"
+                    f" fingerprint, accept it with: ssh-keyscan -p {self.port} {shlex.quote(self.address)}"
+                    f" >> {shlex.quote(target)}") from exc
             raise TransportError(f"ssh to {self.address}:{self.port} failed: {exc}") from exc
         except (OSError, socket.timeout) as exc:
-            raise TransportError(f"cannot reach {self.address}:{self.port}: {exc}") from exc
+            raise TransportError(f"cannot reach {self.address}:{self.port}: {exc}"
+                                 + (f"; {self.advice}" if self.advice else "")) from exc
         return conn
 
     def _run(self, command, *, stdin, timeout, env):

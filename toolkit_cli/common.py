@@ -9,6 +9,8 @@ from toolkit import report
 from toolkit.inventory import Host, InventoryError, resolve_hosts
 from toolkit.parallel import HostOutcome, for_each_host
 
+from .parsing import Command, command_line, render_help, usage_body
+
 HOST_HELP = "host name(s) from hosts/*.toml, comma-separated, or @label; default: sandbox"
 
 
@@ -62,11 +64,21 @@ def wants_help(*positionals: str | None) -> bool:
     return any(value in ("--help", "-h", "help") for value in positionals)
 
 
-def help_or_bad_action(usage: str, action: str | None, actions, *positionals: str | None) -> bool:
-    """True after printing `usage` for a help request; exit 2 for an action not in `actions`."""
+def short_usage(task: Command) -> str:
+    body = usage_body(task)
+    if not (body and body[0].lower().startswith("usage:")):
+        body = [f"usage: {command_line(task, task.name)}", *body]
+    return "\n".join([*body, f"all options: invoke --help {task.name}"])
+
+
+def help_or_bad_action(task: Command, action: str | None, actions, *positionals: str | None) -> bool:
+    """True after printing the task's help for a help request; exit 2 with its usage when the
+    action is missing or not one of `actions`."""
     if wants_help(action, *positionals):
-        report.line(usage)
+        report.line(render_help(task, task.name))
         return True
+    if not action:
+        fail(f"`invoke {task.name}` needs an action: {' | '.join(actions)}\n{short_usage(task)}", code=2)
     if action not in actions:
-        fail(f"unknown action {action!r}\n{usage}", code=2)
+        fail(f"unknown action {action!r}; one of: {' | '.join(actions)}\n{short_usage(task)}", code=2)
     return False

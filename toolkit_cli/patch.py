@@ -7,8 +7,10 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from toolkit import authoring, compiler, patching, report, wheels
+from toolkit import authoring, compiler, patching, report, server, wheels
+from toolkit.inventory import InventoryError
 from toolkit.patchsets import PatchsetError
+from toolkit.transport import TransportError
 
 from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from .parsing import command
@@ -28,7 +30,7 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
                  authoring.AuthoringError)
 
 
-@command(positional=["action", "name"], optional=["name"], help={
+@command(positional=["action", "name"], optional=["name"], checked=["action"], usage=USAGE, help={
     "action": "list | check | apply | verify | revert | edit | refresh",
     "name": "patchset name (a folder in patchsets/); apply/edit/refresh need it, check/revert take it optionally",
     "host": HOST_HELP,
@@ -40,10 +42,10 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
     "requires": "edit: for a new patchset, the patchsets (comma-separated) to lay out below it",
     "fresh": "edit: throw away an existing edit tree and lay it out again",
 })
-def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
+def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
           all_=False, requires=None, fresh=False):
     """Patchsets on the installed SGLang: list, check offline, apply, verify, revert, edit, refresh."""
-    if help_or_bad_action(USAGE, action, ACTIONS, name):
+    if help_or_bad_action(patch, action, ACTIONS, name):
         return
     name = name or None
     if action in ("apply", "edit", "refresh") and not name:
@@ -62,12 +64,16 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
     except ENGINE_ERRORS as exc:
         fail(str(exc))
     if action == "apply":
-        outcomes = run_on_hosts(host, lambda h: patching.apply(h, name, dry_run=dry_run, note=report.note))
-        finish(outcomes, show=_print_apply)
+        stale: dict = {}
+        outcomes = run_on_hosts(host, lambda h: _with_server_check(
+            h, patching.apply(h, name, dry_run=dry_run, note=report.note), stale))
+        finish(outcomes, show=lambda r: (_print_apply(r), _print_stale(r, stale.get(r.host), "apply")))
     elif action == "revert":
-        outcomes = run_on_hosts(host, lambda h: patching.revert(h, name, force=force, dry_run=dry_run,
-                                                                note=report.note))
-        finish(outcomes, failed=lambda r: not r.record_ok, show=_print_revert)
+        stale = {}
+        outcomes = run_on_hosts(host, lambda h: _with_server_check(
+            h, patching.revert(h, name, force=force, dry_run=dry_run, note=report.note), stale))
+        finish(outcomes, failed=lambda r: not r.record_ok,
+               show=lambda r: (_print_revert(r), _print_stale(r, stale.get(r.host), "revert")))
     else:
         outcomes = run_on_hosts(host, lambda h: patching.verify(h, all_files=all_files,
                                                                 note=(lambda t: None) if json_ else report.note))
@@ -79,6 +85,33 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
                 raise Exit(code=1)
             return
         finish(outcomes, failed=lambda r: not r.ok, show=_print_verify)
+
+
+def _with_server_check(host, result, stale: dict):
+    """After files changed: is a server running that loaded the files from before? (one round trip)"""
+    if not result.dry_run and result.changed:
+        try:
+            running = server.running_server(host)
+        except (server.ServerError, TransportError, InventoryError) as exc:
+            running = exc
+        if running is not None:
+            stale[result.host] = running
+    return result
+
+
+def _print_stale(result, running, verb: str) -> None:
+    if running is None:
+        return
+    if isinstance(running, Exception):
+        report.note(f"{result.host}: could not check for a running server ({running}); a server started before "
+                    f"this {verb} still runs the old code until: invoke server restart --host {result.host}")
+        return
+    if running.patch_stack == list(result.stack_after):
+        return   # the files are again what it loaded at its start
+    started = running.started_at_iso.replace("T", " ")
+    report.line(f"{result.host}: the {running.profile} server (pid {running.pid}, started {started}) still runs the "
+                f"code from before this {verb}; to load the {'patched' if verb == 'apply' else 'restored'} files, "
+                f"restart it: invoke server restart --host {result.host}")
 
 
 def _trips(count: int) -> str:

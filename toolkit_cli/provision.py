@@ -139,15 +139,12 @@ WHEELHOUSE_HELP = {
     "refresh": "download again even when the folder's manifest already matches the stack",
     "json_": "print the manifest as JSON",
 }
-WHEELHOUSE_OPTIONS = "\n".join(f"  --{name.rstrip('_').replace('_', '-'):10s} {text}"
-                               for name, text in WHEELHOUSE_HELP.items() if name != "action")
 
-
-@command(positional=["action"], help=WHEELHOUSE_HELP)
-def wheelhouse(c, action, stack=None, python=None, platform=None, out=None, host=None, refresh=False,
+@command(positional=["action"], checked=["action"], usage=WHEELHOUSE_USAGE, help=WHEELHOUSE_HELP)
+def wheelhouse(c, action=None, stack=None, python=None, platform=None, out=None, host=None, refresh=False,
                json_=False):
     """Download a stack's wheels for an air-gapped host (then: invoke provision --wheelhouse DIR)."""
-    if help_or_bad_action(WHEELHOUSE_USAGE + "\n" + WHEELHOUSE_OPTIONS, action, ("build",)):
+    if help_or_bad_action(wheelhouse, action, ("build",)):
         return
     chosen = _load_or_exit(stack or "cpu-ref")
     if host and not (python and platform):

@@ -3,24 +3,34 @@ from __future__ import annotations
 
 from toolkit import report, sandbox as engine
 
-from .common import fail, wants_help
+from .common import fail, help_or_bad_action, int_option
 from .parsing import command
 
 ACTIONS = ("up", "down", "status")
+USAGE = """usage: invoke sandbox ACTION [options]
+  up [--port N] [--dry-run]   start sshd on 127.0.0.1 (idempotent); installs openssh-server through apt
+                              when missing, naming the packages first
+  down                        stop the sshd this checkout's .sandbox/ started
+  status                      running?, pid, port, folder"""
 
 
-@command(positional=["action"], help={
+@command(positional=["action"], checked=["action"], usage=USAGE, help={
     "action": "up (start sshd on 127.0.0.1, idempotent) | down | status",
-    "port": "port for sshd (default 2222, or TOOLKIT_SANDBOX_PORT)",
+    "port": f"up: port for sshd (default {engine.DEFAULT_PORT}, or TOOLKIT_SANDBOX_PORT)",
+    "dry_run": "up: say what it would install, write and start; do nothing",
 })
-def sandbox(c, action, port=None):
+def sandbox(c, action=None, port=None, dry_run=False):
     """Manage the sandbox host: a real sshd on 127.0.0.1 with its own keys (the default --host)."""
-    if wants_help(action) or action not in ACTIONS:
-        fail(f"usage: invoke sandbox {'|'.join(ACTIONS)} [--port N]", code=2)
-    port = int(port) if port else None
+    if help_or_bad_action(sandbox, action, ACTIONS):
+        return
+    port = int_option(port, "--port")
     try:
-        state = {"up": engine.up, "down": engine.down}.get(action, engine.status)
-        result = state(port=port) if action != "down" else state()
+        if action == "up":
+            result = engine.up(port=port, dry_run=dry_run, note=report.note)
+        elif action == "down":
+            result = engine.down()
+        else:
+            result = engine.status(port=port)
     except engine.SandboxError as exc:
         fail(str(exc))
     report.line(result.line())

@@ -1,29 +1,37 @@
-"""`invoke server start PROFILE | stop | status | logs | model | profiles | render PROFILE`."""
+"""`invoke server start PROFILE | stop | restart [PROFILE] | status | logs | model | profiles | render PROFILE`."""
 from __future__ import annotations
 
+import posixpath
 import signal
 import threading
+from datetime import datetime, timezone
 
 from toolkit import profiles, report, server
 
 from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
 from .parsing import command
 
-ACTIONS = ("start", "stop", "status", "logs", "model", "profiles", "render")
+ACTIONS = ("start", "stop", "restart", "status", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
   start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N] [--hysteresis N]
                 [--skip-patch-check] [--dry-run]
-                           render launch.sh on the host, start detached, wait until ready
+                           render launch.sh on the host, start detached, wait until ready; then show the
+                           log lines the applied patchsets ask for ([logs] print)
   stop [--grace S] [--memory-wait S]
                            TERM the server's process group, KILL after the grace, wait for GPU memory
+  restart [PROFILE] [start and stop options] [--dry-run]
+                           stop the running server and start it again with the options it was started
+                           with (options given now replace those); PROFILE: start that one instead
   status [--json]          running?, profile, pid, port, uptime, health
-  logs [-f] [--rank N] [--lines N] [--duration S]
-                           the server log of the current/last run; -f follows it
+  logs [PROFILE] [-f] [--rank N] [--lines N] [--duration S] [--run N] [--list]
+                           the log of the current/last run (every start keeps its own log); --run 1 is the
+                           run before it; --list names the kept logs
   model [--out DIR] [--seed N]
                            make the tiny reference model on the host (in its venv; for cpu-ref)
   profiles                 the profiles in profiles/ (no host)
   render PROFILE           print the launch script a start would write (no host contact)
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
+TAKES_PROFILE = ("start", "render", "restart", "logs")
 
 
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
@@ -32,40 +40,45 @@ def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
             "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
 
 
-@command(positional=["action", "profile"], optional=["profile"], help={
-    "action": "start | stop | status | logs | model | profiles | render",
-    "profile": "profile name (profiles/NAME.toml); start and render need it",
+@command(positional=["action", "profile"], optional=["profile"], checked=["action"], usage=USAGE, help={
+    "action": " | ".join(ACTIONS),
+    "profile": "profile name (profiles/NAME.toml); start and render need it, restart and logs take it",
     "host": HOST_HELP,
-    "timeout": f"start: seconds to wait for readiness before stopping it again (default {server.DEFAULT_TIMEOUT:.0f})",
-    "grace": f"stop: seconds between SIGTERM and SIGKILL (default {server.DEFAULT_GRACE:.0f})",
-    "memory_wait": f"stop: seconds to wait for GPU memory back to idle (default {server.DEFAULT_MEMORY_WAIT:.0f})",
-    "port": "start/render: port instead of the profile's/host's",
-    "model": "start/render: model path on the host instead of the host's server.model",
-    "draft_model": "start/render: draft model path on the host instead of server.draft_model",
-    "tp": "start/render: tensor-parallel size instead of the profile's/host's",
-    "threshold": "start/render: dyn-disable threshold (running requests above which drafting stops)",
-    "hysteresis": "start/render: drafting resumes at threshold - hysteresis (default with --threshold: "
+    "timeout": f"start/restart: seconds to wait for readiness before stopping it again (default "
+               f"{server.DEFAULT_TIMEOUT:.0f}; restart: the one it was started with)",
+    "grace": f"stop/restart: seconds between SIGTERM and SIGKILL (default {server.DEFAULT_GRACE:.0f})",
+    "memory_wait": f"stop/restart: seconds to wait for GPU memory back to idle (default {server.DEFAULT_MEMORY_WAIT:.0f})",
+    "port": "start/render/restart: port instead of the profile's/host's",
+    "model": "start/render/restart: model path on the host instead of the host's server.model",
+    "draft_model": "start/render/restart: draft model path on the host instead of server.draft_model",
+    "tp": "start/render/restart: tensor-parallel size instead of the profile's/host's",
+    "threshold": "start/render/restart: dyn-disable threshold (running requests above which drafting stops)",
+    "hysteresis": "start/render/restart: drafting resumes at threshold - hysteresis (default with --threshold: "
                   "max(1, threshold // 4), as the patch's own default)",
-    "skip_patch_check": "start: do not check that the profile's required patchsets are applied",
-    "dry_run": "start: print the launch script it would write and the checks it would make; start nothing",
+    "skip_patch_check": "start/restart: do not check that the profile's required patchsets are applied",
+    "dry_run": "start/restart: print the launch script it would write and the checks it would make; "
+               "start and stop nothing",
     "follow": "logs: keep printing new lines (for --duration seconds or until Ctrl-C)",
     "rank": "logs: only the lines of tensor-parallel rank N ([... TPN] prefix)",
     "lines": "logs: the last N lines (default: 50; 0 for all)",
     "duration": "logs -f: stop following after S seconds (default 600)",
+    "run": "logs: 0 = the current/last run (default), 1 = the run before it, ...",
+    "list_": "logs: list the kept logs of the profile (path, size, time) instead of printing one",
     "out": "model: folder on the host (default: host's server.model, else <venv>/../models/tiny-llama)",
     "seed": "model: seed of the random weights (default 0)",
-    "json_": "status/start/stop: print JSON instead of a table",
+    "json_": "status/start/stop/restart: print JSON instead of a table",
 }, name="server")
-def server_task(c, action, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
-                model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False, dry_run=False,
-                follow=False, rank=None, lines=None, duration=None, out=None, seed=None, json_=False):
-    """The model server on a host: start a profile, stop it, status, logs; make the reference model."""
-    if help_or_bad_action(USAGE, action, ACTIONS, profile):
+def server_task(c, action=None, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
+                model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False,
+                dry_run=False, follow=False, rank=None, lines=None, duration=None, run=None, list_=False, out=None,
+                seed=None, json_=False):
+    """The model server on a host: start a profile, stop or restart it, status, logs; make the reference model."""
+    if help_or_bad_action(server_task, action, ACTIONS, profile):
         return
     profile = profile or None
     if action in ("start", "render") and not profile:
         fail(f"`invoke server {action}` needs a profile; one of: {', '.join(_profile_names())}", code=2)
-    if action not in ("start", "render") and profile:
+    if action not in TAKES_PROFILE and profile:
         fail(f"`invoke server {action}` takes no profile (got {profile!r})", code=2)
     try:
         overrides = _overrides(port, model, draft_model, tp, threshold, hysteresis)
@@ -77,15 +90,21 @@ def server_task(c, action, profile=None, host=None, timeout=None, grace=None, me
             return _render(host, profile, overrides, action == "start", not skip_patch_check)
         if action == "start":
             return _start(host, profile, overrides, float(timeout or server.DEFAULT_TIMEOUT), not skip_patch_check, json_)
+        if action == "restart":
+            return _restart(host, profile, overrides, None if timeout is None else float(timeout),
+                            False if skip_patch_check else None, float(server.DEFAULT_GRACE if grace is None else grace),
+                            None if memory_wait is None else float(memory_wait), dry_run, json_)
         if action == "stop":
             return _stop(host, float(server.DEFAULT_GRACE if grace is None else grace),
                          None if memory_wait is None else float(memory_wait), json_)
         if action == "status":
             return _status(host, json_)
         if action == "logs":
-            return _logs(host, follow, None if rank is None else int(rank), 50 if lines is None else int(lines),
-                         float(duration or 600))
-        return _model(host, out, int(seed or 0))
+            if list_:
+                return _list_logs(host, profile)
+            return _logs(host, profile, follow, int_option(rank, "--rank"), int_option(lines, "--lines", 50),
+                         float(duration or 600), int_option(run, "--run", 0))
+        return _model(host, out, int_option(seed, "--seed", 0))
     except (profiles.ProfileError, ValueError) as exc:
         fail(str(exc), code=2)
 
@@ -117,6 +136,7 @@ def _render(host_spec, profile, overrides, for_start: bool, check_patches: bool 
                       f"no process holds GPU memory ({launch.nvidia_smi}; skipped if absent)"]
             if launch.requires_patchsets and check_patches:
                 checks.append(f"patchset(s) applied: {', '.join(launch.requires_patchsets)}")
+            checks += [f"{need['what']} {need['path']} exists" for need in server.required_paths(host, launch)]
             report.note(f"# dry run: would check {'; '.join(checks)}; then start and wait for "
                         f"{launch.health_endpoint} + {len(launch.expected_log_lines())} log line(s). Nothing started.")
 
@@ -127,20 +147,69 @@ def _start(host_spec, profile, overrides, timeout, check_patches, json_) -> None
                             progress=report.note)
 
     outcomes = run_on_hosts(host_spec, one)
+    _print_started(outcomes, json_)
+    finish(outcomes)
+
+
+def _print_started(outcomes, json_, state_of=lambda value: value) -> None:
     for outcome in outcomes:
         if isinstance(outcome.error, server.ServerError) and outcome.error.log_tail:
             report.note(f"--- {outcome.host.name}: last lines of the server log ---\n{outcome.error.log_tail}\n---")
+    started = [(o.host.name, state_of(o.value)) for o in outcomes if o.ok]
     if json_:
-        report.emit_json([o.value.to_json() for o in outcomes if o.ok])
-    else:
-        rows = [[s.host, s.profile, "ready", s.pid, f"{s.bind}:{s.port}", f"{s.ready_after_s}s", s.round_trips,
-                 s.log_path] for s in (o.value for o in outcomes if o.ok)]
-        if rows:
-            report.table(None, ["host", "profile", "status", "pid", "listening", "ready after", "round trips", "log"],
-                         rows, status_column=2)
+        report.emit_json([s.to_json() for _, s in started])
+        return
+    rows = [[s.host, s.profile, "ready", s.pid, f"{s.bind}:{s.port}", f"{s.ready_after_s}s", s.round_trips,
+             s.log_path] for _, s in started]
+    if rows:
+        report.table(None, ["host", "profile", "status", "pid", "listening", "ready after", "round trips", "log"],
+                     rows, status_column=2)
+    for name, s in started:
+        for note in s.notes:
+            report.note(f"{name}: {note}")
+    for name, s in started:
+        if s.print_lines:
+            report.line(f"{name}: log lines the applied patchsets ({', '.join(s.patch_stack)}) ask you to see:")
+            for text in s.print_lines:
+                report.line(f"  {text}")
+
+
+def _restart(host_spec, profile, overrides, timeout, check_patches, grace, memory_wait, dry_run, json_) -> None:
+    if dry_run:
+        outcomes = run_on_hosts(host_spec, lambda h: server.restart_plan(h, profile, overrides, timeout, check_patches))
         for o in outcomes:
-            for note in (o.value.notes if o.ok else []):
-                report.note(f"{o.host.name}: {note}")
+            if not o.ok:
+                continue
+            todo = o.value
+            stop = (f"stop {todo.running.profile} (pid {todo.running.pid}, {todo.running.status})"
+                    if todo.running else "stop nothing (no server recorded as running)")
+            given = ", ".join(f"{k}={v}" for k, v in sorted(todo.overrides.items())) or "none"
+            reused = f" (reused from its start at {todo.reused_from})" if todo.reused_from else ""
+            for text in todo.notes:
+                report.note(f"{o.host.name}: {text}")
+            report.note(f"# dry run on {o.host.name}: would {stop}, then start {todo.profile} with options: "
+                        f"{given}{reused}; timeout {todo.timeout:.0f}s"
+                        f"{'' if todo.check_patches else '; patch check skipped'}. Nothing stopped or started.")
+            try:
+                launch = server.plan(o.host, todo.profile, todo.overrides)
+            except profiles.ProfileError as exc:
+                o.error = exc
+                continue
+            report.line(server.render_launch_script(launch).rstrip("\n"))
+        finish(outcomes)
+        return
+
+    def one(host):
+        return server.restart(host, profile, overrides=overrides, timeout=timeout, check_patches=check_patches,
+                              grace=grace, memory_wait=memory_wait, progress=report.note)
+
+    outcomes = run_on_hosts(host_spec, one)
+    for o in outcomes:
+        if o.ok and o.value.stopped is not None:
+            r = o.value.stopped
+            report.note(f"{o.host.name}: stopped {r.profile} (pid {r.pid}, "
+                        f"{'SIGTERM' if r.signal == 'TERM' else 'SIGKILL after grace' if r.signal == 'KILL' else 'already gone'})")
+    _print_started(outcomes, json_, state_of=lambda value: value.started)
     finish(outcomes)
 
 
@@ -198,11 +267,13 @@ def _uptime(seconds) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def _logs(host_spec, follow, rank, lines, duration) -> None:
+def _logs(host_spec, profile, follow, rank, lines, duration, run) -> None:
     hosts = hosts_or_exit(host_spec)
     if follow:
         if len(hosts) != 1:
             fail("logs -f follows one host; name it with --host", code=2)
+        if run:
+            fail("logs -f follows the current run; leave out --run", code=2)
         interrupted = threading.Event()
         previous = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -215,12 +286,31 @@ def _logs(host_spec, follow, rank, lines, duration) -> None:
         finally:
             signal.signal(signal.SIGINT, previous)
         return
-    outcomes = run_on_hosts(host_spec, lambda h: server.read_log(h, rank=rank, lines=lines or None))
+    outcomes = run_on_hosts(host_spec, lambda h: server.read_log(h, rank=rank, lines=lines or None,
+                                                                 profile=profile, run=run))
     for o in outcomes:
         if o.ok:
             if len(outcomes) > 1:
                 report.note(f"--- {o.host.name} ---")
             print(o.value)
+    finish(outcomes)
+
+
+def _list_logs(host_spec, profile) -> None:
+    outcomes = run_on_hosts(host_spec, lambda h: server.list_logs(h, profile))
+    for o in outcomes:
+        if not o.ok:
+            continue
+        found = o.value
+        if not found["logs"]:
+            report.line(f"{o.host.name}: {found.get('reason') or 'no logs kept for ' + str(found['profile'])}")
+            continue
+        rows = [[len(found["logs"]) - 1 - i, posixpath.basename(entry["path"]), f"{entry['size']:,}",
+                 datetime.fromtimestamp(entry["modified"], timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+                 "current" if entry["current"] else ""] for i, entry in enumerate(found["logs"])]
+        folder = posixpath.dirname(found["logs"][0]["path"])
+        report.table(f"{o.host.name}: kept logs of {found['profile']} in {folder} (newest last; --run N shows one)",
+                     ["run", "log", "bytes", "last written (UTC)", ""], rows)
     finish(outcomes)
 
 

@@ -86,6 +86,11 @@ def test_profiles(tmp_path_factory):
         "fake-tp": ('tp_size = 4\ndyn_threshold = 5\nflags = ["--tp", "{tp_size}", "--rank-line", '
                     '"Dynamic speculation disable enabled: threshold={dyn_threshold}"]\n',
                     'rank_log_lines = ["Dynamic speculation disable enabled: threshold={dyn_threshold}"]\n'),
+        # Lines for the `[logs] print` prefix of tests/server/data/patchsets/print-lines: one that
+        # both ranks print, one only rank 1 prints, one that does not match, one without a rank prefix
+        "fake-print": ('tp_size = 2\nflags = ["--tp", "{tp_size}", "--rank-line", "print-lines fixture: on every rank", '
+                       '"--rank-line", "Load weight end", "--line-of-rank", "1", "print-lines fixture: only rank 1"]\n',
+                       'rank_log_lines = ["Load weight end"]\n'),
     }
     for name, (extra, ready) in variants.items():
         (folder / f"{name}.toml").write_text(

@@ -3,8 +3,8 @@
 test is the toolkit's process and log handling, not inference (the real `transformers serve`
 covers that). Standard library only.
 
-    fake_server.py BIND PORT [--tp N] [--rank-line TEXT] [--skip-rank R] [--ignore-term]
-                   [--child] [--die-at-start] [--no-health]
+    fake_server.py BIND PORT [--tp N] [--rank-line TEXT] [--line-of-rank R TEXT] [--skip-rank R]
+                   [--ignore-term] [--child] [--die-at-start] [--no-health]
 """
 import argparse
 import http.server
@@ -21,6 +21,8 @@ def main():
     parser.add_argument("port", type=int)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--rank-line", action="append", default=[])
+    parser.add_argument("--line-of-rank", nargs=2, action="append", default=[], metavar=("RANK", "TEXT"),
+                        help="a line only rank RANK prints")
     parser.add_argument("--skip-rank", type=int, action="append", default=[])
     parser.add_argument("--ignore-term", action="store_true", help="trap SIGTERM and carry on")
     parser.add_argument("--child", action="store_true", help="also run a child (a 'TP worker') in the group")
@@ -45,7 +47,7 @@ def main():
         if rank in options.skip_rank:
             continue
         prefix = "[%s TP%d]" % (stamp, rank) if options.tp > 1 else "[%s]" % stamp
-        for line in options.rank_line:
+        for line in options.rank_line + [text for r, text in options.line_of_rank if int(r) == rank]:
             print("%s %s" % (prefix, line), flush=True)
 
     class Handler(http.server.BaseHTTPRequestHandler):

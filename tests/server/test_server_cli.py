@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,23 @@ def test_model_action_makes_the_reference_model_on_the_host_once(cli, ref_model)
     assert f"cpu-test: already current: {ref_model}" in done.stdout
 
 
+def test_start_before_the_model_exists_names_the_command_that_makes_it(cli, tmp_path):
+    model = tmp_path / "models" / "tiny"
+    refused = cli("start", "cpu-ref", "--host", "cpu-test", "--model", str(model), "--timeout", "180")
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr and "Repo id" not in refused.stderr
+    advice = refused.stderr.split("make the reference model there first: ", 1)[1].split("\n")[0].strip()
+    assert advice == f"invoke server model --host cpu-test --out {model}"
+    assert "not running" in cli("status", "--host", "cpu-test").stdout
+    made = cli(*shlex.split(advice)[2:])                      # the advice, typed as printed
+    assert made.returncode == 0 and f"cpu-test: made: {model}" in made.stdout, made.stderr
+    started = cli("start", "cpu-ref", "--host", "cpu-test", "--model", str(model), "--timeout", "180")
+    try:
+        assert started.returncode == 0, started.stderr
+    finally:
+        assert cli("stop", "--host", "cpu-test", "--grace", "10").returncode == 0
+
+
 def test_dry_run_prints_the_script_and_starts_nothing(cli):
     done = cli("start", "cpu-ref", "--host", "cpu-test", "--dry-run", "--port", "18999")
     assert done.returncode == 0, done.stderr
@@ -127,6 +145,8 @@ def test_errors_quoting_log_lines_are_printed_verbatim(capsys):
     (["stop", "cpu-ref"], "takes no profile"),
     (["start", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
     (["status", "--host", "nowhere"], "unknown host 'nowhere'"),
+    (["logs", "--host", "cpu-test", "--run", "last"], "--run takes an integer, got 'last'"),
+    (["restart", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
 ])
 def test_bad_input_is_named_with_exit_2(cli, args, message):
     done = cli(*args)
@@ -136,5 +156,6 @@ def test_bad_input_is_named_with_exit_2(cli, args, message):
 def test_help_describes_every_argument(cli):
     done = subprocess.run([*INVOKE, "--help", "server"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0
-    for flag in ("--host", "--timeout", "--grace", "--follow", "--rank", "--lines", "--dry-run", "--threshold"):
+    for flag in ("--host", "--timeout", "--grace", "--follow", "--rank", "--lines", "--dry-run", "--threshold",
+                 "--run", "--list"):
         assert flag in done.stdout

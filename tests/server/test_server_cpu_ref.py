@@ -2,7 +2,10 @@
 on the sandbox host, over a real SSH connection on loopback."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import posixpath
+import re
 import socket
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +37,10 @@ class TestRunningServer:
         assert state.base_url_on_host == f"http://127.0.0.1:{state.port}"
         assert state.expected_log_lines == ["Application startup complete"]
         assert state.tp_size == 1 and state.dyn_threshold is None
-        assert state.log_path.endswith("/server/cpu-ref/server.log")
+        assert re.search(r"/server/cpu-ref/logs/cpu-ref-\d{8}T\d{6}Z\.log$", state.log_path), state.log_path
+        with host.connect() as transport:     # server.log points at this start's log
+            assert transport.run(f"readlink -f {posixpath.dirname(posixpath.dirname(state.log_path))}/server.log"
+                                 ).stdout.strip() == state.log_path
 
     def test_chat_completion_through_the_ssh_tunnel(self, running_cpu_ref):
         host, state = running_cpu_ref
@@ -76,6 +82,16 @@ class TestRunningServer:
         current = server.status(host)
         assert current is not None and current.pid == state.pid and current.healthy is True
 
+    def test_restart_onto_a_missing_model_stops_nothing(self, running_cpu_ref, tmp_path):
+        host, state = running_cpu_ref
+        missing = str(tmp_path / "gone")
+        with pytest.raises(server.ServerRefused, match=rf"model folder {missing} does not exist on the host; .*"
+                                                       rf"invoke server model --host {host.name} --out {missing}; "
+                                                       rf"nothing was stopped"):
+            server.restart(host, overrides={"model": missing})
+        current = server.status(host)
+        assert current.pid == state.pid and current.healthy is True
+
     def test_status_reports_pid_port_uptime_health(self, running_cpu_ref):
         host, state = running_cpu_ref
         current = server.status(host)
@@ -96,14 +112,35 @@ class TestRunningServer:
         assert "export HF_HUB_OFFLINE=1" in script
 
 
-def test_bad_model_path_fails_with_the_log_tail_and_nothing_left(cpu_host, tmp_path):
+def test_a_missing_model_folder_is_refused_before_launch_naming_the_command_that_makes_it(cpu_host, tmp_path):
     missing = str(tmp_path / "no-such-model")
-    with pytest.raises(server.ServerError) as failure:
+    with pytest.raises(server.ServerRefused) as refused:
         server.start(cpu_host, "cpu-ref", timeout=120, overrides={"model": missing})
+    assert str(refused.value) == (
+        f"{cpu_host.name}: not starting cpu-ref: model folder {missing} does not exist on the host; make the "
+        f"reference model there first: invoke server model --host {cpu_host.name} --out {missing}")
+    assert server.status(cpu_host) is None
+    assert server.list_logs(cpu_host)["logs"] == []          # nothing was launched, no log was begun
+
+
+def test_an_unprovisioned_venv_is_refused_before_launch_naming_provision(cpu_host, tmp_path):
+    bare = dataclasses.replace(cpu_host, venv=str(tmp_path / "venv"))
+    with pytest.raises(server.ServerRefused) as refused:
+        server.start(bare, "cpu-ref", timeout=60)
+    assert str(refused.value).endswith(f"server program {tmp_path}/venv/bin/transformers does not exist on the host; "
+                                       f"install the stack first: invoke provision --host {cpu_host.name}")
+    assert server.status(bare) is None
+
+
+def test_a_model_folder_the_server_cannot_load_fails_with_its_error_and_nothing_left(cpu_host, tmp_path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    with pytest.raises(server.ServerError) as failure:
+        server.start(cpu_host, "cpu-ref", timeout=120, overrides={"model": str(empty)})
     error = failure.value
     assert not isinstance(error, server.ServerRefused)
     assert "exited during startup" in str(error) and "nothing of it is left running" in str(error)
-    assert "no-such-model" in error.log_tail or "Error" in error.log_tail
+    assert f"Unrecognized processing class in {empty}" in error.log_tail   # transformers' own words
     assert server.status(cpu_host) is None
     assert not process_alive(cpu_host, error.details["record"]["pid"])
 

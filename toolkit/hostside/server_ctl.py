@@ -3,9 +3,10 @@
 #   ROOT/active.json              {"profile": NAME} while a server started by the toolkit is recorded
 #   ROOT/NAME/launch.sh           the rendered launch script (rerunnable by hand)
 #   ROOT/NAME/toolkit-server.service  the rendered systemd unit (not installed)
-#   ROOT/NAME/server.log          stdout+stderr of the server (previous run: server.log.prev)
+#   ROOT/NAME/logs/NAME-<UTC start time>.log   stdout+stderr of one start; the newest `keep_logs` are kept
+#   ROOT/NAME/server.log          symlink to the newest of those (the current or last run)
 #   ROOT/NAME/server.pid          pid of the process-group leader
-#   ROOT/NAME/server.json         what was started, when, with which readiness rule, GPU idle levels
+#   ROOT/NAME/server.json         what was started, when, with which options and readiness rule, GPU idle levels
 import errno
 import json
 import os
@@ -314,8 +315,115 @@ def _missing_lines(log_path, record):
 def _paths(root, profile):
     folder = os.path.join(root, profile)
     return {"dir": folder, "script": os.path.join(folder, "launch.sh"), "unit": os.path.join(folder, "toolkit-server.service"),
-            "log": os.path.join(folder, "server.log"), "pid": os.path.join(folder, "server.pid"),
+            "log": os.path.join(folder, "server.log"), "logs": os.path.join(folder, "logs"),
+            "pid": os.path.join(folder, "server.pid"),
             "record": os.path.join(folder, "server.json"), "active": os.path.join(root, "active.json")}
+
+
+# -- one log per start ----------------------------------------------------------------------
+
+def _run_logs(p):
+    """The kept logs of a profile, oldest first (their names sort by start time)."""
+    try:
+        names = [n for n in os.listdir(p["logs"]) if n.endswith(".log")]
+    except OSError:
+        return []
+    return [os.path.join(p["logs"], n) for n in sorted(names)]
+
+
+def _stamp(when):
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+
+
+def _adopt_old_layout(p, profile):
+    """Logs of toolkits before per-start logs (a plain server.log and server.log.prev) move into logs/."""
+    for order, name in enumerate(("server.log.prev", "server.log"), 1):
+        old = os.path.join(p["dir"], name)
+        if os.path.isfile(old) and not os.path.islink(old):
+            target = os.path.join(p["logs"], "%s-%s-old-%d.log" % (profile, _stamp(os.path.getmtime(old)), order))
+            if not os.path.exists(target):
+                os.replace(old, target)
+
+
+def _new_log(p, profile, keep):
+    """Create this start's log file, point server.log at it, prune beyond `keep`; returns (path, pruned)."""
+    if not os.path.isdir(p["logs"]):
+        os.makedirs(p["logs"], mode=0o755)
+    _adopt_old_layout(p, profile)
+    base = "%s-%s" % (profile, _stamp(time.time()))
+    for n in range(1, 1000):
+        path = os.path.join(p["logs"], base + ("" if n == 1 else "-%d" % n) + ".log")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            break
+        except FileExistsError:
+            continue
+    link_tmp = p["log"] + ".tmp"
+    try:
+        os.unlink(link_tmp)
+    except OSError:
+        pass
+    os.symlink(os.path.join("logs", os.path.basename(path)), link_tmp)
+    os.replace(link_tmp, p["log"])
+    pruned = []
+    if keep and keep > 0:
+        logs = _run_logs(p)
+        for old in logs[:max(0, len(logs) - keep)]:
+            try:
+                os.unlink(old)
+                pruned.append(old)
+            except OSError:
+                pass
+    return path, pruned
+
+
+def _current_log(p):
+    """The log server.log points at (the newest run's), or None."""
+    if os.path.islink(p["log"]) or os.path.isfile(p["log"]):
+        return os.path.realpath(p["log"])
+    logs = _run_logs(p)
+    return logs[-1] if logs else None
+
+
+# -- log lines that patchsets ask to be shown -------------------------------------------------
+
+_LOG_PREFIX = re.compile(r"^\[([^\]]*)\]\s?")
+_TP = re.compile(r"\bTP(\d+)\b")
+
+
+def _patch_stack(state_path):
+    state = _read_json(state_path) if state_path else None
+    return [entry.get("name") for entry in (state or {}).get("stack", []) if isinstance(entry, dict)]
+
+
+def _print_lines(log_path, record, limit=2000):
+    """[rank or None, text] for every log line whose text (after SGLang's `[time TPn]` prefix, if any)
+    starts with a `[logs] print` prefix of a patchset applied on this host."""
+    stack = record.get("patch_stack") or []
+    prefixes = [prefix for name in stack for prefix in (record.get("print_prefixes") or {}).get(name, [])]
+    if not prefixes:
+        return []
+    found = []
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 16 * 1024 * 1024))
+            rows = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    for row in rows:
+        head = _LOG_PREFIX.match(row)
+        text, rank = row, None
+        if head:
+            text = row[head.end():]
+            tp = _TP.search(head.group(1))
+            rank = int(tp.group(1)) if tp else None
+        text = text.rstrip()
+        if any(text.startswith(prefix) or row.startswith(prefix) for prefix in prefixes):
+            found.append([rank, text if any(text.startswith(x) for x in prefixes) else row.rstrip()])
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _active(root):
@@ -335,8 +443,8 @@ def _failed(record, p, reason, grace=10):
         os.unlink(p["active"])
     except OSError:
         pass
-    return {"status": "failed", "reason": reason, "log_tail": _tail(p["log"]), "record": record,
-            "killed_with": how, "survivors": survivors}
+    return {"status": "failed", "reason": reason, "log_tail": _tail(record.get("log_path") or p["log"]),
+            "record": record, "killed_with": how, "survivors": survivors}
 
 
 def _wait(root, profile, seconds, poll=0.25):
@@ -357,11 +465,12 @@ def _wait(root, profile, seconds, poll=0.25):
                                                  else " (killed by signal %d)" % -exit_code)
             return _failed(record, p, "the server exited during startup%s; see the log tail" % code)
         healthy = _healthy(url)
-        missing = _missing_lines(p["log"], record)
+        log_path = record.get("log_path") or p["log"]
+        missing = _missing_lines(log_path, record)
         if healthy and not missing:
             record.update(status="ready", ready_at=time.time())
             _write_json(p["record"], record)
-            return {"status": "ready", "record": record}
+            return {"status": "ready", "record": record, "print_lines": _print_lines(log_path, record)}
         if time.time() >= record["deadline"]:
             what = [] if healthy else ["%s does not answer" % url]
             if missing:
@@ -389,6 +498,10 @@ def start(args):
         notes.append("previous server %s (pid %s) had died; its record was cleared" %
                      (running_profile, running and running.get("pid")))
         os.unlink(p["active"])
+    for need in args.get("required_paths") or []:
+        if not os.path.exists(need["path"]):
+            return {"status": "refused", "reason": "%s %s does not exist on the host; %s"
+                    % (need["what"], need["path"], need["advice"]), "missing_path": need["path"]}
     idle = None
     try:
         holders = None if args.get("shared_gpu") else _gpu_holders(args["nvidia_smi"])
@@ -422,9 +535,11 @@ def start(args):
     _write_text(p["script"], args["script"], 0o755)
     if args.get("unit"):
         _write_text(p["unit"], args["unit"])
-    if os.path.exists(p["log"]):
-        os.replace(p["log"], p["log"] + ".prev")
-    log = open(p["log"], "ab")
+    log_path, pruned = _new_log(p, profile, args.get("keep_logs"))
+    if pruned:
+        notes.append("removed %d old log(s) of %s beyond the newest %d (server.keep_logs)"
+                     % (len(pruned), profile, args.get("keep_logs")))
+    log = open(log_path, "ab")
     try:
         child = subprocess.Popen(["/bin/bash", p["script"]], cwd=p["dir"], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -433,9 +548,10 @@ def start(args):
     now = time.time()
     record = dict(args["meta"])
     record.update(profile=profile, pid=child.pid, pgid=child.pid, started_at=now, deadline=now + args["timeout_s"],
-                  timeout_s=args["timeout_s"], status="starting", script_path=p["script"], log_path=p["log"],
+                  timeout_s=args["timeout_s"], status="starting", script_path=p["script"], log_path=log_path,
                   server_dir=p["dir"], idle_gpu_memory=idle, log_lines=plan["log_lines"],
-                  rank_log_lines=plan["rank_log_lines"], tp_size=plan["tp_size"])
+                  rank_log_lines=plan["rank_log_lines"], tp_size=plan["tp_size"],
+                  patch_stack=_patch_stack(args.get("patch_state")))
     _write_text(p["pid"], "%d\n" % child.pid)
     _write_json(p["record"], record)
     _write_json(p["active"], {"profile": profile})
@@ -535,6 +651,20 @@ def stop(args):
     return answer
 
 
+def _log_for(args, p):
+    """The log a `logs` call reads: an explicit one (follow), the Nth-last run's, or the current one."""
+    if args.get("log_path"):
+        return args["log_path"]
+    run = int(args.get("run") or 0)
+    if run:
+        logs = _run_logs(p)
+        current = _current_log(p)
+        if current in logs:       # count back from the run server.log points at
+            logs = logs[:logs.index(current) + 1]
+        return logs[-1 - run] if run < len(logs) else None
+    return _current_log(p)
+
+
 def logs(args):
     root = args["root"]
     profile = args.get("profile")
@@ -546,28 +676,47 @@ def logs(args):
     if not profile:
         return {"profile": None, "text": "", "offset": 0, "reason": "no server has been started on this host"}
     p = _paths(root, profile)
+    if args.get("list"):
+        current = _current_log(p)
+        return {"profile": profile, "logs": [{"path": path, "size": os.path.getsize(path),
+                                              "modified": os.path.getmtime(path), "current": path == current}
+                                             for path in _run_logs(p)]}
+    path = _log_for(args, p)
+    latest = _current_log(p)
+    if path is None:
+        kept = len(_run_logs(p))
+        return {"profile": profile, "text": "", "offset": 0, "log_path": None, "latest": latest,
+                "reason": "profile %s has %d kept log(s); there is no run %s back" % (profile, kept, args.get("run"))}
     offset = args.get("offset")
+    runs = int(args.get("runs") or 1)
     if offset is None:
-        text = _tail(p["log"], args.get("lines"), args.get("rank"))
+        paths = [path]
+        if runs > 1:
+            logs = _run_logs(p)
+            if path in logs:
+                paths = logs[max(0, logs.index(path) - runs + 1):logs.index(path) + 1]
+        text = "\n".join(filter(None, (_tail(one, None, args.get("rank")) for one in paths)))
+        if args.get("lines"):
+            text = "\n".join(text.splitlines()[-int(args["lines"]):])
         try:
-            offset = os.path.getsize(p["log"])
+            offset = os.path.getsize(path)
         except OSError:
             offset = 0
-        return {"profile": profile, "text": text, "offset": offset, "log_path": p["log"]}
+        return {"profile": profile, "text": text, "offset": offset, "log_path": path, "latest": latest}
     try:
-        with open(p["log"], "rb") as handle:
+        with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            if size < offset:  # a new run replaced the log
+            if size < offset:  # truncated by hand
                 offset = 0
             handle.seek(offset)
             chunk = handle.read(1024 * 1024)
     except OSError:
-        return {"profile": profile, "text": "", "offset": offset, "log_path": p["log"]}
+        return {"profile": profile, "text": "", "offset": offset, "log_path": path, "latest": latest}
     # hand back whole lines only; a partial last line comes with the next call
     cut = chunk.rfind(b"\n") + 1
     text = chunk[:cut].decode("utf-8", "replace")
     text = "".join(_rank_rows(text.splitlines(True), args.get("rank")))
-    return {"profile": profile, "text": text, "offset": offset + cut, "log_path": p["log"]}
+    return {"profile": profile, "text": text, "offset": offset + cut, "log_path": path, "latest": latest}
 
 
 def main(args):
