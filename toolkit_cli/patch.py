@@ -10,6 +10,7 @@ from rich.table import Table
 from toolkit import authoring, compiler, patching, report, wheels
 from toolkit.patchsets import PatchsetError
 
+from . import sm120
 from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from .parsing import command
 
@@ -62,8 +63,9 @@ def patch(c, action, name=None, host=None, dry_run=False, all_files=False, json_
     except ENGINE_ERRORS as exc:
         fail(str(exc))
     if action == "apply":
-        outcomes = run_on_hosts(host, lambda h: patching.apply(h, name, dry_run=dry_run, note=report.note))
-        finish(outcomes, show=_print_apply)
+        # with sm120 in the stack, also which of its features this host will run (one facts trip)
+        outcomes = run_on_hosts(host, lambda h: sm120.apply_with_prediction(h, name, dry_run))
+        finish(outcomes, show=lambda pair: (_print_apply(pair[0]), sm120.show(pair[1])))
     elif action == "revert":
         outcomes = run_on_hosts(host, lambda h: patching.revert(h, name, force=force, dry_run=dry_run,
                                                                 note=report.note))
