@@ -56,11 +56,15 @@ def test_server_start_on_the_reference_host_turns_both_flags_off(patched_rule, f
     decisions = patched_rule.server_start(args, log)
     patched_rule.apply_to_server_args(args, decisions, log)
     assert not args.enable_flashinfer_allreduce_fusion and not args.enable_torch_symm_mem
-    assert [text.split(":")[1].strip() for text in seen.lines[:3]] == [
-        "FlashInfer all-reduce fusion", "torch symm-mem two-shot", "DeepGEMM"]
     assert all(text.startswith("sm120: ") for text in seen.lines)
-    assert any(text.startswith("sm120: --enable-torch-symm-mem turned off: no P2P access") for text in seen.lines)
-    assert len(seen.lines) == 5
+    probes, decisions, turned_off = seen.lines[0], seen.lines[1:4], seen.lines[4:]
+    assert probes.startswith("sm120: probes: capability 12.0, GPU 0-7; P2P access no (GPU 0-7 (every pair))")
+    assert "multicast no; FlashInfer 0.6.8.post1 (trtllm_comm majors [9, 10]); deep_gemm yes (SM120 entry point no)" \
+        in probes
+    assert [text.split(":")[1].strip() for text in decisions] == [
+        "FlashInfer all-reduce fusion", "torch symm-mem two-shot", "DeepGEMM"]
+    assert [text.split(":")[1].strip() for text in turned_off] == [
+        "--enable-flashinfer-allreduce-fusion turned off", "--enable-torch-symm-mem turned off"]
 
 
 def test_server_start_forced_on_the_h200_sets_the_flags(patched_rule, fake_machine):
@@ -69,7 +73,10 @@ def test_server_start_forced_on_the_h200_sets_the_flags(patched_rule, fake_machi
     args = server_args(tp_size=2, enable_flashinfer_allreduce_fusion=False, enable_torch_symm_mem=False)
     patched_rule.apply_to_server_args(args, patched_rule.server_start(args, log), log)
     assert args.enable_flashinfer_allreduce_fusion and args.enable_torch_symm_mem
-    assert "forced by SGLANG_SM120_FORCE_SYMM_MEM_TWO_SHOT=on" in seen.lines[1]
+    # forced: the probes run on capability 9 too, so a GPU run shows what they read there
+    assert seen.lines[0].startswith("sm120: probes: capability 9.0, GPU 0-1; P2P access yes; P2P atomics yes;"
+                                    " NVLink yes; multicast yes")
+    assert "forced by SGLANG_SM120_FORCE_SYMM_MEM_TWO_SHOT=on" in seen.lines[2]
 
 
 def test_server_start_without_a_gpu_says_so(patched_rule, fake_machine, monkeypatch):
@@ -84,10 +91,11 @@ def test_server_start_without_a_gpu_says_so(patched_rule, fake_machine, monkeypa
 
 def test_stock_capability_leaves_the_flags_alone(patched_rule, fake_machine):
     fake_machine(case("the H200 machine (capability 9.0"))
-    log, _ = logger_with_lines("sm120-test-stock")
+    log, seen = logger_with_lines("sm120-test-stock")
     args = server_args(tp_size=2, enable_torch_symm_mem=False)
     patched_rule.apply_to_server_args(args, patched_rule.server_start(args, log), log)
     assert args.enable_flashinfer_allreduce_fusion is True and args.enable_torch_symm_mem is False
+    assert len(seen.lines) == 3 and all(" stock (capability 9.0 is not 12.x" in text for text in seen.lines)
 
 
 # -- torch symm-mem -------------------------------------------------------------------------------
