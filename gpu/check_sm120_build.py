@@ -170,6 +170,19 @@ def compare(results: list[dict], control: str) -> list[dict]:
     return rows
 
 
+def summarized(data: dict) -> dict:
+    """report.json: per compile, the kernels by family with their register range (the full
+    per-kernel map goes to build/kernels.json)."""
+    short = dict(data, compiles=[])
+    for r in data["compiles"]:
+        families: dict[str, list[int]] = {}
+        for name, regs in r["kernels"].items():
+            families.setdefault(kernel_family(name), []).append(regs)
+        short["compiles"].append(dict(r, kernels=len(r["kernels"]), families={
+            f: {"count": len(v), "registers_min": min(v), "registers_max": max(v)} for f, v in sorted(families.items())}))
+    return short
+
+
 def report(data: dict) -> str:
     gate = data["gate"]
     lines = [f"# SM120 build check: FlashInfer {data['flashinfer']} trtllm_comm, nvcc {data['nvcc']}", "",
@@ -224,7 +237,9 @@ def main() -> int:
             for line in result["errors"][:10]:
                 print(f"    {line}", flush=True)
     data["comparison"] = compare(data["compiles"], data["control"])
-    (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    (work / "kernels.json").write_text(json.dumps({f"{r['source']} {r['arch']}": r["kernels"]
+                                                   for r in data["compiles"]}, indent=0) + "\n")
+    (out / "report.json").write_text(json.dumps(summarized(data), indent=1, sort_keys=True) + "\n")
     text = report(data)
     (out / "report.md").write_text(text)
     print(text)
