@@ -90,6 +90,11 @@ class Facts:
             return None
 
     @property
+    def interconnect(self) -> dict:
+        """P2P per GPU pair, NVLink, PCIe links, multicast (hostside/facts.py interconnect_facts)."""
+        return self.raw.get("interconnect") or {}
+
+    @property
     def nvcc(self) -> dict:
         return self.raw.get("nvcc", {})
 
@@ -131,8 +136,10 @@ class Facts:
                 rows.append((f"gpu {gpu['index']}", f"{gpu['name']}, capability {gpu['capability']},"
                                                    f" {gpu['memory_used_mib']} / {gpu['memory_total_mib']} MiB used"))
             rows.append(("driver", f"{r.get('driver')} (CUDA {r.get('cuda') or '?'})"))
+            rows += interconnect_rows(self.interconnect)
         else:
             rows.append(("gpus", f"none ({r.get('error') or 'nvidia-smi lists no GPU'})"))
+            rows.append(("interconnect", "none (no GPU)"))
         nvcc = r.get("nvcc", {})
         if nvcc.get("path"):
             state = f"runs, CUDA {nvcc['release']} (V{nvcc['version']})" if nvcc.get("runs") else f"fails: {nvcc.get('output')}"
@@ -162,6 +169,78 @@ class Facts:
             for name, entry in sorted(self.packages.items()):
                 rows.append((name, entry["version"], "", entry["location"]))
         return rows
+
+
+def _ranges(ids) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6'."""
+    ids, parts, start = sorted(set(ids)), [], None
+    for i, value in enumerate(ids):
+        start = value if start is None else start
+        if i + 1 == len(ids) or ids[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ",".join(parts)
+
+
+def _pair_summary(pairs: dict, key: str) -> str:
+    """'OK between every pair of GPU 0-7', or the status words with the pairs that have them."""
+    by_status: dict[str, list[str]] = {}
+    gpus = set()
+    for name, entry in pairs.items():
+        a, b = (int(x) for x in name.split("-"))
+        gpus.update((a, b))
+        if a < b:
+            status = entry.get(key) or "unknown"
+            other = (pairs.get(f"{b}-{a}") or {}).get(key) or "unknown"
+            by_status.setdefault(status if status == other else f"{status}/{other}", []).append(f"{a}<->{b}")
+    if not by_status:
+        return "no GPU pairs"
+    if len(by_status) == 1:
+        return f"{next(iter(by_status))} between every pair of GPU {_ranges(gpus)}"
+    parts = []
+    for status, names in sorted(by_status.items(), key=lambda kv: (kv[0] != "OK", kv[0])):
+        shown = ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+        parts.append(f"{status}: {shown}")
+    return "; ".join(parts)
+
+
+def interconnect_rows(ic: dict) -> list[tuple[str, str]]:
+    """Table rows for `invoke facts`: NVLink, P2P access and atomics, PCIe links, multicast."""
+    if not ic:
+        return [("interconnect", "not read (nvidia-smi gave no GPU list)")]
+    gpus, pairs, rows = ic.get("gpus") or {}, ic.get("pairs") or {}, []
+    links = {g: v.get("nvlink_links") for g, v in gpus.items()}
+    if ic.get("nvlink"):
+        groups: dict[object, list[int]] = {}
+        for g, n in links.items():
+            groups.setdefault(n, []).append(int(g))
+        bonded = sorted(set(p.get("link") for p in pairs.values() if str(p.get("link")).startswith("NV")))
+        rows.append(("nvlink", "; ".join(f"{'?' if n is None else n} links on GPU {_ranges(ids)}"
+                                         for n, ids in sorted(groups.items(), key=lambda kv: str(kv[0])))
+                     + (f" ({', '.join(bonded)} between pairs)" if bonded else "")))
+    elif ic.get("nvlink") is False:
+        rows.append(("nvlink", "none (PCIe only)"))
+    else:
+        rows.append(("nvlink", "unknown"))
+    if pairs:
+        rows.append(("p2p read/write", _pair_summary(pairs, "read")
+                     if all(p.get("read") == p.get("write") for p in pairs.values())
+                     else f"read: {_pair_summary(pairs, 'read')}; write: {_pair_summary(pairs, 'write')}"))
+        rows.append(("p2p atomics", _pair_summary(pairs, "atomics")))
+        rows.append(("topology", _pair_summary(pairs, "link")))
+    pcie: dict[str, list[int]] = {}
+    for g, v in gpus.items():
+        link = v.get("pcie")
+        text = (f"gen {link['gen']} x{link['width']} now, gen {link['gen_max']} x{link['width_max']} max"
+                if link else "unknown")
+        pcie.setdefault(text, []).append(int(g))
+    if pcie:
+        rows.append(("pcie", "; ".join(f"{text} on GPU {_ranges(ids)}" for text, ids in sorted(pcie.items()))))
+    state = {True: "yes", False: "no", None: "unknown"}[ic.get("multicast")]
+    rows.append(("multicast", f"{state} ({ic.get('multicast_why') or 'not read'})"))
+    if ic.get("errors"):
+        rows.append(("interconnect errors", "; ".join(ic["errors"])))
+    return rows
 
 
 def facts_args(host: Host, stack: Stack | None, extra_packages=()) -> dict:

@@ -12,6 +12,7 @@ from toolkit.inventory import InventoryError
 from toolkit.patchsets import PatchsetError
 from toolkit.transport import TransportError
 
+from . import sm120
 from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from .parsing import command
 
@@ -65,9 +66,15 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
         fail(str(exc))
     if action == "apply":
         stale: dict = {}
-        outcomes = run_on_hosts(host, lambda h: _with_server_check(
-            h, patching.apply(h, name, dry_run=dry_run, note=report.note), stale))
-        finish(outcomes, show=lambda r: (_print_apply(r), _print_stale(r, stale.get(r.host), "apply")))
+
+        def apply_one(h):
+            result = _with_server_check(h, patching.apply(h, name, dry_run=dry_run, note=report.note), stale)
+            # with sm120 in the stack, also which of its features this host will run (one facts trip)
+            return result, sm120.prediction_after_apply(h, result)
+
+        outcomes = run_on_hosts(host, apply_one)
+        finish(outcomes, show=lambda pair: (_print_apply(pair[0]), _print_stale(pair[0], stale.get(pair[0].host), "apply"),
+                                            sm120.show(pair[1])))
     elif action == "revert":
         stale = {}
         outcomes = run_on_hosts(host, lambda h: _with_server_check(

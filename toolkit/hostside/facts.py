@@ -197,6 +197,42 @@ def nvcc_facts(dirs):
     return {"path": None, "runs": False, "release": None, "version": None, "output": "no nvidia/cu13/bin/nvcc"}
 
 
+# What the sm120 gates need from the installed kernels, read as text (nothing imported): the archs
+# FlashInfer's JIT builds its TRT-LLM all-reduce module for, and whether the deep_gemm found first
+# on sys.path has the SM120 branch's entry point (the runtime probe imports it and asks hasattr).
+DEEP_GEMM_SM120_ENTRY_POINT = "m_grouped_fp8_fp4_gemm_nt_contiguous"
+
+
+def trtllm_comm_majors(comm_py_text):
+    """supported_major_versions of gen_trtllm_comm_module in flashinfer/jit/comm.py, or None."""
+    match = re.search(r"def gen_trtllm_comm_module\(.*?(?=\ndef |\Z)", comm_py_text or "", re.S)
+    found = match and re.search(r"supported_major_versions\s*=\s*\[([0-9,\s]*)\]", match.group(0))
+    if not found:
+        return None
+    return [int(x) for x in found.group(1).replace(" ", "").split(",") if x]
+
+
+def kernel_facts(dirs):
+    found = {"flashinfer_trtllm_comm_majors": None, "flashinfer_comm_py": None,
+             "deep_gemm": {"present": False, "sm120_entry_point": None, "path": None}}
+    for site in dirs:
+        path = os.path.join(site, "flashinfer", "jit", "comm.py")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                found["flashinfer_trtllm_comm_majors"] = trtllm_comm_majors(f.read())
+            found["flashinfer_comm_py"] = path
+            break
+    for site in dirs:
+        path = os.path.join(site, "deep_gemm", "__init__.py")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            found["deep_gemm"] = {"present": True, "sm120_entry_point": DEEP_GEMM_SM120_ENTRY_POINT in text,
+                                  "path": path}
+            break
+    return found
+
+
 def gpu_facts():
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -216,7 +252,145 @@ def gpu_facts():
     code, out, err = run([smi], timeout=60)
     match = re.search(r"CUDA Version:\s*([\d.]+)", out)
     return {"nvidia_smi": smi, "gpus": gpus, "driver": driver, "cuda": match.group(1) if match else None,
-            "error": None}
+            "error": None, "interconnect": interconnect_facts(smi, [g["index"] for g in gpus])}
+
+
+# -- how the GPUs reach each other: P2P, NVLink, PCIe link, multicast --------------------------
+
+PCIE_QUERY = "index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+# nvidia-smi topo -p2p <capability>: read, write, atomics, nvlink
+P2P_CAPABILITIES = {"r": "read", "w": "write", "a": "atomics", "n": "nvlink"}
+
+
+def parse_gpu_matrix(text):
+    """{(row, column): cell} for the GPU rows/columns of `nvidia-smi topo -m` or `topo -p2p X`:
+    a header line naming GPU0 GPU1 ... (then NICs, CPU Affinity, ...) and one row per GPU."""
+    columns, cells = None, {}
+    for line in (text or "").splitlines():
+        tokens = line.split()
+        if not tokens:
+            if columns and cells:
+                break
+            continue
+        if columns is None:
+            if tokens[0] == "GPU0":
+                columns = [int(t[3:]) for t in tokens if re.match(r"^GPU\d+$", t)]
+            continue
+        if not re.match(r"^GPU\d+$", tokens[0]):
+            if tokens[0] == "Legend:":
+                break
+            continue
+        row = int(tokens[0][3:])
+        for column, cell in zip(columns, tokens[1:1 + len(columns)]):
+            cells[(row, column)] = cell
+    return cells
+
+
+def parse_nvlink_status(text):
+    """{gpu index: active links} from `nvidia-smi nvlink -s` ("Link N: 26.562 GB/s"; inactive ones say so)."""
+    links, current = {}, None
+    for line in (text or "").splitlines():
+        head = re.match(r"^GPU (\d+):", line)
+        if head:
+            current = int(head.group(1))
+            links[current] = 0
+        elif current is not None and re.search(r"Link \d+:\s*[\d.]+\s*GB/s", line):
+            links[current] += 1
+    return links
+
+
+def parse_fabric(text):
+    """[(state, status)] per GPU, in order, from the Fabric blocks of `nvidia-smi -q`."""
+    found, block = [], None
+    for line in (text or "").splitlines():
+        stripped = line.strip()
+        if stripped == "Fabric":
+            block = {}
+            continue
+        if block is None:
+            continue
+        key, _, value = stripped.partition(":")
+        if key.strip() in ("State", "Status") and key.strip().lower() not in block:
+            block[key.strip().lower()] = value.strip()
+        if len(block) == 2:
+            found.append((block["state"], block["status"]))
+            block = None
+    return found
+
+
+def _cell_int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def interconnect_facts(smi, indices):
+    """P2P status per GPU pair, NVLink links, PCIe link per GPU, multicast; each command that
+    fails is listed under `errors` and leaves its part unknown (None)."""
+    facts = {"pairs": {}, "gpus": {}, "nvlink": None, "multicast": None, "multicast_why": "", "errors": []}
+    if len(indices) == 0:
+        return facts
+    for gpu in indices:
+        facts["gpus"][str(gpu)] = {"pcie": None, "nvlink_links": None, "fabric": None}
+    for a in indices:
+        for b in indices:
+            if a != b:
+                facts["pairs"]["%d-%d" % (a, b)] = {"read": None, "write": None, "atomics": None, "nvlink": None,
+                                                    "link": None}
+    code, out, err = run([smi, "topo", "-m"], timeout=60)
+    if code == 0:
+        for (a, b), cell in parse_gpu_matrix(out).items():
+            if a != b and "%d-%d" % (a, b) in facts["pairs"]:
+                facts["pairs"]["%d-%d" % (a, b)]["link"] = cell
+    else:
+        facts["errors"].append("topo -m: exit %s: %s" % (code, (out + err).strip()[-200:]))
+    for flag, name in sorted(P2P_CAPABILITIES.items()):
+        code, out, err = run([smi, "topo", "-p2p", flag], timeout=60)
+        if code != 0:
+            facts["errors"].append("topo -p2p %s: exit %s: %s" % (flag, code, (out + err).strip()[-200:]))
+            continue
+        for (a, b), cell in parse_gpu_matrix(out).items():
+            if a != b and "%d-%d" % (a, b) in facts["pairs"]:
+                facts["pairs"]["%d-%d" % (a, b)][name] = cell
+    code, out, err = run([smi, "nvlink", "-s"], timeout=60)
+    if code == 0:
+        for gpu, count in parse_nvlink_status(out).items():
+            if str(gpu) in facts["gpus"]:
+                facts["gpus"][str(gpu)]["nvlink_links"] = count
+    else:
+        facts["errors"].append("nvlink -s: exit %s: %s" % (code, (out + err).strip()[-200:]))
+    code, out, err = run([smi, "--query-gpu=" + PCIE_QUERY, "--format=csv,noheader,nounits"], timeout=60)
+    if code == 0:
+        for line in out.strip().splitlines():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 5 and str(_cell_int(cells[0])) in facts["gpus"]:
+                gen, gen_max, width, width_max = [_cell_int(c) for c in cells[1:]]
+                facts["gpus"][cells[0]]["pcie"] = {"gen": gen, "gen_max": gen_max, "width": width,
+                                                    "width_max": width_max}
+    else:
+        facts["errors"].append("pcie query: exit %s: %s" % (code, (out + err).strip()[-200:]))
+    links = [g["nvlink_links"] for g in facts["gpus"].values()]
+    pair_links = [p["link"] for p in facts["pairs"].values()]
+    if any(l for l in links) or any(str(l).startswith("NV") for l in pair_links):
+        facts["nvlink"] = True
+    elif all(l == 0 for l in links) or (pair_links and all(l is not None for l in pair_links)):
+        facts["nvlink"] = False
+    if facts["nvlink"] is False:
+        facts["multicast"] = False
+        facts["multicast_why"] = "no NVLink: CUDA multicast objects need NVLink"
+    elif facts["nvlink"]:
+        code, out, err = run([smi, "-q"], timeout=120)
+        fabric = parse_fabric(out) if code == 0 else []
+        for gpu, state in zip(sorted(indices), fabric):
+            facts["gpus"][str(gpu)]["fabric"] = "%s/%s" % state
+        facts["multicast_why"] = ("NVLink present; multicast also needs NVSwitch and the fabric manager"
+                                  " (nvidia-smi does not report it; SGLang probes it at start)")
+        if fabric:
+            facts["multicast_why"] += "; fabric %s" % ", ".join(sorted(set("%s/%s" % f for f in fabric)))
+    else:
+        facts["multicast_why"] = "NVLink presence unknown"
+    return facts
 
 
 def _int(text):
@@ -307,5 +481,6 @@ def main(args):
     facts["python"] = target
     facts["packages"] = installed_versions(dirs, args.get("packages", [])) if dirs else {}
     facts["nvcc"] = nvcc_facts(dirs)
+    facts["kernels"] = kernel_facts(dirs)
     facts.update(gpu_facts())
     return facts

@@ -1,0 +1,58 @@
+"""Every sm120 gate decision, from one table (gate_cases.toml), through both callers of the rule:
+the toolkit's prediction from a host's facts, and the patched SGLang's runtime probes (faked:
+no SM120 GPU here). Both must reach the table's state and reason for every feature."""
+from __future__ import annotations
+
+import pytest
+
+from toolkit import sm120_gates
+
+from .conftest import CASES, RULE, case_env, facts_for
+
+IDS = [c["name"] for c in CASES]
+
+
+def check(decisions, case, side):
+    got = {d.feature: d for d in decisions}
+    assert set(got) == {"fusion", "symm_mem", "deep_gemm"}
+    for feature, state in case["expect"].items():
+        assert got[feature].state == state, f"{side}: {feature}: {got[feature]}"
+        assert got[feature].forced == (feature in case.get("forced", [])), f"{side}: {feature}: {got[feature]}"
+    for feature, piece in case.get("why", {}).items():
+        assert piece in got[feature].why, f"{side}: {feature}: {got[feature].why!r} lacks {piece!r}"
+
+
+def test_the_toolkit_loads_exactly_the_file_the_patch_installs(patched_tree):
+    """The prediction runs the bytes SGLang runs: the rule text read out of the diff equals the file
+    in the patched tree (made from the real 0.5.11 wheel files with git apply)."""
+    assert sm120_gates.rule_source() == (patched_tree / RULE).read_text()
+    assert sm120_gates.rule().decide is not None
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_prediction_from_facts(case):
+    prediction = sm120_gates.predict(facts_for(case), tp_size=case.get("tp", case["gpus"]), env=case_env(case))
+    check(prediction.decisions, case, "facts")
+    assert prediction.applied and prediction.gpus == list(range(case["gpus"]))[:case.get("tp", case["gpus"])]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_decision_from_runtime_probes(case, patched_rule, fake_machine):
+    fake_machine(case)
+    gpus = list(range(case.get("tp", case["gpus"])))
+    inputs = patched_rule.runtime_inputs(gpus, len(gpus))
+    import os
+    check(patched_rule.decide(inputs, os.environ), case, "runtime")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_both_sides_give_the_same_lines(case, patched_rule, fake_machine):
+    """Not only the states: the toolkit prints, word for word, the lines the server will log."""
+    import os
+    tp = case.get("tp", case["gpus"])
+    predicted = sm120_gates.predict(facts_for(case), tp_size=tp, env=case_env(case)).lines()
+    fake_machine(case)
+    logged = [patched_rule.line(d) for d in patched_rule.decide(patched_rule.runtime_inputs(list(range(tp)), tp),
+                                                                os.environ)]
+    assert predicted == logged
+    assert all(text.startswith("sm120: ") for text in logged)
