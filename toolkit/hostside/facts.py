@@ -262,11 +262,15 @@ PCIE_QUERY = "index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.curr
 P2P_CAPABILITIES = {"r": "read", "w": "write", "a": "atomics", "n": "nvlink"}
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def parse_gpu_matrix(text):
     """{(row, column): cell} for the GPU rows/columns of `nvidia-smi topo -m` or `topo -p2p X`:
-    a header line naming GPU0 GPU1 ... (then NICs, CPU Affinity, ...) and one row per GPU."""
+    a header line naming GPU0 GPU1 ... (then NICs, CPU Affinity, ...) and one row per GPU.
+    nvidia-smi underlines the header with terminal escapes (ESC[4m ... ESC[0m), pipe or not."""
     columns, cells = None, {}
-    for line in (text or "").splitlines():
+    for line in ANSI_ESCAPE.sub("", text or "").splitlines():
         tokens = line.split()
         if not tokens:
             if columns and cells:
