@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import sys
 import tomllib
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,3 +212,31 @@ def requirement_closure(name: str, known: dict[str, Patchset]) -> list[str]:
 
     visit(name, ())
     return sort_stack(seen, known)
+
+
+_ADDED_MODULES: dict[str, types.ModuleType] = {}
+
+
+def added_file_text(name: str, path: str, known: dict[str, Patchset] | None = None) -> str:
+    """The text of a file that patchset `name` adds to the package (`path` relative to
+    site-packages), read out of its diff: code the toolkit shares with the patched server."""
+    known = known if known is not None else load_all()
+    for patch in get(name, known).patches():
+        for patched in UniPatchSet(patch.text):
+            if patched.target_file == f"b/{path}" and patched.is_added_file:
+                return "".join(line.value for hunk in patched for line in hunk if line.is_added)
+    raise PatchsetError(f"patchset {name} does not add {path}")
+
+
+def added_module(name: str, path: str, known: dict[str, Patchset] | None = None) -> types.ModuleType:
+    """That file loaded as a module (standard library only; cached per content)."""
+    text = added_file_text(name, path, known)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key not in _ADDED_MODULES:
+        stem = posixpath.splitext(posixpath.basename(path))[0]
+        module = types.ModuleType(f"toolkit_patchset_{stem}_{key[:12]}")
+        module.__file__ = f"<{name} patchset: {path}>"
+        sys.modules[module.__name__] = module  # dataclasses look their module up there
+        exec(compile(text, module.__file__, "exec"), module.__dict__)
+        _ADDED_MODULES[key] = module
+    return _ADDED_MODULES[key]

@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paths
+from . import paths, patchsets
 from .inventory import Host
 
 KINDS = ("sglang", "transformers-serve", "command")
@@ -199,9 +199,17 @@ def shared_gpu(host: Host) -> bool:
     return value
 
 
+DYN_DISABLE_POLICY = "sglang/srt/speculative/dyn_disable.py"
+
+
 def default_hysteresis(threshold: int) -> int:
-    """The dyn-disable patch's own default: max(1, threshold // 4), capped at threshold - 1."""
-    return min(max(1, threshold // 4), threshold - 1)
+    """The dyn-disable patch's own default, computed by the patch's policy module (one source:
+    the server applies the same function when SGLANG_SPEC_DISABLE_HYSTERESIS is unset)."""
+    try:
+        policy = patchsets.added_module("dyn-disable", DYN_DISABLE_POLICY)
+    except patchsets.PatchsetError as exc:
+        raise ProfileError(f"no default hysteresis: {exc}") from None
+    return policy.default_hysteresis(threshold)
 
 
 def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict | None = None) -> LaunchPlan:
@@ -234,8 +242,9 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     hysteresis = pick("dyn_hysteresis")
     threshold = None if threshold is None else _int(threshold, "dyn_threshold", name)
     hysteresis = None if hysteresis is None else _int(hysteresis, "dyn_hysteresis", name)
-    if "dyn_threshold" in overrides and "dyn_hysteresis" not in overrides and threshold is not None:
-        # a hysteresis set for the profile's own threshold (1 for 5) would flap at e.g. 18
+    if threshold is not None and (hysteresis is None or
+                                  ("dyn_threshold" in overrides and "dyn_hysteresis" not in overrides)):
+        # none given, or one set for the profile's own threshold (which would flap at e.g. 18)
         hysteresis = default_hysteresis(threshold)
     if threshold is not None and threshold < 1:
         raise ProfileError(f"profile {name}: dyn_threshold must be >= 1, got {threshold}")

@@ -9,11 +9,9 @@ again at start from its runtime probes (torch, the CUDA driver, NVML), with the 
 """
 from __future__ import annotations
 
-import hashlib
 import types
 from dataclasses import dataclass, field
 
-from unidiff import PatchSet as UniPatchSet
 
 from . import facts as facts_engine
 from . import patchsets
@@ -22,7 +20,6 @@ from .stack import Stack, normalize
 
 PATCHSET = "sm120"
 RULE_FILE = "sglang/srt/sm120_gates.py"
-_LOADED: dict[str, types.ModuleType] = {}
 
 
 class GateError(ValueError):
@@ -31,26 +28,18 @@ class GateError(ValueError):
 
 def rule_source(known: dict | None = None) -> str:
     """The text of sglang/srt/sm120_gates.py as the sm120 patchset creates it."""
-    known = known if known is not None else patchsets.load_all()
-    if PATCHSET not in known:
-        raise GateError(f"no patchset {PATCHSET!r} in {patchsets.patchsets_dir()}")
-    for patch in known[PATCHSET].patches():
-        for patched in UniPatchSet(patch.text):
-            if patched.target_file == f"b/{RULE_FILE}" and patched.is_added_file:
-                return "".join(line.value for hunk in patched for line in hunk if line.is_added)
-    raise GateError(f"patchset {PATCHSET} does not create {RULE_FILE}")
+    try:
+        return patchsets.added_file_text(PATCHSET, RULE_FILE, known)
+    except patchsets.PatchsetError as exc:
+        raise GateError(str(exc)) from None
 
 
 def rule(known: dict | None = None) -> types.ModuleType:
     """The patch's rule module, loaded from its text (cached per content)."""
-    text = rule_source(known)
-    key = hashlib.sha256(text.encode()).hexdigest()
-    if key not in _LOADED:
-        module = types.ModuleType("sm120_gates_rule")
-        module.__file__ = f"<{PATCHSET} patchset: {RULE_FILE}>"
-        exec(compile(text, module.__file__, "exec"), module.__dict__)
-        _LOADED[key] = module
-    return _LOADED[key]
+    try:
+        return patchsets.added_module(PATCHSET, RULE_FILE, known)
+    except patchsets.PatchsetError as exc:
+        raise GateError(str(exc)) from None
 
 
 def _status_ok(value) -> bool | None:

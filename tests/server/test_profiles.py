@@ -57,15 +57,38 @@ def test_eagle3_v2_dyn_is_topk_1_with_spec_v2_and_keeps_the_dyn_env():
     flags = dict(zip(plan.argv[3::2], plan.argv[4::2]))
     assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
             flags["--speculative-num-draft-tokens"]) == ("3", "1", "4")
-    assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_SPEC_DISABLE_THRESHOLD": "5",
-                        "SGLANG_SPEC_DISABLE_HYSTERESIS": "1"}
+    assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_SPEC_DISABLE_THRESHOLD": "8",
+                        "SGLANG_SPEC_DISABLE_HYSTERESIS": "2"}
 
 
-def test_a_threshold_override_brings_the_patch_default_hysteresis_unless_one_is_given():
-    assert server.plan(GPU_HOST, "eagle3-dyn").env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "1"
-    for threshold, expected in ((18, "4"), (2, "1"), (1, "0"), (100, "25")):
+def patch_default_hysteresis(threshold):
+    """What the patched server itself uses when SGLANG_SPEC_DISABLE_HYSTERESIS is unset: the
+    policy module of the dyn-disable patch, applied to the real wheel file and loaded by path."""
+    import importlib.util
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from toolkit import wheels
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["git", "apply", "-p1", "--include=sglang/srt/speculative/dyn_disable.py",
+                        str(Path("patchsets/dyn-disable/0001-dyn-disable.patch").resolve())],
+                       cwd=tmp, check=True)
+        spec = importlib.util.spec_from_file_location("policy", Path(tmp) / "sglang/srt/speculative/dyn_disable.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    assert wheels  # the patch applies to the pinned wheel; tests/dyn checks that
+    return module.config_from_env({module.THRESHOLD_ENV: str(threshold)}).hysteresis
+
+
+def test_the_profile_hysteresis_is_what_the_patched_server_would_choose():
+    for name in ("eagle3-dyn", "eagle3-v2-dyn"):
+        plan = server.plan(GPU_HOST, name)
+        threshold = int(plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"])
+        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == str(patch_default_hysteresis(threshold))
+    for threshold in (18, 2, 1, 100):
         plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": threshold})
-        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == expected, threshold
+        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == str(patch_default_hysteresis(threshold)), threshold
     plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": 18, "dyn_hysteresis": 2})
     assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "2"
     assert "TP7: Dynamic speculation disable enabled: threshold=18 hysteresis=2" in plan.expected_log_lines()
