@@ -71,6 +71,13 @@ class Patchset:
         """`[logs] print`: prefixes of log lines `invoke server start` shows once the server is ready."""
         return list(self.logs.get("print", []))
 
+    @property
+    def refuse_prefixes(self) -> list[str]:
+        """`[logs] refuse`: prefixes of log lines saying the patched server turned the patch's
+        feature down at start; `invoke server start` stops waiting for the feature's lines and
+        fails with that line."""
+        return list(self.logs.get("refuse", []))
+
     def patches(self, allow_missing: bool = False) -> list[PatchFile]:
         found = []
         for name in self.patch_names:
@@ -153,7 +160,7 @@ def _load_one(folder: Path) -> Patchset:
         if "/" in name or name.startswith("."):
             raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
     logs = data.get("logs", {})
-    for key in ("startup", "print"):
+    for key in ("startup", "print", "refuse"):
         lines = logs.get(key, [])
         if not isinstance(lines, list) or not all(isinstance(x, str) and x.strip() for x in lines):
             raise PatchsetError(f"{folder.name}/patchset.toml: [logs] {key} must be a list of non-empty strings"

@@ -16,12 +16,13 @@ import ast
 import dataclasses
 import logging
 import sys
+import tomllib
 import types
 from contextlib import nullcontext
 
 import pytest
 
-from tests.dyn.conftest import function_source, load_by_path, method_source
+from tests.dyn.conftest import PATCHSET, function_source, load_by_path, method_source
 from toolkit import wheels
 
 torch = pytest.importorskip("torch")
@@ -195,6 +196,9 @@ def test_unsupported_servers_are_refused_with_the_reason(runtime, monkeypatch, c
     with caplog.at_level(logging.WARNING):
         assert runtime.make_switch(server_args, "EAGLEWorkerV2", runner) is None
     assert words in caplog.text and "speculation stays always on" in caplog.text
+    # `invoke server start` stops waiting on the line the patchset names under [logs] refuse
+    refuse = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["refuse"]
+    assert any(record.getMessage().startswith(tuple(refuse)) for record in caplog.records)
 
 
 def test_a_dense_or_mla_target_without_those_features_is_served(runtime, monkeypatch, caplog):

@@ -91,6 +91,10 @@ def test_profiles(tmp_path_factory):
         "fake-print": ('tp_size = 2\nflags = ["--tp", "{tp_size}", "--rank-line", "print-lines fixture: on every rank", '
                        '"--rank-line", "Load weight end", "--line-of-rank", "1", "print-lines fixture: only rank 1"]\n',
                        'rank_log_lines = ["Load weight end"]\n'),
+        # A server that turns the patch's feature down: the line the profile waits for never comes
+        "fake-refused": ('tp_size = 2\nflags = ["--tp", "{tp_size}", "--rank-line", '
+                         '"print-lines fixture: refused (a stand-in reason); the feature stays off"]\n',
+                         'rank_log_lines = ["print-lines fixture: enabled"]\n'),
     }
     for name, (extra, ready) in variants.items():
         (folder / f"{name}.toml").write_text(

@@ -109,3 +109,19 @@ def test_restart_dry_run_says_what_it_would_do_and_does_nothing(patched_cli):
     after = cli("server", "status", "--host", "pl", "--json")
     pids = [re.findall(r'"pid": (\d+)', done.stdout) for done in (before, after)]
     assert pids[0] and pids[0] == pids[1]
+
+
+def test_a_server_that_turns_the_patch_down_fails_fast_with_its_reason(patched_cli):
+    """`[logs] refuse` of an applied patchset: start stops waiting for lines that will never come."""
+    cli = patched_cli
+    waited = cli("server", "start", "fake-refused", "--host", "pl", "--timeout", "4")
+    assert waited.returncode != 0 and "not ready after 4s" in waited.stdout + waited.stderr
+    assert "runs without what the profile needs" not in waited.stdout + waited.stderr  # not applied yet
+    applied = cli("patch", "apply", "print-lines", "--host", "pl")
+    assert applied.returncode == 0, applied.stderr
+    failed = cli("server", "start", "fake-refused", "--host", "pl", "--timeout", "120")
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert ("the server runs without what the profile needs, it logged: "
+            "print-lines fixture: refused (a stand-in reason); the feature stays off") in " ".join(out.split())
+    assert "not ready after 120s" not in out

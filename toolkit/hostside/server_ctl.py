@@ -396,11 +396,12 @@ def _patch_stack(state_path):
     return [entry.get("name") for entry in (state or {}).get("stack", []) if isinstance(entry, dict)]
 
 
-def _print_lines(log_path, record, limit=2000):
+def _print_lines(log_path, record, limit=2000, kind="print_prefixes"):
     """[rank or None, text] for every log line whose text (after SGLang's `[time TPn]` prefix, if any)
-    starts with a `[logs] print` prefix of a patchset applied on this host."""
+    starts with a `[logs] print` (kind "refuse_prefixes": `[logs] refuse`) prefix of a patchset
+    applied on this host."""
     stack = record.get("patch_stack") or []
-    prefixes = [prefix for name in stack for prefix in (record.get("print_prefixes") or {}).get(name, [])]
+    prefixes = [prefix for name in stack for prefix in (record.get(kind) or {}).get(name, [])]
     if not prefixes:
         return []
     found = []
@@ -471,6 +472,17 @@ def _wait(root, profile, seconds, poll=0.25):
             record.update(status="ready", ready_at=time.time())
             _write_json(p["record"], record)
             return {"status": "ready", "record": record, "print_lines": _print_lines(log_path, record)}
+        if healthy and missing:
+            # a patched server that turned its patch's feature down says so: the lines waited for
+            # will never come
+            refused = _print_lines(log_path, record, limit=8, kind="refuse_prefixes")
+            if refused:
+                texts = []
+                for _, text in refused:
+                    if text not in texts:
+                        texts.append(text)
+                return _failed(record, p, "the server runs without what the profile needs, it logged: "
+                               + " | ".join(texts))
         if time.time() >= record["deadline"]:
             what = [] if healthy else ["%s does not answer" % url]
             if missing:
