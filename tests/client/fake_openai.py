@@ -6,7 +6,8 @@ or held back until the end, SGLang's /server_info and /model_info; and it is fas
 measure how many requests per second a client can drive (benchmarks/bench_client_vs_vllm.py).
 
     server = FakeOpenAI(mode=...); server.start(); ... server.base_url ...; server.stop()
-    python tests/client/fake_openai.py PORT [--chunks N] [--delay S]    (standalone, for the benchmark)
+    python tests/client/fake_openai.py PORT [--chunks N] [--delay S] [--group N] [--mode M]
+        [--tokens-per-chunk N]                          (standalone, its own process, for the benchmarks)
 
 Stream timing: `delay` seconds before each write; `group` events per write (several events in
 one write reach the client in one read, as transformers serve sends them under load);
@@ -227,10 +228,13 @@ class FakeOpenAI:
 
 
 def main(argv: list[str]) -> int:
+    def option(name, kind, default):
+        return kind(argv[argv.index(name) + 1]) if name in argv else default
+
     port = int(argv[0]) if argv else 0
-    chunks = int(argv[argv.index("--chunks") + 1]) if "--chunks" in argv else 8
-    delay = float(argv[argv.index("--delay") + 1]) if "--delay" in argv else 0.0
-    server = FakeOpenAI(port=port, chunks=chunks, delay=delay).start()
+    server = FakeOpenAI(port=port, chunks=option("--chunks", int, 8), delay=option("--delay", float, 0.0),
+                        group=option("--group", int, 1), mode=option("--mode", str, "ok"),
+                        tokens_per_chunk=option("--tokens-per-chunk", int, 1)).start()
     print(f"fake OpenAI server on {server.base_url}", flush=True)
     try:
         while True:

@@ -104,3 +104,23 @@ def test_a_bench_whose_server_cannot_start_leaves_no_folder(cpu_host, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "cpu-ref:" in result.stderr and "no level finished: nothing written" in result.stdout
     assert not out.exists()
+
+
+def test_a_missing_model_names_the_command_and_model_overrides_it(cpu_host, ref_model_dir, tmp_path):
+    host, env = cpu_host
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text(hosts.read_text().replace(f'model = "{ref_model_dir}"', f'model = "{tmp_path / "none"}"'))
+    out = tmp_path / "run"
+    missing = invoke("bench", "--host", host.name, "--out", str(out), env=env)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert f"model {tmp_path / 'none'} does not exist on {host.name}" in missing.stderr
+    assert f"make it: invoke server model --host {host.name}" in missing.stderr
+    wrong = invoke("bench", "--host", host.name, "--model", str(tmp_path / "other"), "--out", str(out), env=env)
+    assert wrong.returncode == 2 and "check the path given with --model" in wrong.stderr
+    assert not out.exists()
+    # --model, as the profile error advises for a host without a model: the run uses it
+    given = invoke("bench", "--host", host.name, "--model", str(ref_model_dir), "--concurrency", "1",
+                   "--requests", "2", "--output-len", "4", "--out", str(out), env=env)
+    assert given.returncode == 0, given.stdout + given.stderr
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert record["server"]["served_model"] == str(ref_model_dir) and record["metrics"]["completed"] == 2

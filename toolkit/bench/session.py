@@ -91,11 +91,11 @@ def check_profiles(host: Host, names: list[str], overrides: dict | None = None) 
             plans.append(server.plan(host, name, overrides))
         except profiles_mod.ProfileError as exc:
             raise BenchError(str(exc)) from None
-    _check_models(host, plans)
+    _check_models(host, plans, overrides or {})
     return plans
 
 
-def _check_models(host: Host, plans: list[profiles_mod.LaunchPlan]) -> None:
+def _check_models(host: Host, plans: list[profiles_mod.LaunchPlan], overrides: dict) -> None:
     paths = sorted({p.model for p in plans if p.model and posixpath.isabs(p.model)}
                    | {p.draft_model for p in plans if p.draft_model and posixpath.isabs(p.draft_model)})
     if not paths:
@@ -109,12 +109,17 @@ def _check_models(host: Host, plans: list[profiles_mod.LaunchPlan]) -> None:
     missing = set(result.stdout.split("\n")) & set(paths)
     for launch in plans:
         if launch.model in missing:
-            if launch.kind == "transformers-serve":
+            if "model" in overrides:
+                advice = "check the path given with --model"
+            elif launch.kind == "transformers-serve":
                 advice = f"make it: invoke server model --host {host.name}"
             else:
                 advice = (f"set `model` in the [{host.name}.server] table of the inventory, or pass "
                           f"--model PATH to invoke bench")
             raise BenchError(f"profile {launch.profile}: model {launch.model} does not exist on {host.name}; {advice}")
+        if launch.draft_model in missing and "draft_model" in overrides:
+            raise BenchError(f"profile {launch.profile}: draft model {launch.draft_model} (--draft-model) does not "
+                             f"exist on {host.name}")
         if launch.draft_model in missing:
             raise BenchError(f"profile {launch.profile}: draft model {launch.draft_model} does not exist on "
                              f"{host.name}; set `draft_model` in the [{host.name}.server] table of the "
