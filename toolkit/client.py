@@ -184,7 +184,8 @@ class OpenAIClient:
         self.timeout = timeout            # a whole request, first byte sent to last byte read
         self.max_connections = max_connections
         self.rejected_fields: set[str] = set()
-        self._headers = {"User-Agent": "toolkit-bench"}
+        # identity: a compressed stream would reach the client in compressed blocks, not as it was sent
+        self._headers = {"User-Agent": "toolkit-bench", "Accept-Encoding": "identity"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
