@@ -1,38 +1,52 @@
-"""An async OpenAI-compatible chat client that times every streamed chunk.
+"""An async OpenAI-compatible chat client (aiohttp) that times every piece of a stream as it arrives.
 
 Smoke and bench share it. It measures what `sglang.bench_serving` and `vllm bench serve`
-measure (time to first token, the gap between content chunks, end-to-end latency) and takes
-token counts from the server's `usage`, never from a guess.
+measure (time to first token, the gaps in the stream, end-to-end latency) and takes token
+counts from the server's `usage`, never from a guess.
+
+What a streaming user sees is what arrives from the network, so the clock is read once per
+network read (`StreamReader.iter_any`), not once per parsed line: server-sent events that come
+in one read (the server wrote them together, or they queued in the socket) are shown at the
+same moment and count as one **arrival**. Each request keeps the arrival times of the reads
+that brought content, the characters each brought, and the number of content events
+(`chunks`; one event may carry several tokens, e.g. with speculative decoding). ITL is the gap
+between consecutive arrivals; a stream whose content comes in one or two arrivals ("held
+back") is visible as such (`stream_shape`).
 
 Tolerant of the servers it meets:
 - a stream that ends without `data: [DONE]` (transformers serve) is complete when the
-  connection closes after at least one chunk;
+  connection closes after a `finish_reason`;
 - a server that rejects fields outside the OpenAI API (`ignore_eos`, `top_k`: HTTP 422) gets
-  the request again without them, and the client remembers not to send them again.
-
-HTTP is a small HTTP/1.1 keep-alive pool on asyncio streams (`_Pool`), not httpx: httpx's
-connection pool costs milliseconds of CPU per request at 64 connections, which capped a
-benchmark at ~200-350 requests/s on two cores where `vllm bench serve` (aiohttp) drives
-~1200 (benchmarks/bench_client_vs_vllm.py). A benchmark client must never be the bottleneck.
+  the request again without them, and the client remembers not to send them again;
+- a keep-alive connection the server closed while idle: the request goes out again once on a
+  new connection.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import ssl
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator
-from urllib.parse import urlsplit
+from typing import Any
+
+import aiohttp
 
 # Fields some servers (SGLang, vLLM) take but the OpenAI API does not define.
 NON_OPENAI_FIELDS = ("ignore_eos", "top_k", "min_tokens", "repetition_penalty")
+CONNECT_TIMEOUT = 10.0
+# A stream whose largest single arrival carries at least this share of its text, for an answer
+# of at least HELD_BACK_MIN_TOKENS tokens, reached the user in one piece, not as a stream.
+HELD_BACK_SHARE = 0.9
+HELD_BACK_MIN_TOKENS = 8
 
 
 class ClientError(RuntimeError):
     """A request that could not be completed; the message says why (HTTP status, body, cause)."""
+
+
+class TransportError(Exception):
+    """The connection failed (refused, reset, closed mid-body); the message names the cause."""
 
 
 @dataclass
@@ -42,11 +56,11 @@ class RequestRecord:
     error: str | None = None
     status_code: int | None = None
     start: float = 0.0
-    ttft: float | None = None             # first chunk with content (or reasoning) after start
-    first_event: float | None = None      # first chunk with `choices`, even a role-only one
-                                          # (what `vllm bench serve` 0.32 takes as TTFT)
-    latency: float | None = None          # end-to-end: start to the last byte
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk, since start
+    ttft: float | None = None             # first arrival with content (or reasoning), since start
+    first_event: float | None = None      # first event with `choices`, even a role-only one
+    latency: float | None = None          # end-to-end: start to the end of the body
+    arrivals: list[float] = field(default_factory=list)    # each network read that brought content
+    arrival_chars: list[int] = field(default_factory=list)  # characters of content each brought
     text: str = ""
     reasoning: str = ""
     prompt_tokens: int | None = None
@@ -54,13 +68,42 @@ class RequestRecord:
     total_tokens: int | None = None
     finish_reason: str | None = None
     saw_done: bool = False
-    chunks: int = 0                       # content chunks
+    chunks: int = 0                       # server-sent events that carried content
     dropped_fields: list[str] = field(default_factory=list)
 
     @property
     def itl(self) -> list[float]:
-        """Gaps between consecutive content chunks (a chunk may carry several tokens)."""
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        """Gaps between consecutive arrivals of content (an arrival may hold several events,
+        an event several tokens)."""
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+
+    @property
+    def span(self) -> float:
+        """First to last arrival of content (0 for one arrival)."""
+        return self.arrivals[-1] - self.arrivals[0] if self.arrivals else 0.0
+
+    @property
+    def largest_arrival_share(self) -> float | None:
+        total = sum(self.arrival_chars)
+        return max(self.arrival_chars) / total if total else None
+
+    @property
+    def held_back(self) -> bool:
+        """The answer (long enough to stream) reached the client in one piece, or the first
+        token and then everything else at once."""
+        share = self.largest_arrival_share
+        return (self.ok and (self.completion_tokens or 0) >= HELD_BACK_MIN_TOKENS
+                and share is not None and share >= HELD_BACK_SHARE)
+
+    def stream_shape(self) -> str:
+        """'T tokens in N content events, A arrivals over S ms' (+ a warning when held back)."""
+        tokens = "?" if self.completion_tokens is None else str(self.completion_tokens)
+        text = (f"{tokens} tokens in {self.chunks} content event(s), {len(self.arrivals)} arrival(s) "
+                f"over {self.span * 1000:.1f} ms")
+        if self.held_back:
+            text += (f"; {self.largest_arrival_share:.0%} of the text came in one arrival: "
+                     f"the stream was held back and reached the client in one piece")
+        return text
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -88,180 +131,46 @@ def _rejected_fields(record: RequestRecord, sent: list[str]) -> list[str]:
         return named
     return list(sent) if record.status_code == 422 else []
 
-class TransportError(Exception):
-    """The connection failed (refused, reset, closed mid-body); the message names the cause."""
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or ("no connection in time" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__)
+    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
 
 
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader, self.writer = reader, writer
-        self.reused = False
+class _Events:
+    """Server-sent events from the bytes of one body, fed one network read at a time."""
 
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        except Exception:
-            pass
+    def __init__(self):
+        self._buffer = b""
 
+    def feed(self, data: bytes) -> list[str]:
+        """The `data:` payloads completed by `data` (comments, `event:` lines and blank
+        separators are skipped)."""
+        self._buffer += data
+        lines = self._buffer.split(b"\n")
+        self._buffer = lines.pop()
+        return [payload for line in lines if (payload := _data_of(line)) is not None]
 
-class _Response:
-    """Status and headers of one answer; the body is read through `chunks()` or `lines()`."""
-
-    def __init__(self, pool: "_Pool", connection: _Connection, status: int, reason: str, headers: dict):
-        self._pool, self._connection = pool, connection
-        self.status, self.reason, self.headers = status, reason, headers
-        self._complete = False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        reader = self._connection.reader
-        try:
-            if "chunked" in self.headers.get("transfer-encoding", "").lower():
-                while True:
-                    size_line = await reader.readline()
-                    if not size_line:
-                        raise TransportError("server closed the connection mid-body")
-                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                            pass   # trailers
-                        break
-                    data = await reader.readexactly(size)
-                    await reader.readexactly(2)
-                    yield data
-            elif "content-length" in self.headers:
-                remaining = int(self.headers["content-length"])
-                while remaining > 0:
-                    data = await reader.read(min(65536, remaining))
-                    if not data:
-                        raise TransportError("server closed the connection mid-body")
-                    remaining -= len(data)
-                    yield data
-            else:   # framed by the end of the connection
-                self.headers["connection"] = "close"
-                while data := await reader.read(65536):
-                    yield data
-        except asyncio.IncompleteReadError:
-            raise TransportError("server closed the connection mid-body") from None
-        except (ConnectionError, OSError) as exc:
-            raise TransportError(_describe(exc)) from None
-        self._complete = True
-
-    async def lines(self) -> AsyncIterator[str]:
-        buffer = b""
-        async for piece in self.chunks():
-            buffer += piece
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                yield line.rstrip(b"\r").decode("utf-8", "replace")
-        if buffer:
-            yield buffer.decode("utf-8", "replace")
-
-    async def read(self) -> bytes:
-        return b"".join([piece async for piece in self.chunks()])
-
-    def finish(self) -> None:
-        keep = self._complete and self.headers.get("connection", "").lower() != "close"
-        self._pool.release(self._connection, keep)
+    def close(self) -> list[str]:
+        """A last line without its newline (a server that ends the body right after it)."""
+        rest, self._buffer = self._buffer, b""
+        payload = _data_of(rest)
+        return [] if payload is None else [payload]
 
 
-class _Pool:
-    """HTTP/1.1 keep-alive connections to one origin, at most `limit` at a time."""
-
-    def __init__(self, base_url: str, limit: int, headers: dict[str, str], connect_timeout: float = 10.0):
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) base URL: {base_url!r}")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
-        self.prefix = parts.path.rstrip("/")
-        host_header = self.host if parts.port is None else f"{self.host}:{self.port}"
-        self.headers = {"Host": host_header, "User-Agent": "toolkit-bench", **headers}
-        self.connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
-        self._slots = asyncio.Semaphore(limit)
-
-    async def _connect(self) -> _Connection:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=2 ** 20), self.connect_timeout)
-        except asyncio.TimeoutError:
-            raise TransportError(f"ConnectTimeout: no connection to {self.host}:{self.port} "
-                                 f"in {self.connect_timeout:.0f} s") from None
-        except OSError as exc:
-            raise TransportError(f"ConnectError: cannot connect to {self.host}:{self.port}: {exc}") from None
-        return _Connection(reader, writer)
-
-    def release(self, connection: _Connection, keep: bool) -> None:
-        if keep:
-            connection.reused = True
-            self._idle.append(connection)
-        else:
-            connection.close()
-        self._slots.release()
-
-    async def _exchange(self, connection: _Connection, head: bytes, body: bytes) -> tuple[int, str, dict]:
-        connection.writer.write(head + body)
-        await connection.writer.drain()
-        status_line = await connection.reader.readline()
-        if not status_line:
-            raise ConnectionResetError("connection closed before an answer")
-        version, _, rest = status_line.decode("latin-1").strip().partition(" ")
-        code, _, reason = rest.partition(" ")
-        headers: dict[str, str] = {}
-        while True:
-            line = await connection.reader.readline()
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise ConnectionResetError("connection closed in the headers")
-            key, _, value = line.decode("latin-1").partition(":")
-            headers[key.strip().lower()] = value.strip()
-        if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
-            headers["connection"] = "close"
-        return int(code), reason, headers
-
-    @contextlib.asynccontextmanager
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str = "application/json") -> AsyncIterator[_Response]:
-        head_lines = [f"{method} {self.prefix}{path} HTTP/1.1"]
-        head_lines += [f"{k}: {v}" for k, v in self.headers.items()]
-        if body or method == "POST":
-            head_lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
-        head = ("\r\n".join(head_lines) + "\r\n\r\n").encode("latin-1")
-        await self._slots.acquire()
-        response = None
-        try:
-            while True:
-                connection = self._idle.pop() if self._idle else await self._connect()
-                try:
-                    status, reason, headers = await self._exchange(connection, head, body)
-                    break
-                except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
-                    connection.close()
-                    if connection.reused:
-                        continue   # the server closed an idle keep-alive connection: take another
-                    raise TransportError(_describe(exc)) from None
-            response = _Response(self, connection, status, reason, headers)
-        except BaseException:
-            self._slots.release()
-            raise
-        try:
-            yield response
-        finally:
-            response.finish()
-
-    def close(self) -> None:
-        for connection in self._idle:
-            connection.close()
-        self._idle.clear()
+def _data_of(line: bytes) -> str | None:
+    line = line.rstrip(b"\r")
+    if not line.startswith(b"data:"):
+        return None
+    return line[5:].strip().decode("utf-8", "replace")
 
 
 class OpenAIClient:
     """Chat completions against one base URL (`http://127.0.0.1:30000`, without `/v1`).
 
-    Use as an async context manager. `max_connections` bounds the connection pool; the bench
-    sets it to the concurrency level so the client never queues requests itself.
+    Use as an async context manager (the aiohttp session lives in the running event loop).
+    `max_connections` bounds the connection pool; the bench sets it to the concurrency level
+    so the client never queues requests itself.
     """
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout: float = 600.0,
@@ -269,11 +178,17 @@ class OpenAIClient:
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
+        if not re.match(r"https?://[^/]+", self.base_url):
+            raise ValueError(f"not an http(s) base URL: {base_url!r}")
         self.model = model
         self.timeout = timeout            # a whole request, first byte sent to last byte read
+        self.max_connections = max_connections
         self.rejected_fields: set[str] = set()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._pool = _Pool(self.base_url, max_connections, headers)
+        # identity: a compressed stream would reach the client in compressed blocks, not as it was sent
+        self._headers = {"User-Agent": "toolkit-bench", "Accept-Encoding": "identity"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "OpenAIClient":
         return self
@@ -282,16 +197,30 @@ class OpenAIClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        self._pool.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                             ttl_dns_cache=None)
+            # No total timeout here: `chat` bounds the whole request itself.
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
+        return self._session
 
     async def _get(self, path: str, timeout: float) -> tuple[int, bytes]:
         async def go():
-            async with self._pool.request("GET", path) as response:
+            async with self._http().get(self.base_url + path) as response:
                 return response.status, await response.read()
         try:
             return await asyncio.wait_for(go(), timeout)
         except asyncio.TimeoutError:
             raise TransportError(f"ReadTimeout: no answer in {timeout:.0f} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise TransportError(_describe(exc)) from None
 
     # --- plain endpoints -------------------------------------------------------------------
     async def get_json(self, path: str, *, timeout: float | None = None) -> Any:
@@ -332,29 +261,43 @@ class OpenAIClient:
                 return f"GET {path}: HTTP {status}"
         return "neither /health nor /v1/models answers"
 
-    async def server_state(self) -> dict:
-        """What the server says about itself, where it says it (SGLang's /server_info):
-        version, avg_spec_accept_length (cumulative since start), dyn_spec_disable counters.
-        `unreachable` holds why when the server does not answer at all."""
-        problem = await self.healthy()
-        if problem:
-            return {"unreachable": problem}
-        for path in ("/server_info", "/get_server_info"):
+    async def _first_json(self, paths: tuple[str, ...]) -> dict | None:
+        for path in paths:
             try:
                 info = await self.get_json(path, timeout=30.0)
             except ClientError:
                 continue
-            if not isinstance(info, dict):
-                return {}
-            if info.get("decode"):
-                info = info["decode"][0]
-            state = {"version": info.get("version")}
-            states = info.get("internal_states")
-            if isinstance(states, list) and states and isinstance(states[0], dict):
-                state["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
-                state["dyn_spec_disable"] = states[0].get("dyn_spec_disable")
-            return {k: v for k, v in state.items() if v is not None}
-        return {}
+            return info if isinstance(info, dict) else None
+        return None
+
+    async def server_info(self) -> dict | None:
+        """SGLang's `/server_info` (server args, scheduler info, `internal_states`, version) as
+        it answers; None where the server has none (transformers serve, vLLM)."""
+        info = await self._first_json(("/server_info", "/get_server_info"))
+        if info and isinstance(info.get("decode"), list) and info["decode"]:
+            info = info["decode"][0]     # a PD-disaggregated router: the decode side runs the steps
+        return info
+
+    async def model_info(self) -> dict | None:
+        """SGLang's `/model_info` (model_path, model_type, architectures); None where absent."""
+        return await self._first_json(("/model_info", "/get_model_info"))
+
+    async def server_state(self) -> dict:
+        """What the server says about its running state, where it says it (SGLang's
+        /server_info): version, avg_spec_accept_length (cumulative since start), the
+        dyn_spec_disable counters. `unreachable` holds why when the server does not answer."""
+        problem = await self.healthy()
+        if problem:
+            return {"unreachable": problem}
+        info = await self.server_info()
+        if not info:
+            return {}
+        state = {"version": info.get("version")}
+        states = info.get("internal_states")
+        if isinstance(states, list) and states and isinstance(states[0], dict):
+            state["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+            state["dyn_spec_disable"] = states[0].get("dyn_spec_disable")
+        return {k: v for k, v in state.items() if v is not None}
 
     # --- chat ------------------------------------------------------------------------------
     def _payload(self, messages: list[dict], *, max_tokens: int, temperature: float, stream: bool,
@@ -388,8 +331,7 @@ class OpenAIClient:
             record.dropped_fields = dropped
             body = json.dumps(payload).encode()
             try:
-                await asyncio.wait_for(self._stream(body, record) if stream else self._plain(body, record),
-                                       self.timeout)
+                await asyncio.wait_for(self._post(body, record, stream), self.timeout)
             except asyncio.TimeoutError:
                 record.ok = False
                 record.error = f"timed out after {self.timeout:.0f} s ({record.chunks} chunk(s) received)"
@@ -400,18 +342,39 @@ class OpenAIClient:
                 continue
             return record
 
-    async def _plain(self, body: bytes, record: RequestRecord) -> None:
-        try:
-            async with self._pool.request("POST", "/v1/chat/completions", body) as response:
-                record.status_code = response.status
-                text = (await response.read()).decode("utf-8", "replace")
-        except TransportError as exc:
-            record.error = f"POST /v1/chat/completions: {exc}"
-            return
+    async def _post(self, body: bytes, record: RequestRecord, stream: bool) -> None:
+        url = self.base_url + "/v1/chat/completions"
+        for attempt in (1, 2):
+            try:
+                async with self._http().post(url, data=body,
+                                             headers={"Content-Type": "application/json"}) as response:
+                    record.status_code = response.status
+                    if response.status != 200:
+                        text = (await response.read()).decode("utf-8", "replace")
+                        record.error = f"HTTP {response.status}: {text[:500]}"
+                        return
+                    await (self._read_stream(response, record) if stream else self._read_plain(response, record))
+                    return
+            except aiohttp.ServerDisconnectedError as exc:
+                if record.status_code is None and attempt == 1:
+                    # The server closed a kept-alive connection as we sent on it: once more, fresh.
+                    record.start = time.perf_counter()
+                    continue
+                record.error = self._broken(record, exc)
+                return
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                record.error = self._broken(record, exc)
+                return
+
+    @staticmethod
+    def _broken(record: RequestRecord, exc: BaseException) -> str:
+        if record.status_code is None:
+            return f"POST /v1/chat/completions: {_describe(exc)}"
+        return f"stream broke after {record.chunks} chunk(s): {_describe(exc)}"
+
+    async def _read_plain(self, response: aiohttp.ClientResponse, record: RequestRecord) -> None:
+        text = (await response.read()).decode("utf-8", "replace")
         record.latency = time.perf_counter() - record.start
-        if record.status_code != 200:
-            record.error = f"HTTP {record.status_code}: {text[:500]}"
-            return
         try:
             data = json.loads(text)
             choice = data["choices"][0]
@@ -423,65 +386,72 @@ class OpenAIClient:
         record.reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
         record.finish_reason = choice.get("finish_reason")
         record.ttft = record.latency
-        record.chunk_times = [record.latency]
+        record.arrivals = [record.latency]
+        record.arrival_chars = [len(record.text) + len(record.reasoning)]
         record.chunks = 1
         _usage_into(record, data.get("usage"))
         record.ok = True
 
-    async def _stream(self, body: bytes, record: RequestRecord) -> None:
+    async def _read_stream(self, response: aiohttp.ClientResponse, record: RequestRecord) -> None:
         text_parts: list[str] = []
         reasoning_parts: list[str] = []
+        events = _Events()
+        problem: list[str] = []
+
+        def take(payloads: list[str], now: float) -> bool:
+            """Handle the events of one read; False to stop reading (an error)."""
+            chars = 0
+            for data in payloads:
+                if data == "[DONE]":
+                    record.saw_done = True     # read on to the end, so the connection stays usable
+                    continue
+                if record.saw_done:
+                    continue
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    problem.append(f"bad stream chunk: {data[:200]!r}")
+                    return False
+                if not isinstance(chunk, dict):
+                    problem.append(f"bad stream chunk: {data[:200]!r}")
+                    return False
+                if chunk.get("error"):
+                    problem.append(f"server error in stream: {json.dumps(chunk['error'])[:300]}")
+                    return False
+                _usage_into(record, chunk.get("usage"))
+                if chunk.get("choices") and record.first_event is None:
+                    record.first_event = now
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content") or ""
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    if content or reasoning:
+                        record.chunks += 1
+                        chars += len(content) + len(reasoning)
+                        text_parts.append(content)
+                        reasoning_parts.append(reasoning)
+                    if choice.get("finish_reason"):
+                        record.finish_reason = choice["finish_reason"]
+            if chars:
+                if record.ttft is None:
+                    record.ttft = now
+                record.arrivals.append(now)
+                record.arrival_chars.append(chars)
+            return True
+
         try:
-            async with self._pool.request("POST", "/v1/chat/completions", body) as response:
-                record.status_code = response.status
-                if response.status != 200:
-                    text = (await response.read()).decode("utf-8", "replace")
-                    record.error = f"HTTP {response.status}: {text[:500]}"
-                    return
-                async for line in response.lines():
-                    if not line.startswith("data:"):
-                        continue   # blank separators, comments (": keep-alive"), event: lines
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        # Read on to the end of the body, so the connection can be kept alive.
-                        record.saw_done = True
-                        continue
-                    if record.saw_done:
-                        continue
-                    now = time.perf_counter() - record.start
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        record.error = f"bad stream chunk: {data[:200]!r}"
-                        return
-                    if isinstance(chunk, dict) and chunk.get("error"):
-                        record.error = f"server error in stream: {json.dumps(chunk['error'])[:300]}"
-                        return
-                    _usage_into(record, chunk.get("usage"))
-                    if chunk.get("choices") and record.first_event is None:
-                        record.first_event = now
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        content = delta.get("content") or ""
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-                        if content or reasoning:
-                            if record.ttft is None:
-                                record.ttft = now
-                            record.chunk_times.append(now)
-                            record.chunks += 1
-                            text_parts.append(content)
-                            reasoning_parts.append(reasoning)
-                        if choice.get("finish_reason"):
-                            record.finish_reason = choice["finish_reason"]
-        except TransportError as exc:
-            if record.status_code is None:
-                record.error = f"POST /v1/chat/completions: {exc}"
+            async for data in response.content.iter_any():
+                now = time.perf_counter() - record.start
+                if not take(events.feed(data), now):
+                    break
             else:
-                record.error = f"stream broke after {record.chunks} chunk(s): {exc}"
-            return
+                take(events.close(), time.perf_counter() - record.start)
         finally:
             record.text = "".join(text_parts)
             record.reasoning = "".join(reasoning_parts)
+        if problem:
+            record.error = problem[0]
+            return
         record.latency = time.perf_counter() - record.start
         if record.chunks == 0 and record.finish_reason is None:
             record.error = "stream ended without any content"
@@ -489,12 +459,7 @@ class OpenAIClient:
         # (A finished stream without content is a complete, empty answer: e.g. EOS at once, or
         # tokens that decode to nothing. It counts its tokens but has no TTFT.)
         if record.finish_reason is None and not record.saw_done:
-            # The connection closed on its own but nothing said the answer was complete.
+            # The body ended cleanly but nothing said the answer was complete.
             record.error = f"stream ended after {record.chunks} chunk(s) without finish_reason or [DONE]"
             return
         record.ok = True
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text

@@ -3,7 +3,8 @@
 models       /v1/models lists a model
 chat         the fibonacci prompt at temperature 0: non-empty answer, consistent usage
 determinism  the same request again gives the same text
-stream       a streamed request arrives in several chunks (a missing `data: [DONE]` is fine)
+stream       a streamed request arrives as a stream: several arrivals of content over time, not
+             the whole answer in one piece (a missing `data: [DONE]` is fine)
 burst        more concurrent requests than the profile's dyn-disable threshold, all complete
 health       the server still answers afterwards
 log          the server log since start holds no traceback or error line (minus an allow-list)
@@ -200,10 +201,14 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
 
         async def stream() -> str:
             record, detail = await _chat_check(client, stream=True, max_tokens=chat_max_tokens)
-            if record.chunks < 2 and (record.completion_tokens or 0) > 1:
-                raise CheckFailed(f"{record.completion_tokens} tokens came in {record.chunks} chunk")
+            ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.0f}"
+            shape = f"first content at {ttft} ms; {record.stream_shape()}"
+            if record.held_back:
+                raise CheckFailed(f"not streamed: {shape}")
+            if len(record.arrivals) < 2 and (record.completion_tokens or 0) > 1:
+                raise CheckFailed(f"not streamed: {shape}")
             done = "[DONE] seen" if record.saw_done else "no [DONE] (tolerated)"
-            return f"{record.chunks} chunks, TTFT {record.ttft * 1000:.0f} ms, {done}; {detail}"
+            return f"{shape}, {done}; {detail}"
 
         async def burst_check() -> str:
             messages = [[{"role": "user", "content": f"{FIBONACCI_PROMPT} (variant {i})"}] for i in range(burst)]

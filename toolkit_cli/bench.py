@@ -10,23 +10,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from toolkit import paths, report, server
 from toolkit.bench import recommend as recommend_mod
+from toolkit.bench import session
 from toolkit.bench.compare import compare as compare_runs
+from toolkit.bench.hosts import HostServers
 from toolkit.bench.outputs import OutputError, RunWriter, median_by_level
 from toolkit.bench.plot import plot_throughput
 from toolkit.bench.prompts import PromptError, PromptSource
-from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
-from toolkit.bench.runner import BenchError, BenchOptions, RunningServer, SweepListener, new_run_id, run_sweep
+from toolkit.bench.runner import BenchError, BenchOptions, SweepListener, new_run_id
 
 from .common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
 from .parsing import command
 
-DEFAULT_PROFILES = "baseline,eagle3,eagle3-dyn"
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
 USAGE = """usage:
-  invoke bench [--profiles baseline,eagle3,eagle3-dyn] [--concurrency 1,2,4,...] [--requests N]
+  invoke bench [--profiles a,b,c] [--concurrency 1,2,4,...] [--requests N]
                [--dataset builtin|synthetic|FILE.jsonl] [--input-len L] [--output-len M] [--seed S]
-               [--repeat N] [--no-restart] [--url URL] [--out DIR] [--host NAME]
+               [--repeat N] [--model PATH] [--draft-model PATH] [--no-restart] [--url URL] [--out DIR] [--host NAME]
   invoke bench compare RUN[,RUN...] [--plot FILE.png] [--json]   (RUN: a results.jsonl or a bench output folder)
+default profiles: cpu-ref on a host without a GPU (the sandbox), else baseline,eagle3,eagle3-dyn
 every option with its help: invoke --help bench"""
 
 
@@ -76,132 +77,118 @@ def _throughput_cell(metrics: dict) -> str:
 
 def print_levels(records: list[dict]) -> None:
     """One row per profile and level: the median of the runs where a level was repeated."""
-    throughput, latency = [], []
+    throughput, latency, held = [], [], []
     for r in median_by_level(records):
         m = r["metrics"]
         level = (r["profile"], r["concurrency"])
         throughput.append((*level, f"{_fmt(m['completed'], 0)}/{_fmt(m['completed'] + m['failed'], 0)}",
-                           _fmt(m["request_throughput"], 2), _throughput_cell(m),
+                           _fmt(m.get("mean_input_tokens")), _fmt(m["request_throughput"], 2), _throughput_cell(m),
                            _fmt(m["mean_request_output_throughput_tok_s"]),
                            _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
         latency.append((*level, _fmt(m["median_ttft_ms"]), _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2),
-                        _fmt(m["median_itl_ms"], 2), _fmt(m["median_e2el_ms"], 0)))
-    report.table("bench: throughput per level", ["profile", "conc", "ok", "req/s", "out tok/s",
+                        _fmt(m["median_itl_ms"], 2), _fmt(m["median_e2el_ms"], 0),
+                        _fmt(m.get("mean_arrivals_per_request")), _fmt(m.get("mean_tokens_per_arrival"), 2)))
+        if m.get("held_back_streams"):
+            held.append(f"{r['profile']} c={r['concurrency']}: {m['held_back_streams']}/{m['completed']} streams "
+                        f"held back (most of the answer in one arrival); their ITL is the whole decode")
+    report.table("bench: throughput per level", ["profile", "conc", "ok", "in tok", "req/s", "out tok/s",
                                                  "per-req tok/s", "accept len"], throughput)
     report.table("bench: latency per level (ms)", ["profile", "conc", "TTFT p50", "TTFT p99", "TPOT p50",
-                                                   "ITL p50", "E2E p50"], latency)
+                                                   "ITL p50", "E2E p50", "arrivals/req", "tok/arrival"], latency)
+    for line in held:
+        report.line(f"observation: {line}")
 
 
 def print_recommendation(recs: list[recommend_mod.Recommendation]) -> None:
     for rec in recs:
         if any(level.eagle3_dyn is not None or level.eagle3 is not None for level in rec.levels):
+            speculative = rec.speculative or "(spec not measured)"
+            dynamic = rec.dynamic or "(dyn not measured)"
             rows = [(l.concurrency, _fmt(l.baseline), _fmt(l.eagle3), _fmt(l.eagle3_dyn),
                      _fmt(l.eagle3_over_baseline, 2), _fmt(l.dyn_over_best, 2)) for l in rec.levels]
-            report.table("output tok/s by profile", ["conc", "baseline", rec.speculative, rec.dynamic,
-                                                     f"{rec.speculative}/baseline", "dyn/best"], rows)
+            report.table("output tok/s by profile", ["conc", "baseline", speculative, dynamic,
+                                                     "spec/baseline", "dyn/best"], rows)
         report.line(f"recommendation: {rec.text}")
 
 
-def finalize(writer: RunWriter, records: list[dict], title: str) -> list[recommend_mod.Recommendation] | None:
-    """CSV, plot and recommendation(s) from the levels that finished (also after Ctrl-C).
-
-    recommendation.json holds the first pair's answer (eagle3 when measured); answers for
-    further pairs (eagle3-v2) go under its "others" key."""
-    if not records:
-        return None
-    writer.write_csv(records)
-    recs = recommend_mod.recommend_all(records)
-    data = recs[0].to_dict()
-    if len(recs) > 1:
-        data["others"] = [rec.to_dict() for rec in recs[1:]]
-    writer.write_recommendation(data)
-    plot_throughput(records, writer.plot, title=title, crossover=recs[0].crossover_concurrency)
-    return recs
-
-
-def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-           out, url, json_, max_level_seconds, warmup, timeout, repeat):
-    if url and no_restart:
-        fail("--url already means 'use this running server'; leave out --no-restart", code=2)
+def _options(concurrency, requests, input_len, output_len, dataset, seed, max_level_seconds, warmup,
+             repeat) -> BenchOptions:
     try:
         prompts = PromptSource(dataset=dataset or "builtin", input_len=int_option(input_len, "--input-len", 256),
                                output_len=int_option(output_len, "--output-len", 256))
-        options = BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
-                               prompts=prompts, requests=int_option(requests, "--requests"),
-                               seed=int_option(seed, "--seed", 0), warmup=int_option(warmup, "--warmup", 2),
-                               max_level_seconds=float(max_level_seconds or 600),
-                               repeat=int_option(repeat, "--repeat", 1))
+        return BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
+                            prompts=prompts, requests=int_option(requests, "--requests"),
+                            seed=int_option(seed, "--seed", 0), warmup=int_option(warmup, "--warmup", 2),
+                            max_level_seconds=float(max_level_seconds or 600),
+                            repeat=int_option(repeat, "--repeat", 1))
     except (PromptError, BenchError, ValueError) as exc:
         fail(str(exc), code=2)
-    profile_names = [p.strip() for p in (profiles or "").split(",") if p.strip()]
-    run_facts: dict = {}
-    if url:
-        control = RunningServer(url, {"kind": "external", "url": url})
-        profile_names = profile_names or ["server"]
-        if len(profile_names) > 1:
-            fail("--url benches one running server: give at most one name in --profiles", code=2)
-    else:
+
+
+def _plan(host, profiles, no_restart, url, timeout, model, draft_model) -> session.BenchPlan:
+    names = [p.strip() for p in (profiles or "").split(",") if p.strip()]
+    if url and no_restart:
+        fail("--url already means 'use this running server'; leave out --no-restart", code=2)
+    if url and (model or draft_model):
+        fail("--url benches a running server as it is: leave out --model/--draft-model", code=2)
+    try:
+        if url:
+            return session.plan_url(url, names)
         hosts = hosts_or_exit(host)
         if len(hosts) != 1:
             fail("bench runs on one host at a time (its servers are started and stopped in turn)", code=2)
-        target = hosts[0]
-        if no_restart:
-            state = server.status(target)
-            if state is None or state.status == "dead":
-                fail(f"--no-restart: no running server on {target.name}; start one with "
-                     f"invoke server start PROFILE --host {target.name}")
-            if profile_names and profile_names != [state.profile]:
-                fail(f"--no-restart uses the running server ({state.profile}); --profiles "
-                     f"{','.join(profile_names)} does not match it", code=2)
-            profile_names = [state.profile]
-            control = RunningOnHost(target, state)
-        else:
-            profile_names = profile_names or DEFAULT_PROFILES.split(",")
-            control = HostServers(target, timeout=float(timeout or server.DEFAULT_TIMEOUT), note=report.note)
-        run_facts = host_facts(target, note=report.note)
+        overrides = {k: v for k, v in (("model", model), ("draft_model", draft_model)) if v}
+        return session.plan_host(hosts[0], names, no_restart=no_restart, overrides=overrides,
+                                 timeout=float(timeout or server.DEFAULT_TIMEOUT), note=report.note)
+    except BenchError as exc:
+        fail(str(exc), code=2)
+
+
+def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
+           out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model):
+    options = _options(concurrency, requests, input_len, output_len, dataset, seed, max_level_seconds, warmup,
+                       repeat)
     run_id = new_run_id()
     out_dir = Path(out) if out else paths.PROJECT_ROOT / "out" / "bench" / run_id
-    writer = RunWriter(out_dir)
-    report.note(f"bench {run_id}: profiles {','.join(profile_names)}, concurrency "
+    try:
+        RunWriter(out_dir).check_new()      # before anything is started: nothing lost, nothing mixed
+    except OutputError as exc:
+        fail(str(exc), code=2)
+    plan = _plan(host, profiles, no_restart, url, timeout, model, draft_model)
+    for text in plan.notes:
+        report.note(text)
+    report.note(f"bench {run_id}: {plan.target}, profiles {','.join(plan.profiles)}, concurrency "
                 f"{','.join(map(str, options.concurrency))}; results in {out_dir}")
-    total = len(profile_names) * options.repeat * sum(options.requests_for(c) for c in options.concurrency)
+    total = len(plan.profiles) * options.repeat * sum(options.requests_for(c) for c in options.concurrency)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=report.err_console, transient=False)
-    interrupted = False
-    records: list[dict] = []
-    errors: list[str] = []
     with progress:
         listener = ProgressListener(progress, total)
-        if isinstance(control, HostServers):
-            control.note = listener.note
-        def keep(record: dict) -> None:
-            writer.append(record)   # on disk first: a Ctrl-C after this keeps the level
-            records.append(record)
-
+        if isinstance(plan.control, HostServers):
+            plan.control.note = listener.note
         try:
-            result = run_sweep(profile_names, options, control, on_level=keep, listener=listener,
-                               run_facts=run_facts, run_id=run_id)
-            errors = result.errors
-        except KeyboardInterrupt:
-            interrupted = True
-    title = f"bench {run_id} ({options.prompts.dataset}, output {options.prompts.output_len} tokens)"
-    recs = finalize(writer, records, title)
+            outcome = session.run(plan, options, out_dir, run_id=run_id, listener=listener)
+        except BenchError as exc:
+            fail(str(exc), code=2)
+    recs = outcome.recommendations
     if json_:
-        report.emit_json({"run_id": run_id, "out": str(out_dir), "records": records,
+        report.emit_json({"run_id": run_id, "out": str(out_dir) if outcome.written else None,
+                          "records": outcome.records,
                           "recommendation": recs[0].to_dict() if recs else None,
-                          "recommendations": [r.to_dict() for r in recs or []], "errors": errors,
-                          "interrupted": interrupted})
+                          "recommendations": [r.to_dict() for r in recs], "errors": outcome.errors,
+                          "interrupted": outcome.interrupted})
     else:
-        if records:
-            print_levels(records)
+        if outcome.records:
+            print_levels(outcome.records)
             print_recommendation(recs)
-        report.line(f"written: {writer.jsonl}" + (f", {writer.csv}, {writer.plot}, {writer.recommendation}"
-                                                    if records else " (no level finished)"))
-    for error in errors:
+            report.line("written: " + ", ".join(str(p) for p in outcome.written))
+        else:
+            report.line("no level finished: nothing written")
+    for error in outcome.errors:
         report.error(error)
-    if interrupted:
+    if outcome.interrupted:
         raise Exit("interrupted: the levels that finished are kept", code=130)
-    if errors or not records:
+    if outcome.errors or not outcome.records:
         raise Exit(code=1)
 
 
@@ -229,7 +216,8 @@ def _compare(files, json_, plot):
     "action": "leave out to run a sweep; `compare` to put earlier runs side by side",
     "files": "compare: runs to compare, comma-separated (results.jsonl files or bench output folders)",
     "host": HOST_HELP,
-    "profiles": f"server profiles to sweep, comma-separated (default {DEFAULT_PROFILES})",
+    "profiles": "server profiles to sweep, comma-separated (default: cpu-ref on a host without a GPU, "
+                "such as the sandbox; else baseline,eagle3,eagle3-dyn)",
     "concurrency": f"in-flight request counts, comma-separated (default {DEFAULT_CONCURRENCY})",
     "requests": "requests per level (default max(16, 4 x concurrency))",
     "dataset": "builtin (coding + agentic prompts, default) | synthetic (fixed lengths) | FILE.jsonl",
@@ -245,10 +233,13 @@ def _compare(files, json_, plot):
     "timeout": "seconds to wait for each profile's server to be ready (default 900)",
     "repeat": "passes over all levels per profile (default 1); tables, plot and recommendation use the median",
     "plot": "compare: also write a PNG with every run's curves to this path",
+    "model": "model path on the host for every profile, instead of the host's server.model",
+    "draft_model": "draft model path on the host for every profile, instead of the host's server.draft_model",
 })
 def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None, requests=None,
           dataset=None, input_len=None, output_len=None, seed=None, no_restart=False, url=None, out=None,
-          json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None, repeat=None):
+          json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None, repeat=None, model=None,
+          draft_model=None):
     """Sweep concurrency levels over server profiles; find where EAGLE-3 stops paying off."""
     if wants_help(action, files):
         report.line(USAGE)
@@ -259,7 +250,7 @@ def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None
         fail(f"unknown action {action!r} (files for compare go after `compare`)\n{USAGE}", code=2)
     try:
         _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-               out, url, json_, max_level_seconds, warmup, timeout, repeat)
+               out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model)
     except (server.ServerError, OutputError) as exc:
         fail(str(exc))
     sys.stdout.flush()

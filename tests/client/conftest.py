@@ -9,7 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
+import urllib.error
+import urllib.request
+
 import pytest
 
 from tests.conftest import free_port
@@ -52,9 +54,10 @@ class CpuServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"transformers serve exited ({self.process.returncode}):\n{self.read_log()[-3000:]}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.25)
         self.kill()

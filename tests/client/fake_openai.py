@@ -1,11 +1,17 @@
 """A small OpenAI-compatible chat server on loopback (asyncio, standard library only).
 
 It stands in where the real CPU server cannot show a behaviour on demand: streams cut in the
-middle, no usage, HTTP errors, a strict request schema, slow answers; and it is fast enough to
+middle, no usage, HTTP errors, a strict request schema, slow answers, streams written in groups
+or held back until the end, SGLang's /server_info and /model_info; and it is fast enough to
 measure how many requests per second a client can drive (benchmarks/bench_client_vs_vllm.py).
 
     server = FakeOpenAI(mode=...); server.start(); ... server.base_url ...; server.stop()
-    python tests/client/fake_openai.py PORT [--chunks N] [--delay S]    (standalone, for the benchmark)
+    python tests/client/fake_openai.py PORT [--chunks N] [--delay S] [--group N] [--mode M]
+        [--tokens-per-chunk N]                          (standalone, its own process, for the benchmarks)
+
+Stream timing: `delay` seconds before each write; `group` events per write (several events in
+one write reach the client in one read, as transformers serve sends them under load);
+`tokens_per_chunk` tokens in each event's content (as speculative decoding sends them).
 
 Modes (per server, or per request with the user message "mode:NAME"):
   ok            `chunks` content chunks, a finish chunk with usage, then `data: [DONE]`
@@ -15,6 +21,8 @@ Modes (per server, or per request with the user message "mode:NAME"):
   truncated     the chunks, then a clean end of the body: no finish_reason, no usage, no [DONE]
   error500      HTTP 500
   strict        HTTP 422 when the request has fields outside the OpenAI API (like transformers serve)
+  held          the first event, then all the others in one write after (chunks - 1) x delay: a
+                stream held back until the end, as the speculative SGLang servers' streams arrived
 """
 from __future__ import annotations
 
@@ -31,8 +39,13 @@ OPENAI_FIELDS = {"model", "messages", "max_tokens", "temperature", "stream", "st
 
 class FakeOpenAI:
     def __init__(self, *, mode: str = "ok", chunks: int = 8, delay: float = 0.0, host: str = "127.0.0.1",
-                 port: int = 0, strict: bool = False, close_idle: bool = False):
+                 port: int = 0, strict: bool = False, close_idle: bool = False, group: int = 1,
+                 tokens_per_chunk: int = 1, server_info: dict | None = None, model_info: dict | None = None,
+                 prompt_tokens=None):
         self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
+        self.group, self.tokens_per_chunk = max(1, group), max(1, tokens_per_chunk)
+        self.server_info, self.model_info = server_info, model_info   # None: 404 like a non-SGLang server
+        self.prompt_tokens = prompt_tokens      # callable(text) -> count; default: words in the last message
         self.close_idle = close_idle          # close every connection after one answer, unannounced
         self.connections = 0
         self.host, self.port = host, port
@@ -125,6 +138,10 @@ class FakeOpenAI:
             self._send(writer, "200 OK", {"status": "ok"})
         elif method == "GET" and path == "/v1/models":
             self._send(writer, "200 OK", {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        elif method == "GET" and path in ("/server_info", "/get_server_info") and self.server_info is not None:
+            self._send(writer, "200 OK", self.server_info)
+        elif method == "GET" and path in ("/model_info", "/get_model_info") and self.model_info is not None:
+            self._send(writer, "200 OK", self.model_info)
         elif method == "POST" and path == "/v1/chat/completions":
             return await self._chat(json.loads(body or b"{}"), writer)
         else:
@@ -148,7 +165,8 @@ class FakeOpenAI:
             await writer.drain()
             return True
         chunks = min(self.chunks, int(request.get("max_tokens") or self.chunks))
-        prompt_tokens = max(1, len(text.split()))
+        tokens = chunks * self.tokens_per_chunk
+        prompt_tokens = self.prompt_tokens(text) if self.prompt_tokens else max(1, len(text.split()))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -157,25 +175,37 @@ class FakeOpenAI:
                     await asyncio.sleep(self.delay * chunks)
                 self._send(writer, "200 OK", {
                     "id": "x", "object": "chat.completion", "choices": [{
-                        "index": 0, "message": {"role": "assistant", "content": "tok " * chunks},
+                        "index": 0, "message": {"role": "assistant", "content": "tok " * tokens},
                         "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
-                              "total_tokens": prompt_tokens + chunks}})
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                              "total_tokens": prompt_tokens + tokens}})
                 await writer.drain()
                 return True
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
 
+            pending: list[bytes] = []      # events of the current write (one send for the group)
+
             def event(payload) -> None:
                 data = f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
-                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                pending.append(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+            async def flush() -> None:
+                writer.write(b"".join(pending))
+                pending.clear()
+                await writer.drain()
 
             for i in range(chunks):
-                if self.delay:
-                    await asyncio.sleep(self.delay)
+                # a write goes out before the first event, every `group` events, and (held) after the first
+                starts_write = i == 0 or (i == 1 if mode == "held" else i % self.group == 0)
+                if self.delay and starts_write:
+                    await asyncio.sleep(self.delay * (chunks - 1 if mode == "held" and i == 1 else 1))
                 event({"id": "x", "object": "chat.completion.chunk",
-                       "choices": [{"index": 0, "delta": {"content": "tok "}}]})
-                await writer.drain()
+                       "choices": [{"index": 0, "delta": {"content": "tok " * self.tokens_per_chunk}}]})
+                ends_write = i == chunks - 1 or (i == 0 if mode == "held" else (i + 1) % self.group == 0)
+                if ends_write:
+                    await flush()
                 if mode == "break" and i == 1:
+                    await flush()
                     writer.transport.abort()
                     return False
             if mode == "truncated":
@@ -186,22 +216,25 @@ class FakeOpenAI:
                    "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
             if mode != "no-usage":   # as OpenAI and SGLang send it: a last chunk with no choices
                 event({"id": "x", "object": "chat.completion.chunk", "choices": [],
-                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": chunks,
-                                 "total_tokens": prompt_tokens + chunks}})
+                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                                 "total_tokens": prompt_tokens + tokens}})
             if mode not in ("no-done",):
                 event("[DONE]")
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            pending.append(b"0\r\n\r\n")
+            await flush()
             return True
         finally:
             self.in_flight -= 1
 
 
 def main(argv: list[str]) -> int:
+    def option(name, kind, default):
+        return kind(argv[argv.index(name) + 1]) if name in argv else default
+
     port = int(argv[0]) if argv else 0
-    chunks = int(argv[argv.index("--chunks") + 1]) if "--chunks" in argv else 8
-    delay = float(argv[argv.index("--delay") + 1]) if "--delay" in argv else 0.0
-    server = FakeOpenAI(port=port, chunks=chunks, delay=delay).start()
+    server = FakeOpenAI(port=port, chunks=option("--chunks", int, 8), delay=option("--delay", float, 0.0),
+                        group=option("--group", int, 1), mode=option("--mode", str, "ok"),
+                        tokens_per_chunk=option("--tokens-per-chunk", int, 1)).start()
     print(f"fake OpenAI server on {server.base_url}", flush=True)
     try:
         while True:

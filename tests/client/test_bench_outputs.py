@@ -11,6 +11,7 @@ from toolkit.bench.compare import compare
 from toolkit.bench.outputs import OutputError, RunWriter, load_records, median_by_level
 from toolkit.bench.plot import plot_throughput
 from toolkit.bench.recommend import crossover, recommend, recommend_all
+from toolkit.bench.session import finalize
 
 
 def record(profile, concurrency, output_tps, per_request=None, run_id="r1", completed=10):
@@ -74,7 +75,8 @@ def h200_records(*profiles):
 
 def test_the_v2_pair_gets_its_own_recommendation():
     recs = recommend_all(h200_records("baseline", "eagle3", "eagle3-v2", "eagle3-v2-dyn"))
-    assert [(r.speculative, r.dynamic) for r in recs] == [("eagle3", "eagle3-dyn"), ("eagle3-v2", "eagle3-v2-dyn")]
+    # eagle3-dyn was not measured: its answer does not name it
+    assert [(r.speculative, r.dynamic) for r in recs] == [("eagle3", None), ("eagle3-v2", "eagle3-v2-dyn")]
     v1, v2 = recs
     # v1 loses from 4 on (753.5 < 810.8): ratios 1.049 at 2, 0.929 at 4 -> crossover 2.65;
     # v2 only from 32 (4855.2 < 5350.7): 1.027 at 16, 0.907 at 32 -> 18.7
@@ -89,14 +91,25 @@ def test_the_v2_pair_gets_its_own_recommendation():
 
 def test_without_a_speculative_reference_the_answer_names_the_missing_one():
     only_dyn = recommend_all(h200_records("baseline", "eagle3-v2-dyn"))
-    assert [r.speculative for r in only_dyn] == ["eagle3-v2"] and only_dyn[0].verdict == "not-enough-data"
+    assert [(r.speculative, r.dynamic) for r in only_dyn] == [(None, "eagle3-v2-dyn")]
+    assert only_dyn[0].verdict == "not-enough-data" and only_dyn[0].measured == ["baseline", "eagle3-v2-dyn"]
     assert "need both 'baseline' and 'eagle3-v2'" in only_dyn[0].text
     # what was measured is still summarised: dyn over baseline, 0.67 at c=8 to 1.69 at c=2
     assert "eagle3-v2-dyn reaches 0.67-1.69 of baseline across levels" in only_dyn[0].text
-    nothing = recommend_all(h200_records("baseline"))
-    assert [r.speculative for r in nothing] == ["eagle3"] and nothing[0].text.endswith("threshold")
     v2_only = recommend_all(h200_records("baseline", "eagle3-v2"))
-    assert [r.speculative for r in v2_only] == ["eagle3-v2"] and v2_only[0].verdict == "crossover"
+    assert [(r.speculative, r.dynamic) for r in v2_only] == [("eagle3-v2", None)]
+    assert v2_only[0].verdict == "crossover"
+
+
+def test_a_run_without_speculative_profiles_names_only_what_it_measured(tmp_path):
+    cpu = [record("cpu-ref", c, 100.0 * c) for c in (1, 4, 16)]
+    recs = recommend_all(cpu)
+    assert len(recs) == 1 and recs[0].verdict == "not-enough-data" and recs[0].threshold is None
+    writer = RunWriter(tmp_path / "run")
+    finalize(writer, cpu, "cpu")
+    saved = json.loads(writer.recommendation.read_text())
+    assert saved["measured"] == ["cpu-ref"] and saved["speculative"] is None and saved["dynamic"] is None
+    assert saved["levels"] == [] and "only cpu-ref" in saved["text"]
 
 
 def test_failed_levels_are_left_out_of_the_curves():
@@ -159,9 +172,9 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_recommendation_file_keeps_eagle3_first_and_the_v2_answer_under_others(tmp_path):
-    from toolkit_cli.bench import finalize
     writer = RunWriter(tmp_path / "run")
-    recs = finalize(writer, h200_records("baseline", "eagle3", "eagle3-v2"), "h200")
+    recs, written = finalize(writer, h200_records("baseline", "eagle3", "eagle3-v2"), "h200")
+    assert written == [writer.jsonl, writer.csv, writer.plot, writer.recommendation]
     saved = json.loads(writer.recommendation.read_text())
     assert saved["speculative"] == "eagle3" and saved["threshold"] == recs[0].threshold == 2
     assert [other["speculative"] for other in saved["others"]] == ["eagle3-v2"]
@@ -192,3 +205,39 @@ def test_the_recommendation_and_compare_use_the_median_of_repeats(tmp_path):
         writer.append(r)
     table = compare([tmp_path / "run"]).tables["output tok/s"]
     assert table == [[1, 100.0, 150.0], [2, 200.0, 150.0]]
+
+
+def test_csv_rounds_each_column_to_its_precision_and_carries_the_server_config(tmp_path):
+    noisy = record("eagle3-dyn", 8, 1394.2618290013)
+    noisy["metrics"].update(median_ttft_ms=12.345678901, request_throughput=0.16044983110072442,
+                            duration_s=22.206456365000122, mean_input_tokens=64.33333333,
+                            coalesced_event_share=0.1866666667, total_output_tokens=2048)
+    noisy["server"].update(attention_backend="flashinfer", tp_size=2, architecture="DeepseekV3ForCausalLM",
+                           dyn_disable={"threshold": 5, "hysteresis": 1}, avg_spec_accept_length=2.5871234)
+    plain = record("baseline", 8, 1000.0)
+    plain["server"].update(dyn_disable="off")
+    writer = RunWriter(tmp_path / "run")
+    writer.write_csv([noisy, plain])
+    rows = list(csv.DictReader(open(writer.csv)))
+    row = rows[0]
+    assert (row["output_throughput"], row["median_ttft_ms"], row["request_throughput"], row["duration_s"]) == \
+        ("1394.3", "12.35", "0.16", "22.206")
+    assert (row["mean_input_tokens"], row["coalesced_event_share"], row["avg_spec_accept_length"]) == \
+        ("64.3", "0.187", "2.587")
+    assert row["total_output_tokens"] == "2048"
+    assert (row["attention_backend"], row["tp_size"], row["architecture"], row["dyn_threshold"],
+            row["dyn_hysteresis"]) == ("flashinfer", "2", "DeepseekV3ForCausalLM", "5", "1")
+    assert (rows[1]["dyn_threshold"], rows[1]["dyn_hysteresis"]) == ("", "")
+    # the JSONL keeps full precision
+    writer.append(noisy)
+    assert load_records(writer.jsonl)[0]["metrics"]["median_ttft_ms"] == 12.345678901
+
+
+def test_a_writer_makes_its_folder_only_when_it_writes_and_refuses_an_old_run(tmp_path):
+    from toolkit.bench.outputs import OutputError
+    writer = RunWriter(tmp_path / "new")
+    writer.check_new()
+    assert not (tmp_path / "new").exists()
+    writer.append(record("baseline", 1, 10.0))
+    with pytest.raises(OutputError, match="already holds a bench run"):
+        RunWriter(tmp_path / "new").check_new()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from toolkit.bench.metrics import compute
 from toolkit.bench.prompts import BenchRequest, PromptSource
 from toolkit.bench.runner import run_level
@@ -18,15 +20,53 @@ def chat(base_url, content="hello", **kwargs):
 
 
 def test_stream_with_and_without_done(fake_server):
-    server = fake_server(chunks=5)
+    server = fake_server(chunks=5, delay=0.02)
     with_done, _ = chat(server.base_url, max_tokens=5)
     without, _ = chat(server.base_url, "mode:no-done", max_tokens=5)
     for record in (with_done, without):
         assert record.ok, record.error
         assert record.chunks == 5 and record.completion_tokens == 5 and record.finish_reason == "length"
-        assert len(record.itl) == 4 and record.ttft <= record.latency
+        assert len(record.arrivals) == 5 and len(record.itl) == 4 and record.ttft <= record.latency
+        assert min(record.itl) >= 0.015 and record.text == "tok " * 5
     assert with_done.saw_done and not without.saw_done
     assert server.requests[0]["stream_options"] == {"include_usage": True}
+
+
+def test_events_written_together_are_one_arrival_and_no_zero_gap(fake_server):
+    # 12 one-token events, written 4 at a time 30 ms apart: a streaming user sees 3 updates
+    server = fake_server(chunks=12, group=4, delay=0.03)
+    record, _ = chat(server.base_url, max_tokens=12)
+    assert record.ok, record.error
+    assert record.chunks == 12 and record.arrival_chars == [16, 16, 16]
+    assert len(record.itl) == 2 and min(record.itl) >= 0.025     # not 9 gaps of microseconds
+    m = compute([record], duration_s=record.latency)
+    assert m["coalesced_event_share"] == pytest.approx(9 / 12)
+    assert m["mean_tokens_per_arrival"] == pytest.approx(4.0)
+    assert m["held_back_streams"] == 0 and not record.held_back
+
+
+def test_a_held_back_stream_is_visible_as_one_piece(fake_server):
+    # the first token, then the other 19 in one write after 19 x 10 ms (what the EAGLE servers did)
+    server = fake_server(chunks=20, delay=0.01, mode="held")
+    record, _ = chat(server.base_url, max_tokens=20)
+    assert record.ok and record.chunks == 20 and len(record.arrivals) == 2
+    assert record.held_back and record.itl[0] >= 0.15
+    assert "20 tokens in 20 content event(s), 2 arrival(s)" in record.stream_shape()
+    assert "held back" in record.stream_shape()
+    assert compute([record], duration_s=1.0)["held_back_streams"] == 1
+    # the same answer streamed token by token is not held back
+    streamed, _ = chat(fake_server(chunks=20, delay=0.01).base_url, max_tokens=20)
+    assert len(streamed.arrivals) == 20 and not streamed.held_back
+
+
+def test_several_tokens_per_event_count_by_usage(fake_server):
+    server = fake_server(chunks=4, tokens_per_chunk=3, delay=0.02)
+    record, _ = chat(server.base_url, max_tokens=4)
+    assert record.ok and record.chunks == 4 and record.completion_tokens == 12
+    m = compute([record], duration_s=record.latency)
+    assert m["mean_tokens_per_arrival"] == pytest.approx(3.0)
+    # TPOT spreads the decode over tokens (3 per 20 ms); ITL is the gap the user sees (20 ms)
+    assert m["median_itl_ms"] >= 15.0 and m["median_tpot_ms"] < m["median_itl_ms"] / 2
 
 
 def test_stream_cut_or_ending_without_finish_is_a_failure(fake_server):

@@ -9,10 +9,12 @@ from toolkit.bench.metrics import compute, percentile
 from toolkit.client import RequestRecord
 
 
-def done(ttft, chunk_times, latency, completion, prompt):
-    return RequestRecord(ok=True, ttft=ttft, chunk_times=chunk_times, latency=latency,
+def done(ttft, arrivals, latency, completion, prompt, events=None, chars=None):
+    return RequestRecord(ok=True, ttft=ttft, arrivals=arrivals, latency=latency,
+                         arrival_chars=chars or [4] * len(arrivals),
                          completion_tokens=completion, prompt_tokens=prompt,
-                         total_tokens=completion + prompt, finish_reason="length", chunks=len(chunk_times))
+                         total_tokens=completion + prompt, finish_reason="length",
+                         chunks=events or len(arrivals))
 
 
 def test_metrics_from_recorded_timings():
@@ -20,7 +22,7 @@ def test_metrics_from_recorded_timings():
         done(0.1, [0.1, 0.2, 0.4], 0.5, completion=5, prompt=10),
         done(0.3, [0.3, 0.6], 0.7, completion=3, prompt=20),
         RequestRecord(ok=False, error="HTTP 500: boom"),
-        RequestRecord(ok=True, ttft=0.1, chunk_times=[0.1], latency=0.2),   # no usage from the server
+        RequestRecord(ok=True, ttft=0.1, arrivals=[0.1], arrival_chars=[3], latency=0.2),   # no usage
     ]
     m = compute(records, duration_s=2.0)
     assert (m["completed"], m["failed"]) == (2, 2)
@@ -44,6 +46,32 @@ def test_metrics_from_recorded_timings():
     # per request: 5 / 0.5 and 3 / 0.7 tokens per second
     assert m["mean_request_output_throughput_tok_s"] == pytest.approx((10 + 3 / 0.7) / 2)
     assert m["errors"] == {"HTTP 500: boom": 1, "server sent no usage (token counts unknown)": 1}
+    # what was sent, by the server's count: prompts of 10 and 20 tokens
+    assert m["mean_input_tokens"] == pytest.approx(15.0) and m["mean_output_tokens"] == pytest.approx(4.0)
+    assert m["mean_arrivals_per_request"] == pytest.approx(2.5)
+    assert m["mean_tokens_per_arrival"] == pytest.approx(8 / 5)
+    assert m["coalesced_event_share"] == 0.0 and m["held_back_streams"] == 0
+
+
+def test_stream_shape_metrics_count_events_that_arrived_together_and_held_back_streams():
+    records = [
+        # 8 events in 3 reads: 5 events came along with another
+        done(0.1, [0.1, 0.2, 0.3], 0.3, completion=8, prompt=5, events=8, chars=[4, 16, 12]),
+        # 40 tokens: the first token, then everything else in one read at the end
+        done(0.05, [0.05, 0.9], 0.9, completion=40, prompt=5, events=2, chars=[3, 157]),
+        # a short answer in one read is not a held-back stream: nothing to stream
+        done(0.05, [0.05], 0.05, completion=3, prompt=5, events=1, chars=[12]),
+    ]
+    m = compute(records, duration_s=1.0)
+    assert m["mean_events_per_request"] == pytest.approx(11 / 3)
+    assert m["mean_arrivals_per_request"] == pytest.approx(2.0)
+    assert m["coalesced_event_share"] == pytest.approx((11 - 6) / 11)
+    assert m["mean_tokens_per_arrival"] == pytest.approx(51 / 6)
+    assert m["held_back_streams"] == 1
+    # ITL pools the gaps between arrivals only: 0.1, 0.1 and the held-back stream's 0.85
+    assert m["p99_itl_ms"] == pytest.approx(100.0 + 750.0 * 0.98)
+    assert m["median_itl_ms"] == pytest.approx(100.0)
+    assert "held back" in records[1].stream_shape() and "held back" not in records[0].stream_shape()
 
 
 def test_single_token_answers_have_no_tpot_and_empty_answers_no_ttft():

@@ -56,6 +56,9 @@ def test_smoke_passes_against_the_real_cpu_server(cpu_server):
     assert all(check.status == "pass" for check in result.checks)
     assert "8 concurrent streams ok" in by_name["burst"].detail
     assert "no [DONE] (tolerated)" in by_name["stream"].detail
+    # transformers serve sends one token per event: as many events as tokens, over a span
+    assert f"{SHORT} tokens in {SHORT} content event(s)" in by_name["stream"].detail
+    assert "held back" not in by_name["stream"].detail
     # transformers serve rejects ignore_eos with HTTP 422; the burst went through without it
     assert result.rejected_fields == ["ignore_eos"]
 
@@ -83,3 +86,20 @@ def test_server_killed_mid_smoke_fails_named_checks(fresh_cpu_server):
     burst = next(check for check in result.checks if check.name == "burst")
     assert "4/4 failed" in burst.detail and "Connect" in burst.detail
     assert not result.ok
+
+
+def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
+    # the first token, then the other 31 in one piece (what the speculative SGLang servers sent)
+    held = fake_server(chunks=SHORT, delay=0.005, mode="held")
+    result = run_smoke(held.base_url, burst=2, chat_max_tokens=SHORT)
+    stream = next(check for check in result.checks if check.name == "stream")
+    assert stream.status == "fail" and not result.ok
+    assert stream.detail.startswith("not streamed: first content at ")
+    assert f"{SHORT} tokens in {SHORT} content event(s), 2 arrival(s)" in stream.detail
+    assert "held back and reached the client in one piece" in stream.detail
+    # events written in groups of 4 still stream: 8 arrivals over time, the check passes
+    grouped = fake_server(chunks=SHORT, delay=0.005, group=4)
+    result = run_smoke(grouped.base_url, burst=2, chat_max_tokens=SHORT)
+    stream = next(check for check in result.checks if check.name == "stream")
+    assert stream.status == "pass", stream.detail
+    assert f"{SHORT} tokens in {SHORT} content event(s), 8 arrival(s)" in stream.detail

@@ -58,7 +58,10 @@ def test_a_dying_server_loses_its_profile_not_the_sweep(tmp_path):
     assert result.errors[0].startswith("wont-start: ") and "port taken" in result.errors[0]
     assert result.errors[1].startswith("eagle3: server unreachable after concurrency 2")
     assert all(r["run_id"] == result.run_id for r in result.records)
-    assert result.records[0]["server"] == {"kind": "fake", "model": "fake-model"}
+    server = result.records[0]["server"]
+    assert (server["kind"], server["model"]) == ("fake", "fake-model")
+    # the fake answers no /server_info and the control gives no launch plan: nothing is claimed
+    assert server["attention_backend"] is None and set(server["config_source"].values()) == {None}
 
 
 def test_repeat_runs_whole_passes_and_every_run_is_kept(tmp_path):

@@ -7,28 +7,72 @@ about the machine and its stack, from the provisioning facts (one round trip).
 from __future__ import annotations
 
 import contextlib
+import json
+import posixpath
+import shlex
 from typing import Callable, Iterator
 
-from .. import server
+from .. import profiles, server
 from ..inventory import Host
+from . import serverconfig
 from .runner import BenchError, ServedProfile
 
 FACT_PACKAGES = ["sglang", "sglang-kernel", "torch", "flashinfer-python", "transformers", "vllm"]
 
 
 def server_facts(host: Host, state: server.ServerState) -> dict:
-    return {"host": host.name, "kind": state.kind, "tp_size": state.tp_size,
-            "dyn_threshold": state.dyn_threshold, "served_model": state.model,
+    return {"host": host.name, "kind": state.kind, "served_model": state.model,
             "draft_model": state.draft_model}
+
+
+def model_config(host: Host, model: str | None) -> dict | None:
+    """The model's config.json on the host (None when it cannot be read: a hub id, no file)."""
+    if not model:
+        return None
+    try:
+        with host.connect() as transport:
+            result = transport.run(f"cat {shlex.quote(posixpath.join(model, 'config.json'))}", timeout=60)
+        return json.loads(result.stdout) if result.ok else None
+    except Exception:   # a fact for the record, never a reason to fail the bench
+        return None
+
+
+def config_fallback(host: Host, state: server.ServerState, overrides: dict | None = None) -> tuple[dict, dict]:
+    """What the launch plan and the host say about the server's configuration, and the source
+    of each value (see serverconfig): the profile's flags, the TP size and dyn-disable settings
+    the server was started with, the architecture from the model's config.json."""
+    try:
+        launch = server.plan(host, state.profile, overrides)
+        argv = launch.argv
+        hysteresis = launch.dyn_hysteresis
+        if state.dyn_threshold is not None and launch.dyn_threshold != state.dyn_threshold:
+            hysteresis = profiles.default_hysteresis(state.dyn_threshold)   # started with an override
+    except Exception:   # a profile changed or removed since the start: keep what the state says
+        argv, hysteresis = [], None
+    fallback = serverconfig.from_launch(argv, tp_size=state.tp_size, dyn_threshold=state.dyn_threshold,
+                                        dyn_hysteresis=hysteresis)
+    sources = {}
+    architecture = serverconfig.architecture_of(model_config(host, state.model))
+    if architecture:
+        fallback["architecture"] = architecture
+        sources["architecture"] = "model_config"
+    return fallback, sources
+
+
+def served(host: Host, profile: str, url: str, state: server.ServerState,
+           overrides: dict | None = None) -> ServedProfile:
+    fallback, sources = config_fallback(host, state, overrides)
+    return ServedProfile(profile, url, server_facts(host, state), fallback, sources)
 
 
 class HostServers:
     """Start each profile's server on the host, reach it through `server.endpoint`, stop it after."""
 
-    def __init__(self, host: Host, *, timeout: float, note: Callable[[str], None]):
+    def __init__(self, host: Host, *, timeout: float, note: Callable[[str], None], overrides: dict | None = None):
         self.host = host
         self.timeout = timeout
         self.note = note
+        self.overrides = dict(overrides or {})   # --model / --draft-model for every profile
 
     @contextlib.contextmanager
     def serve(self, profile: str) -> Iterator[ServedProfile]:
@@ -39,10 +83,11 @@ class HostServers:
             if not stopped.stopped:
                 raise BenchError(f"could not stop the running {running.profile} server: {stopped.reason}")
         self.note(f"{self.host.name}: starting {profile}")
-        state = server.start(self.host, profile, timeout=self.timeout, progress=self.note)
+        state = server.start(self.host, profile, timeout=self.timeout, overrides=self.overrides or None,
+                             progress=self.note)
         try:
             with server.endpoint(self.host, state) as url:
-                yield ServedProfile(profile, url, server_facts(self.host, state))
+                yield served(self.host, profile, url, state, self.overrides)
         finally:
             result = server.stop(self.host)
             if not result.stopped:
@@ -58,7 +103,7 @@ class RunningOnHost:
     @contextlib.contextmanager
     def serve(self, profile: str) -> Iterator[ServedProfile]:
         with server.endpoint(self.host, self.state) as url:
-            yield ServedProfile(profile, url, server_facts(self.host, self.state))
+            yield served(self.host, profile, url, self.state)
 
 
 def host_facts(host: Host, note: Callable[[str], None] = lambda text: None) -> dict:

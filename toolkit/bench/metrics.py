@@ -1,12 +1,22 @@
 """Per-level metrics, computed the way sglang.bench_serving and `vllm bench serve` compute them.
 
-- TTFT: request start to the first chunk that carries content (or reasoning).
-- ITL: every gap between consecutive content chunks, pooled over requests (a chunk may carry
-  several tokens, e.g. with speculative decoding; both peers measure it the same way).
+- TTFT: request start to the first arrival of content (or reasoning).
+- ITL: every gap between consecutive arrivals of content, pooled over requests. An arrival is
+  what one network read brought (toolkit/client.py): events that came together reach a
+  streaming user together, so they make one arrival and no zero gap; an arrival (and an event)
+  may carry several tokens, e.g. with speculative decoding. sglang.bench_serving and `vllm
+  bench serve` time every event as their parser reaches it, which turns events that arrived
+  together into gaps of a few microseconds.
+- Stream shape: content events and arrivals per request, tokens per arrival, the share of
+  content events that arrived together with another (`coalesced_event_share`), and how many
+  streams were held back (`held_back_streams`: most of the answer in one arrival, see
+  `RequestRecord.held_back`); such a stream's ITL is one gap the size of the whole decode.
 - TPOT: per request (e2e latency - TTFT) / (output tokens - 1), for requests with > 1 token.
 - E2E latency (`e2el`): request start to the end of the stream.
 - Token counts: the server's `usage` (prompt_tokens / completion_tokens). A completed request
   whose server sent no usage counts as failed: a guess would make the throughput unfalsifiable.
+- Input length: `mean_input_tokens` is the mean `usage.prompt_tokens` of the completed requests
+  (what was actually sent, chat template included).
 - Throughput: totals divided by the level's wall time (first request sent to last finished).
 - Per-request output tok/s: completion tokens / e2e latency of that request (what one user
   sees, queueing and prefill included).
@@ -70,6 +80,9 @@ def compute(records: Iterable[RequestRecord], duration_s: float) -> dict:
              if r.completion_tokens > 1 and r.latency is not None and r.ttft is not None]
     itls = [gap for r in good for gap in r.itl]
     per_request_tps = [r.completion_tokens / r.latency for r in good if r.latency]
+    streamed = [r for r in good if r.arrivals]
+    events = sum(r.chunks for r in streamed)
+    arrivals = sum(len(r.arrivals) for r in streamed)
     def rate(amount: float) -> float | None:
         return amount / duration_s if duration_s > 0 else None
 
@@ -83,6 +96,8 @@ def compute(records: Iterable[RequestRecord], duration_s: float) -> dict:
         "duration_s": duration_s,
         "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,
+        "mean_input_tokens": input_tokens / len(good) if good else None,
+        "mean_output_tokens": output_tokens / len(good) if good else None,
         "request_throughput": rate(len(good)),
         "output_throughput": rate(output_tokens),
         "total_token_throughput": rate(input_tokens + output_tokens),
@@ -91,6 +106,12 @@ def compute(records: Iterable[RequestRecord], duration_s: float) -> dict:
         **_summary("itl", itls, 1000.0, "ms"),
         **_summary("e2el", e2els, 1000.0, "ms"),
         **_summary("request_output_throughput", per_request_tps, 1.0, "tok_s"),
+        "mean_events_per_request": events / len(streamed) if streamed else None,
+        "mean_arrivals_per_request": arrivals / len(streamed) if streamed else None,
+        "mean_tokens_per_arrival": (sum(r.completion_tokens for r in streamed) / arrivals
+                                    if arrivals else None),
+        "coalesced_event_share": (events - arrivals) / events if events else None,
+        "held_back_streams": sum(1 for r in streamed if r.held_back),
         "errors": errors,
     }
     return metrics

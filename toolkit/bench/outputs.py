@@ -17,12 +17,26 @@ RECOMMENDATION_NAME = "recommendation.json"
 
 _STATS = ["mean"] + [name for name, _ in PERCENTILES]
 CSV_METRICS = (["completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
+                "mean_input_tokens", "mean_output_tokens",
                 "request_throughput", "output_throughput", "total_token_throughput"]
                + [f"{stat}_{m}_ms" for m in LATENCY_METRICS for stat in _STATS]
-               + [f"{stat}_request_output_throughput_tok_s" for stat in _STATS])
+               + [f"{stat}_request_output_throughput_tok_s" for stat in _STATS]
+               + ["mean_events_per_request", "mean_arrivals_per_request", "mean_tokens_per_arrival",
+                  "coalesced_event_share", "held_back_streams"])
 CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests", "dataset", "output_len",
-                "input_len", "seed", "server_kind", "avg_spec_accept_length", "stopped_early"]
+                "input_len", "seed", "server_kind", "attention_backend", "tp_size", "architecture",
+                "speculative_algorithm", "dyn_threshold", "dyn_hysteresis", "avg_spec_accept_length",
+                "stopped_early"]
                + CSV_METRICS)
+
+# Decimal places per CSV column (the JSONL keeps full precision): enough to compare runs, no
+# float noise. Columns not named here are written as they are (integers, text).
+_CSV_DECIMALS = {"duration_s": 3, "request_throughput": 3, "output_throughput": 1, "total_token_throughput": 1,
+                 "mean_input_tokens": 1, "mean_output_tokens": 1, "avg_spec_accept_length": 3,
+                 "mean_events_per_request": 1, "mean_arrivals_per_request": 1, "mean_tokens_per_arrival": 2,
+                 "coalesced_event_share": 3,
+                 **{f"{stat}_{m}_ms": 2 for m in LATENCY_METRICS for stat in _STATS},
+                 **{f"{stat}_request_output_throughput_tok_s": 2 for stat in _STATS}}
 
 
 class OutputError(ValueError):
@@ -30,25 +44,38 @@ class OutputError(ValueError):
 
 
 class RunWriter:
+    """The files of one run. The folder is made with the first write: a run that finishes no
+    level leaves nothing behind."""
+
     def __init__(self, out_dir: Path):
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.out_dir / JSONL_NAME
         self.csv = self.out_dir / CSV_NAME
         self.plot = self.out_dir / PLOT_NAME
         self.recommendation = self.out_dir / RECOMMENDATION_NAME
 
+    def check_new(self) -> None:
+        """Refuse a folder that already holds a run (appending would mix two runs)."""
+        if self.jsonl.exists():
+            raise OutputError(f"{self.out_dir} already holds a bench run ({JSONL_NAME}); "
+                              f"give a new --out folder or move that one away")
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise OutputError(f"--out {self.out_dir} is a file, not a folder")
+
     def append(self, record: dict) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         with open(self.jsonl, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
     def write_csv(self, records: list[dict]) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         write_csv(records, self.csv)
         return self.csv
 
     def write_recommendation(self, data: dict) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.recommendation.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
         return self.recommendation
 
@@ -57,15 +84,27 @@ def csv_row(record: dict) -> dict:
     params = record.get("params", {})
     server = record.get("server", {})
     metrics = record.get("metrics", {})
+    dyn = server.get("dyn_disable") if isinstance(server.get("dyn_disable"), dict) else {}
     row = {"run_id": record.get("run_id"), "time": record.get("time"), "profile": record.get("profile"),
            "concurrency": record.get("concurrency"), "repeat": record.get("repeat", 0),
            "requests": record.get("requests"),
            "dataset": params.get("dataset"), "output_len": params.get("output_len"),
            "input_len": params.get("input_len"), "seed": params.get("seed"),
-           "server_kind": server.get("kind"), "avg_spec_accept_length": server.get("avg_spec_accept_length"),
+           "server_kind": server.get("kind"), "attention_backend": server.get("attention_backend"),
+           "tp_size": server.get("tp_size"), "architecture": server.get("architecture"),
+           "speculative_algorithm": server.get("speculative_algorithm"),
+           "dyn_threshold": dyn.get("threshold"), "dyn_hysteresis": dyn.get("hysteresis"),
+           "avg_spec_accept_length": server.get("avg_spec_accept_length"),
            "stopped_early": record.get("stopped_early")}
     row.update({name: metrics.get(name) for name in CSV_METRICS})
-    return row
+    return {name: _rounded(name, value) for name, value in row.items()}
+
+
+def _rounded(column: str, value):
+    places = _CSV_DECIMALS.get(column)
+    if places is None or not isinstance(value, float):
+        return value
+    return round(value, places)
 
 
 def write_csv(records: list[dict], path: Path) -> None:

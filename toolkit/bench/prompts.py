@@ -3,10 +3,11 @@
 - `builtin`: coding questions and agentic turns (a system prompt with tools, tool results fed
   back), the workload EAGLE-3 is deployed for. Answers run to their natural end (no
   `ignore_eos`), capped at `output_len`.
-- `synthetic`: prompts of about `input_len` tokens made of seeded random words, answers of
-  exactly `output_len` tokens where the server takes `ignore_eos` (SGLang, vLLM). Tokens per
-  word and the chat template's own tokens are calibrated against the server's usage count once
-  (two requests in the warm-up), so no tokenizer is needed on the control machine.
+- `synthetic`: prompts of `input_len` tokens (by the server's own `usage.prompt_tokens`, chat
+  template included) made of seeded random words, answers of exactly `output_len` tokens where
+  the server takes `ignore_eos` (SGLang, vLLM). No tokenizer is needed on the control machine:
+  the warm-up asks the server what each word costs (`SyntheticCalibration`), and prompts are
+  composed word by word to the exact count (see `compose`).
 - a `.jsonl` path: one request a line, `{"messages": [...]}` or `{"prompt": "..."}`, optional
   `"max_tokens"`.
 
@@ -95,21 +96,78 @@ def builtin_conversations() -> list[list[dict]]:
 
 _WORDS = ("alpha beta gamma delta server model token cache queue thread batch kernel tensor "
           "layer value index graph node edge route table field record stream buffer socket "
-          "python function class method return yield import module package version commit").split()
+          "python function class method return yield import module package version commit "
+          # short words: one token in nearly every tokenizer, so a prompt can land exactly
+          "a to of is in it on and").split()
+LEAD_WORD = "request"          # every synthetic prompt starts with it (a word has no space before it)
+CALIBRATION_REPEAT = 8         # copies of a word in its calibration prompt
 
 
-def synthetic_text(words: int, rng: random.Random) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, words)))
+@dataclass
+class SyntheticCalibration:
+    """What the server's tokenizer and chat template make of the synthetic words.
+
+    Tokenizers split text at spaces before merging (byte-level BPE, SentencePiece with
+    whitespace splitting), so a prompt's count is the template with the lead word plus what
+    each further " word" adds; `compose` puts words together to the requested count."""
+    base_tokens: int                 # the chat template around LEAD_WORD alone
+    word_tokens: dict[str, float]    # prompt tokens each " word" adds
+
+    @classmethod
+    def fit(cls, base: int, counts: dict[str, int]) -> "SyntheticCalibration":
+        """From the server's prompt_tokens for LEAD_WORD alone (`base`) and for LEAD_WORD plus
+        CALIBRATION_REPEAT copies of each word (`counts`)."""
+        costs = {}
+        for word, count in counts.items():
+            cost = (count - base) / CALIBRATION_REPEAT
+            if cost > 0:
+                costs[word] = float(round(cost)) if abs(cost - round(cost)) < 0.05 else cost
+        if not costs:
+            raise PromptError("calibration: no word adds prompt tokens on this server (its usage counts "
+                              "do not change with the prompt)")
+        return cls(base, costs)
+
+    def to_dict(self) -> dict:
+        return {"base_tokens": self.base_tokens,
+                "word_tokens": {w: round(c, 3) for w, c in sorted(self.word_tokens.items())}}
+
+
+def calibration_prompts() -> dict[str, str]:
+    """The prompts `SyntheticCalibration.fit` needs: "" -> the lead word alone, word -> with copies."""
+    prompts = {"": LEAD_WORD}
+    for word in _WORDS:
+        prompts[word] = LEAD_WORD + (" " + word) * CALIBRATION_REPEAT
+    return prompts
+
+
+def compose(tokens: int, calibration: SyntheticCalibration | None, rng: random.Random) -> str:
+    """A prompt of `tokens` prompt tokens: the lead word, then random words whose costs add up to
+    the rest. Near the end only words that keep an exact landing possible are drawn. Without a
+    calibration every word counts as one token (an estimate, for tests and dry runs)."""
+    base = calibration.base_tokens if calibration else 0
+    costs = calibration.word_tokens if calibration else {w: 1.0 for w in _WORDS}
+    vocabulary = sorted(costs)
+    cheapest = min(costs.values())
+    budget = tokens - base
+    words = [LEAD_WORD]
+    while True:
+        fits = [w for w in vocabulary if costs[w] <= budget + 1e-6]
+        if not fits:
+            break
+        exact = [w for w in fits if abs(budget - costs[w]) < 1e-6 or budget - costs[w] >= cheapest - 1e-6]
+        word = rng.choice(exact or fits)
+        words.append(word)
+        budget -= costs[word]
+    return " ".join(words)
 
 
 @dataclass
 class PromptSource:
     """Makes the requests of one level: `requests(n, seed)` is the same list for the same seed."""
     dataset: str = BUILTIN
-    input_len: int = 256          # synthetic: prompt tokens (approximate until calibrated)
+    input_len: int = 256          # synthetic: prompt tokens, chat template included (usage.prompt_tokens)
     output_len: int = 256         # max_tokens; synthetic: exact where ignore_eos is honoured
-    tokens_per_word: float = 1.0  # synthetic: set by the warm-up's calibration
-    template_overhead: float = 0.0  # synthetic: prompt tokens the chat template adds
+    calibration: SyntheticCalibration | None = None   # synthetic: set by the warm-up
     file_requests: list[dict] | None = None
 
     def __post_init__(self):
@@ -122,13 +180,10 @@ class PromptSource:
     def is_synthetic(self) -> bool:
         return self.dataset == SYNTHETIC
 
-    def synthetic_words(self) -> int:
-        return max(1, round((self.input_len - self.template_overhead) / self.tokens_per_word))
-
     def requests(self, count: int, seed: int) -> list[BenchRequest]:
         rng = random.Random(seed)
         if self.is_synthetic:
-            return [BenchRequest([{"role": "user", "content": synthetic_text(self.synthetic_words(), rng)}],
+            return [BenchRequest([{"role": "user", "content": compose(self.input_len, self.calibration, rng)}],
                                  self.output_len, {"ignore_eos": True}) for _ in range(count)]
         if self.file_requests is not None:
             pool = [BenchRequest(item["messages"], int(item.get("max_tokens", self.output_len)))
@@ -145,7 +200,7 @@ class PromptSource:
     def describe(self) -> dict:
         out = {"dataset": self.dataset, "output_len": self.output_len}
         if self.is_synthetic:
-            out.update(input_len=self.input_len, tokens_per_word=round(self.tokens_per_word, 4))
+            out.update(input_len=self.input_len)
         return out
 
 

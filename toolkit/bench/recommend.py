@@ -41,8 +41,9 @@ class Recommendation:
     text: str
     metric: str = METRIC
     levels: list[LevelComparison] = field(default_factory=list)
-    speculative: str = "eagle3"
-    dynamic: str = "eagle3-dyn"
+    speculative: str | None = "eagle3"     # None: the pair's speculative profile was not measured
+    dynamic: str | None = "eagle3-dyn"     # None: its dyn-disable profile was not measured
+    measured: list[str] = field(default_factory=list)   # every profile the records hold
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,7 +85,9 @@ def recommend(records: list[dict], *, baseline: str = "baseline", eagle3: str = 
         best = max(v for v in (b, e) if v is not None) if (b is not None or e is not None) else None
         table.append(LevelComparison(c, b, e, d, _ratio(e, b), _ratio(d, best)))
     shared = [c for c in all_levels if c in base and c in spec]
-    names = {"speculative": eagle3, "dynamic": eagle3_dyn}
+    measured = sorted({str(r.get("profile")) for r in records})
+    names = {"speculative": eagle3 if eagle3 in measured else None,
+             "dynamic": eagle3_dyn if eagle3_dyn in measured else None, "measured": measured}
     reference = f"baseline/{eagle3}" if spec else "baseline"
     if len(shared) < 1:
         text = (f"need both '{baseline}' and '{eagle3}' at one or more common concurrency levels "
@@ -132,5 +135,11 @@ def recommend_all(records: list[dict], *, baseline: str = "baseline") -> list[Re
     """One recommendation per speculative pair the run measured either side of (eagle3 first);
     at least one."""
     measured = {record.get("profile") for record in records}
-    pairs = [pair for pair in PAIRS if measured & set(pair)] or [PAIRS[0]]
+    pairs = [pair for pair in PAIRS if measured & set(pair)]
+    if not pairs:
+        names = sorted(str(p) for p in measured)
+        text = (f"no speculative profile was measured (only {', '.join(names)}): a dyn-disable threshold "
+                f"needs '{baseline}' and an EAGLE-3 profile measured at the same levels")
+        return [Recommendation("not-enough-data", None, None, text, speculative=None, dynamic=None,
+                               measured=names)]
     return [recommend(records, baseline=baseline, eagle3=spec, eagle3_dyn=dyn) for spec, dyn in pairs]

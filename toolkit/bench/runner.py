@@ -19,11 +19,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterator, Protocol
 
+import aiohttp
+
 from ..client import OpenAIClient, RequestRecord
 from . import metrics as metrics_mod
-from .prompts import BenchRequest, PromptSource, synthetic_text
+from . import serverconfig
+from .prompts import BenchRequest, PromptError, PromptSource, SyntheticCalibration, calibration_prompts
 
-SCHEMA = 1
+SCHEMA = 2          # 2: server config keys (serverconfig), stream-shape metrics, arrivals-based ITL
+CALIBRATION_CONCURRENCY = 8
+CALIBRATION_CHECKS = 4        # composed prompts whose length the warm-up checks against the server
 
 
 class BenchError(RuntimeError):
@@ -133,7 +138,9 @@ def run_level(base_url: str, requests: list[BenchRequest], concurrency: int, **k
 class ServedProfile:
     profile: str
     base_url: str                    # reachable from this machine
-    facts: dict = field(default_factory=dict)   # server kind, host, dyn threshold, tp size ...
+    facts: dict = field(default_factory=dict)   # server kind, host, models ...
+    config_fallback: dict = field(default_factory=dict)   # serverconfig keys the launch plan gives
+    config_sources: dict = field(default_factory=dict)    # their sources where not "profile"
 
 
 class ServerControl(Protocol):
@@ -172,7 +179,7 @@ class SweepResult:
 
 def client_facts() -> dict:
     return {"control_host": socket.gethostname(), "python": platform.python_version(),
-            "http": "toolkit.client HTTP/1.1 keep-alive pool (asyncio)"}
+            "http": f"aiohttp {aiohttp.__version__}"}
 
 
 async def _server_state(base_url: str) -> dict:
@@ -180,12 +187,50 @@ async def _server_state(base_url: str) -> dict:
         return await client.server_state()
 
 
-async def _warm_up(base_url: str, options: BenchOptions, calibrate: bool) -> dict:
-    """A few sequential requests (first-request costs out of the measurement); for the synthetic
-    mode also the words-to-tokens calibration against the server's own usage counts."""
+async def _prompt_tokens(client: OpenAIClient, contents: list[str]) -> list[int]:
+    """The server's prompt_tokens for each content as a one-message chat (max_tokens 1)."""
+    gate = asyncio.Semaphore(CALIBRATION_CONCURRENCY)
+
+    async def one(content: str) -> int:
+        async with gate:
+            record = await client.chat([{"role": "user", "content": content}], max_tokens=1,
+                                       temperature=0.0, stream=False)
+        if not record.ok or not record.prompt_tokens:
+            raise BenchError(f"synthetic calibration request failed: {record.error or 'no usage.prompt_tokens'}")
+        return record.prompt_tokens
+
+    return list(await asyncio.gather(*(one(content) for content in contents)))
+
+
+async def calibrate_synthetic(client: OpenAIClient, options: BenchOptions) -> dict:
+    """Ask the server what the synthetic words cost (SyntheticCalibration), then check a few
+    composed prompts against its count. Sets `options.prompts.calibration`."""
+    prompts = calibration_prompts()
+    counts = dict(zip(prompts, await _prompt_tokens(client, list(prompts.values()))))
+    base = counts.pop("")
+    try:
+        calibration = SyntheticCalibration.fit(base, counts)
+    except PromptError as exc:
+        raise BenchError(str(exc)) from None
+    wanted = options.prompts.input_len
+    if wanted < base:
+        raise BenchError(f"--input-len {wanted} is shorter than the chat template with one word on this "
+                         f"server ({base} prompt tokens): ask for at least {base}")
+    options.prompts.calibration = calibration
+    sample = options.prompts.requests(CALIBRATION_CHECKS, options.seed)
+    measured = await _prompt_tokens(client, [r.messages[0]["content"] for r in sample])
+    return {**calibration.to_dict(), "check": {"requested": wanted, "measured": measured,
+                                               "max_error_pct": round(max(abs(m - wanted) for m in measured)
+                                                                      / wanted * 100, 2)}}
+
+
+async def _warm_up(base_url: str, options: BenchOptions, calibrate: bool, served: "ServedProfile") -> dict:
+    """A few sequential requests (first-request costs out of the measurement); the server's
+    configuration (serverconfig); for the synthetic mode also the prompt calibration against
+    the server's own usage counts."""
     facts: dict = {}
     async with OpenAIClient(base_url, model=options.model, timeout=options.request_timeout,
-                            max_connections=4) as client:
+                            max_connections=CALIBRATION_CONCURRENCY) as client:
         facts["model"] = await client.resolve_model()
         for request in options.prompts.requests(options.warmup, options.seed + 1):
             record = await client.chat(request.messages, max_tokens=min(request.max_tokens, 32),
@@ -193,23 +238,10 @@ async def _warm_up(base_url: str, options: BenchOptions, calibrate: bool) -> dic
             if not record.ok:
                 raise BenchError(f"warm-up request failed: {record.error}")
         facts["rejected_fields"] = set(client.rejected_fields)
+        facts["config"] = serverconfig.describe(await client.server_info(), await client.model_info(),
+                                                served.config_fallback, served.config_sources)
         if calibrate:
-            import random
-
-            rng = random.Random(options.seed)
-            words = max(8, options.prompts.input_len)
-            counts = []
-            for n in (words, 2 * words):
-                record = await client.chat([{"role": "user", "content": synthetic_text(n, rng)}],
-                                           max_tokens=1, temperature=0.0, stream=False)
-                if not record.ok or not record.prompt_tokens:
-                    raise BenchError(f"calibration request failed: {record.error or 'no usage'}")
-                counts.append(record.prompt_tokens)
-            slope = max((counts[1] - counts[0]) / words, 1e-3)
-            overhead = max(0.0, counts[0] - slope * words)
-            options.prompts.tokens_per_word = slope
-            options.prompts.template_overhead = overhead
-            facts["calibration"] = {"tokens_per_word": round(slope, 4), "template_tokens": round(overhead, 1)}
+            facts["calibration"] = await calibrate_synthetic(client, options)
     return facts
 
 
@@ -226,14 +258,17 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
     """
     listener = listener or SweepListener()
     result = SweepResult(run_id=run_id or new_run_id())
-    calibrated = not options.prompts.is_synthetic
+    calibration: dict | None = None     # synthetic: calibrated once, so every profile gets the same prompts
     for profile in profiles:
         total = options.repeat * sum(options.requests_for(c) for c in options.concurrency)
         listener.profile_started(profile, total)
         try:
             with control.serve(profile) as served:
-                warm = asyncio.run(_warm_up(served.base_url, options, calibrate=not calibrated))
-                calibrated = True
+                warm = asyncio.run(_warm_up(served.base_url, options,
+                                            options.prompts.is_synthetic and calibration is None, served))
+                calibration = warm.get("calibration", calibration)
+                if calibration is not None:
+                    warm["calibration"] = calibration
                 # whole passes over the levels, not each level N times in a row: slow drift on
                 # the machine then spreads over every level instead of biasing some
                 passes = [(r, c) for r in range(options.repeat) for c in options.concurrency]
@@ -267,7 +302,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
 
 def level_record(run_id: str, served: ServedProfile, options: BenchOptions, level: LevelRun,
                  warm: dict, state: dict, run_facts: dict | None) -> dict:
-    server = {**served.facts, "model": warm.get("model")}
+    server = {**served.facts, "model": warm.get("model"), **warm.get("config", {})}
     for key in ("version", "avg_spec_accept_length", "dyn_spec_disable"):
         if state.get(key) is not None:
             server[key] = state[key]
