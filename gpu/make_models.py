@@ -92,6 +92,11 @@ def make_tokenizer(out, corpus_dir):
     return ids
 
 
+def token_fields(ids):
+    return {"bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ids["<|eot_id|>"],
+            "pad_token_id": ids["<|end_of_text|>"], "torch_dtype": "bfloat16"}
+
+
 def llama_config(ids, **over):
     cfg = {
         "architectures": ["LlamaForCausalLM"],
@@ -110,10 +115,7 @@ def llama_config(ids, **over):
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "vocab_size": VOCAB,
-        "bos_token_id": ids["<|begin_of_text|>"],
-        "eos_token_id": ids["<|eot_id|>"],
-        "pad_token_id": ids["<|end_of_text|>"],
-        "torch_dtype": "bfloat16",
+        **token_fields(ids),
     }
     cfg.update(over)
     return cfg
@@ -173,10 +175,7 @@ def deepseek_v3_config(ids, **over):
         "rms_norm_eps": 1e-6,
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "bos_token_id": ids["<|begin_of_text|>"],
-        "eos_token_id": ids["<|eot_id|>"],
-        "pad_token_id": ids["<|end_of_text|>"],
-        "torch_dtype": "bfloat16",
+        **token_fields(ids),
     }
     cfg.update(over)
     return cfg

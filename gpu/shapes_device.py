@@ -23,7 +23,7 @@ check: the servers start side by side; each answers the 32-prompt equality sched
   show whether a plain step computes what a baseline decode step computes), "determinism" (the
   same prompt twice at c=1, then twice again with POST /flush_cache before each), "profile"
   (servers marked "profile": true get a torch profile of a few steps under load; the all-reduce
-  kernels in it are counted by name; mark a server with "torch_profile": true).
+  kernels in it are counted by name; list the servers' labels under "torch_profile").
 sweep: each level a fixed number of requests of exact input length (token ids) and output length
   (ignore_eos); every record carries the backend, TP size, model architecture, threshold and
   profile. "side_by_side": true starts every profile's server at once (one after another up to
@@ -44,7 +44,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -52,7 +51,8 @@ import time
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dyn_device import (  # noqa: E402  (shared with the first rounds' driver)
+import dyn_device  # noqa: E402  (shared with the first rounds' driver)
+from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
     server_info, wait_health)
 
@@ -73,8 +73,10 @@ def left():
     return BUDGET - el()
 
 
-class Server:
-    def __init__(self, group, spec, index, threshold):
+class Server(dyn_device.Server):
+    """A server of a plan group (alive/stop are the first rounds' driver's own)."""
+
+    def __init__(self, group, spec, index, threshold):  # noqa: D107 (no super().__init__: other profiles)
         self.group = group
         self.profile = spec["profile"]
         self.pair = spec.get("pair", group.get("pair"))
@@ -135,24 +137,6 @@ class Server:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=self.env, start_new_session=True)
         say(f"start {self.name} port {self.port} gpus {self.group['gpus']} env={self.env_shown}")
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self):
-        if self.proc is None:
-            return
-        for sig, waits in ((signal.SIGTERM, 60), (signal.SIGKILL, 40)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            for _ in range(waits):
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.25)
-        self.proc.wait()
-        self.log.close()
 
     def log_lines(self):
         return open(self.log_path, errors="replace").read().splitlines()
@@ -294,7 +278,7 @@ async def sweep_side_by_side(s, group, out, threshold):
                             break
                         await measure(s, srv, group, out, rep, c, in_len, out_len, round_no)
         rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
-        await after_sweep_checks(s, group, out, rep, live)
+        await run_checks(s, group, out, rep, live)
     finally:
         for srv in servers:
             srv.stop()
@@ -308,10 +292,10 @@ async def sweep_side_by_side(s, group, out, threshold):
     return rep
 
 
-async def after_sweep_checks(s, group, out, rep, live):
-    """On the sweep's own servers: bursts across the threshold for dyn servers, determinism,
-    a stream probe, torch profiles (group keys "bursts", "determinism", "stream_probe",
-    "torch_profile": [profile names])."""
+async def run_checks(s, group, out, rep, live):
+    """On running servers (a check group's, or a sweep's after its levels): bursts across the
+    threshold for dyn servers, torch profiles, determinism, a stream probe (group keys "bursts",
+    "torch_profile": [labels], "determinism", "stream_probe")."""
     if group.get("bursts"):
         rep["bursts"] = {}
         for srv in live:
@@ -544,7 +528,6 @@ def profile_allreduce(srv):
 async def check_group(s, group, out, threshold):
     rep = {"group": group["name"], "mode": "check"}
     servers = [Server(group, spec, k, threshold) for k, spec in enumerate(group["servers"])]
-    specs = {srv.name: spec for srv, spec in zip(servers, group["servers"])}
     try:
         await start_servers(servers, group.get("wait_kv", False), group.get("stagger_s", 2))
         rep["health_s"] = await wait_up(s, servers, min(300, left() - 60))
@@ -572,37 +555,9 @@ async def check_group(s, group, out, threshold):
                 f"/32, stock {eq[srv.name]['vs_stock'] and eq[srv.name]['vs_stock']['match']}/32")
         rep["equality"] = eq
         save(out, group, rep)
-        bursts = {}
-        for srv in live:
-            if not (srv.profile.endswith("-dyn") or srv.profile.endswith("-dyn-full")) or left() < 40:
-                continue
-            b = await burst_phase(s, srv, group.get("burst_cycles", 30), group.get("burst_width", 12))
-            bursts[srv.name] = b
-            say(f"bursts {srv.name}: {b['requests']} requests, {b['transitions']} transitions "
-                f"({b['delta']}), err={b['error']}, ranks {b['ranks']} agree={b['ranks_agree']}")
-            save(out, group, rep)
-        rep["bursts"] = bursts
         if group.get("plain_equality"):
             rep["plain_equality"] = await plain_equality(s, live)
-        if group.get("determinism"):
-            rep["determinism"] = {}
-            for srv in live:
-                if left() > 30:
-                    rep["determinism"][srv.name] = await determinism(s, srv)
-                    say(f"determinism {srv.name}: {rep['determinism'][srv.name]}")
-        for srv in live:
-            if specs[srv.name].get("torch_profile") and left() > 60:
-                rep.setdefault("profiles", {})[srv.name] = await asyncio.to_thread(profile_allreduce, srv)
-                say(f"profile {srv.name}: {rep['profiles'][srv.name]}")
-        save(out, group, rep)
-        if group.get("stream_probe"):
-            rep["stream"] = {}
-            for srv in live:
-                try:
-                    rep["stream"][srv.name] = await stream_probe(s, srv)
-                except Exception as e:
-                    rep["stream"][srv.name] = {"error": repr(e)[:300]}
-                say(f"stream {srv.name}: {rep['stream'][srv.name]}")
+        await run_checks(s, dict(group, bursts=group.get("bursts", True)), out, rep, live)
         rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
     finally:
         for srv in servers:

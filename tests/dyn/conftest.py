@@ -7,6 +7,8 @@ import importlib.util
 import re
 import subprocess
 import sys
+import types
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,29 @@ def method_source(path: Path, class_name: str, func_name: str) -> str:
                 if isinstance(item, ast.FunctionDef) and item.name == func_name:
                     return ast.unparse(item)
     raise AssertionError(f"{class_name}.{func_name} not found in {path}")
+
+
+@contextmanager
+def stub_modules(modules: dict[str, dict]):
+    """sys.modules entries {dotted name: attributes} (parent packages made empty) for the length of
+    the block, so a patched module that imports GPU-only parts of sglang loads on the CPU."""
+    saved = dict(sys.modules)
+    stubs = {}
+    for name, attrs in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        stubs[name] = module
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            stubs.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    sys.modules.update(stubs)
+    try:
+        yield
+    finally:
+        for name in list(sys.modules):
+            if name not in saved:
+                del sys.modules[name]
+        sys.modules.update(saved)
 
 
 def function_source(path: Path, func_name: str) -> str:

@@ -10,12 +10,11 @@ backend factory and the graph runner (they need a GPU); the worker's use of it i
 test_plain_decode.py."""
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
 
-from tests.dyn.conftest import load_by_path
+from tests.dyn.conftest import load_by_path, stub_modules
 
 RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
 
@@ -54,33 +53,18 @@ class DraftBackendFactory:
 @pytest.fixture(scope="module")
 def runtime(patched_tree):
     pytest.importorskip("torch")
-    saved = dict(sys.modules)
-    stubs = {}
-
-    def stub(name, **attrs):
-        module = types.ModuleType(name)
-        module.__dict__.update(attrs)
-        stubs[name] = module
-
-    stub("sglang.srt.model_executor.forward_batch_info", CaptureHiddenMode=types.SimpleNamespace(FULL=2),
-         ForwardBatch=object, ForwardMode=object)
-    stub("sglang.srt.speculative.dyn_disable", SpecSwitch=object, config_from_env=lambda: None)
-    stub("sglang.srt.speculative.eagle_info", EagleVerifyInput=object)
-    stub("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=object)
-    stub("sglang.srt.layers.attention.triton_backend", TritonAttnBackend=TritonAttnBackend)
-    stub("sglang.srt.speculative.draft_utils", DraftBackendFactory=DraftBackendFactory)
-    stub("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
-         EAGLEDraftExtendCudaGraphRunner=EAGLEDraftExtendCudaGraphRunner)
-    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor", "sglang.srt.speculative",
-                 "sglang.srt.layers", "sglang.srt.layers.attention"):
-        stubs.setdefault(name, types.ModuleType(name))
-    sys.modules.update(stubs)
-    module = load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
-    yield module
-    for name in list(sys.modules):
-        if name not in saved:
-            del sys.modules[name]
-    sys.modules.update(saved)
+    with stub_modules({
+        "sglang.srt.model_executor.forward_batch_info": dict(
+            CaptureHiddenMode=types.SimpleNamespace(FULL=2), ForwardBatch=object, ForwardMode=object),
+        "sglang.srt.speculative.dyn_disable": dict(SpecSwitch=object, config_from_env=lambda: None),
+        "sglang.srt.speculative.eagle_info": dict(EagleVerifyInput=object),
+        "sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=object),
+        "sglang.srt.layers.attention.triton_backend": dict(TritonAttnBackend=TritonAttnBackend),
+        "sglang.srt.speculative.draft_utils": dict(DraftBackendFactory=DraftBackendFactory),
+        "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner": dict(
+            EAGLEDraftExtendCudaGraphRunner=EAGLEDraftExtendCudaGraphRunner),
+    }):
+        yield load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
 
 
 def draft_worker(runner, backend):

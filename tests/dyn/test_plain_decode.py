@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import pytest
 
-from tests.dyn.conftest import PATCHSET, function_source, load_by_path, method_source
+from tests.dyn.conftest import PATCHSET, function_source, load_by_path, method_source, stub_modules
 from toolkit import wheels
 
 torch = pytest.importorskip("torch")
@@ -91,33 +91,18 @@ class ForwardBatch:
 
 @pytest.fixture(scope="module")
 def runtime(patched_tree):
-    saved = dict(sys.modules)
-    stubs = {}
-
-    def stub(name, **attrs):
-        module = types.ModuleType(name)
-        module.__dict__.update(attrs)
-        stubs[name] = module
-
     policy = load_by_path("dyn_disable_policy_for_runtime", patched_tree / POLICY)
-    stub("sglang.srt.model_executor.forward_batch_info", CaptureHiddenMode=Capture,
-         ForwardBatch=ForwardBatch, ForwardMode=Mode)
-    stub("sglang.srt.speculative.dyn_disable", SpecSwitch=policy.SpecSwitch,
-         config_from_env=policy.config_from_env)
-    stub("sglang.srt.speculative.eagle_info", EagleVerifyInput=VerifyInput)
-    stub("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=Algo)
-    stub("sglang.srt.model_executor.cuda_graph_runner", CudaGraphRunner=StockGraphRunner)
-    stub("sglang.srt.managers.utils", GenerationBatchResult=Result)
-    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor", "sglang.srt.speculative",
-                 "sglang.srt.managers"):
-        stubs.setdefault(name, types.ModuleType(name))
-    sys.modules.update(stubs)
-    module = load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
-    yield module
-    for name in list(sys.modules):
-        if name not in saved:
-            del sys.modules[name]
-    sys.modules.update(saved)
+    with stub_modules({
+        "sglang.srt.model_executor.forward_batch_info": dict(
+            CaptureHiddenMode=Capture, ForwardBatch=ForwardBatch, ForwardMode=Mode),
+        "sglang.srt.speculative.dyn_disable": dict(SpecSwitch=policy.SpecSwitch,
+                                                   config_from_env=policy.config_from_env),
+        "sglang.srt.speculative.eagle_info": dict(EagleVerifyInput=VerifyInput),
+        "sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=Algo),
+        "sglang.srt.model_executor.cuda_graph_runner": dict(CudaGraphRunner=StockGraphRunner),
+        "sglang.srt.managers.utils": dict(GenerationBatchResult=Result),
+    }):
+        yield load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
 
 
 # --- the decode batch ---------------------------------------------------------------------
