@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
-
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +108,30 @@ def fake_server():
     yield make
     for server in servers:
         server.stop()
+
+
+@contextmanager
+def cpu_ref_inventory_host(name: str, tmp_path, cpu_ref_venv, ref_model_dir, host_lines: str = ""):
+    """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers
+    serve with the reference model; yields (host, env) and stops its server afterwards."""
+    from toolkit import server
+    from toolkit.inventory import resolve_hosts
+
+    base = resolve_hosts("sandbox")[0]
+    (tmp_path / "hosts.toml").write_text(
+        f"[{name}]\naddress = \"127.0.0.1\"\nport = {base.port}\nuser = \"{base.user}\"\n"
+        f"key = \"{base.key}\"\nknown_hosts = \"{base.known_hosts}\"\nvenv = \"{cpu_ref_venv}\"\n"
+        f"{host_lines}state_dir = \"{tmp_path / 'state'}\"\n"
+        f"[{name}.server]\nmodel = \"{ref_model_dir}\"\nbind = \"127.0.0.1\"\nport = {free_port()}\n"
+        f"memory_wait_s = 5\n")
+    env = {"TOOLKIT_INVENTORY": str(tmp_path / "hosts.toml")}
+    saved = os.environ.get("TOOLKIT_INVENTORY")
+    os.environ.update(env)
+    try:
+        yield resolve_hosts(name)[0], env
+    finally:
+        server.stop(resolve_hosts(name)[0], grace=10)
+        if saved is None:
+            os.environ.pop("TOOLKIT_INVENTORY", None)
+        else:
+            os.environ["TOOLKIT_INVENTORY"] = saved

@@ -14,9 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import free_port
-from toolkit import server
-from toolkit.inventory import resolve_hosts
+from tests.client.conftest import cpu_ref_inventory_host
 from toolkit.paths import PROJECT_ROOT
 
 
@@ -51,25 +49,9 @@ def test_plain_bench_on_the_sandbox_without_the_model_says_how_to_make_it(sandbo
 @pytest.fixture
 def cpu_host(sandbox_env, cpu_ref_venv, ref_model_dir, tmp_path):
     """An inventory host without a GPU (stack cpu-ref) over the sandbox sshd, running transformers serve."""
-    base = resolve_hosts("sandbox")[0]
-    name = "bench-cpu"
-    (tmp_path / "hosts.toml").write_text(
-        f"[{name}]\naddress = \"127.0.0.1\"\nport = {base.port}\nuser = \"{base.user}\"\n"
-        f"key = \"{base.key}\"\nknown_hosts = \"{base.known_hosts}\"\nvenv = \"{cpu_ref_venv}\"\n"
-        f"stack = \"cpu-ref\"\nstate_dir = \"{tmp_path / 'state'}\"\n"
-        f"[{name}.server]\nmodel = \"{ref_model_dir}\"\nbind = \"127.0.0.1\"\nport = {free_port()}\n"
-        f"memory_wait_s = 5\n")
-    env = {"TOOLKIT_INVENTORY": str(tmp_path / "hosts.toml")}
-    saved = os.environ.get("TOOLKIT_INVENTORY")
-    os.environ.update(env)
-    try:
-        yield resolve_hosts(name)[0], env
-    finally:
-        server.stop(resolve_hosts(name)[0], grace=10)
-        if saved is None:
-            os.environ.pop("TOOLKIT_INVENTORY", None)
-        else:
-            os.environ["TOOLKIT_INVENTORY"] = saved
+    with cpu_ref_inventory_host("bench-cpu", tmp_path, cpu_ref_venv, ref_model_dir, 'stack = "cpu-ref"\n') as found:
+        yield found
+
 
 
 def test_plain_bench_on_a_host_without_gpu_runs_cpu_ref(cpu_host, tmp_path):

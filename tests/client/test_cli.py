@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from tests.client.conftest import cpu_ref_inventory_host
 from tests.conftest import free_port
 from toolkit import server
-from toolkit.inventory import resolve_hosts
 from toolkit.paths import PROJECT_ROOT
 
 
@@ -96,25 +96,9 @@ def test_smoke_url_against_a_dead_port_fails_by_check():
 @pytest.fixture
 def inventory_host(sandbox_env, cpu_ref_venv, ref_model_dir, tmp_path):
     """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers serve."""
-    base = resolve_hosts("sandbox")[0]
-    name = "client-test"
-    (tmp_path / "hosts.toml").write_text(
-        f"[{name}]\naddress = \"127.0.0.1\"\nport = {base.port}\nuser = \"{base.user}\"\n"
-        f"key = \"{base.key}\"\nknown_hosts = \"{base.known_hosts}\"\nvenv = \"{cpu_ref_venv}\"\n"
-        f"state_dir = \"{tmp_path / 'state'}\"\n"
-        f"[{name}.server]\nmodel = \"{ref_model_dir}\"\nbind = \"127.0.0.1\"\nport = {free_port()}\n"
-        f"memory_wait_s = 5\n")
-    env = {"TOOLKIT_INVENTORY": str(tmp_path / "hosts.toml")}
-    saved = os.environ.get("TOOLKIT_INVENTORY")
-    os.environ.update(env)
-    try:
-        yield resolve_hosts(name)[0], env
-    finally:
-        server.stop(resolve_hosts(name)[0], grace=10)
-        if saved is None:
-            os.environ.pop("TOOLKIT_INVENTORY", None)
-        else:
-            os.environ["TOOLKIT_INVENTORY"] = saved
+    with cpu_ref_inventory_host("client-test", tmp_path, cpu_ref_venv, ref_model_dir) as found:
+        yield found
+
 
 
 def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
