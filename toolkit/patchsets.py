@@ -100,6 +100,16 @@ def check_path(path: str, package: str, where: str) -> str:
     return normal
 
 
+def _crlf_header(text: str) -> str | None:
+    """The first file header that ends in CR: the whole patch file was saved with CRLF endings.
+    Content lines may end in CR legitimately (a patch of a CRLF file); headers never do."""
+    lines = text.split("\n")
+    headers = [line for line in lines if line.startswith("diff --git ")]
+    if not headers:  # a plain unified diff: its first old-file header
+        headers = [line for line in lines if line.startswith("--- ")][:1]
+    return next((line for line in headers if line.endswith("\r")), None)
+
+
 def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
     where = f"{owner + ': ' if owner else ''}{path.name}"
     raw = path.read_bytes()
@@ -107,6 +117,11 @@ def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PatchsetError(f"{where}: not UTF-8 text ({exc})") from exc
+    crlf_header = _crlf_header(text)
+    if crlf_header is not None:
+        raise PatchsetError(f"{where}: the patch file has CRLF (Windows) line endings ({crlf_header[:-1]!r} ends"
+                            f" in \\r); git-style diffs need LF: convert it with `sed -i 's/\\r$//' {path}`"
+                            f" (or `dos2unix {path}`) and check it again")
     if "GIT binary patch" in text:
         raise PatchsetError(f"{where}: binary hunks are not allowed (GIT binary patch)")
     try:
