@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import compiler, patchhost, patchsets, wheels
 from .inventory import Host
-from .patchhost import PatchRefused
+from .patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
 from .patchsets import Patchset, PatchsetError
 
 STATE_FORMAT = 1
@@ -57,6 +57,8 @@ class _WriteResult:
     files: list[FileChange]
     dry_run: bool
     round_trips: int
+    notes: list[str] = field(default_factory=list)
+    recovered: dict | None = None
 
     @property
     def changed(self) -> int:
@@ -67,15 +69,13 @@ class _WriteResult:
 @dataclass
 class ApplyResult(_WriteResult):
     patchset: str = ""
-    recovered: dict | None = None
     pycache_removed: list[str] = field(default_factory=list)
 
 
 @dataclass
 class RevertResult(_WriteResult):
     record_ok: bool = True
-    notes: list[str] = field(default_factory=list)
-    recovered: dict | None = None
+    popped: list[str] = field(default_factory=list)   # the patchsets taken off, top first
 
 
 @dataclass
@@ -155,6 +155,24 @@ def _same_state(a: dict | None, b: dict | None) -> bool:
     return strip(a) == strip(b) and not (a or {}).get("damaged")
 
 
+def _probe_notes(answer: dict) -> list[str]:
+    """What a probe or host run tidied up on its way (temporaries of dead runs)."""
+    cleaned = answer.get("cleaned") or []
+    if not cleaned:
+        return []
+    names = ", ".join(sorted(name.rsplit("/", 1)[-1] for name in cleaned))
+    return [f"removed {len(cleaned)} temporary file(s) that interrupted runs had left: {names}"]
+
+
+def _refuse_unreplaceable(probe: dict, writes: list[dict], host: Host) -> None:
+    """Before anything is written: every file the run would replace must be replaceable."""
+    blocked = probe.get("blocked") or {}
+    reasons = [f"{w['path']}: {blocked[w['path']]}" for w in writes if w["path"] in blocked]
+    if reasons:
+        raise PatchRefused(f"cannot replace {len(reasons)} file(s) on {host.name}; nothing written:\n  "
+                           + "\n  ".join(reasons))
+
+
 def _require_installed(probe: dict, host: Host, package: str) -> str:
     if not probe["version"]:
         raise PatchRefused(f"{package} is not installed in {probe['site']} on {host.name}; nothing written")
@@ -223,6 +241,10 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         if unknown:
             raise PatchRefused(f"{host.name} has {', '.join(unknown)} applied, which is not in patchsets/;"
                                f" nothing written")
+        if (state or {}).get("damaged"):
+            raise PatchRefused(f"a cut run left {', '.join(state['damaged'])} damaged on {host.name}"
+                               f" (`invoke patch verify` says what each holds and why); once the cause is gone,"
+                               f" run `invoke patch revert --all --force --host {host.name}`; nothing written")
         desired = patchsets.sort_stack(current + [name], known)
         image = compiler.compile_stack([known[n] for n in desired], version, note)
         wheel = wheels.pristine(ps.package, version, note)
@@ -253,9 +275,10 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             diff = _drift_diff(transport, host, ps.package, drifted)
             raise PatchRefused(f"{', '.join(sorted(drifted))} changed by hand (neither pristine nor"
                                f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
+        _refuse_unreplaceable(probe, writes, host)
         new_state = _new_state(image, known, probe["site"])
         result = ApplyResult(host.name, current, desired, rows, dry_run, 0, patchset=name,
-                             recovered=probe["recovered"])
+                             recovered=probe["recovered"], notes=_probe_notes(probe))
         if dry_run or (not writes and _same_state(state, new_state)):
             result.round_trips = transport.round_trips
             return result
@@ -267,6 +290,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         bad = [w["path"] for w in writes if answer["hashes"].get(w["path"]) != w["sha256"]]
         if bad:
             raise RuntimeError(f"after the run {', '.join(bad)} do not hash to their images")
+        result.notes += _probe_notes(answer)
         result.pycache_removed = answer.get("pycache_removed", [])
         result.round_trips = transport.round_trips
         return result
@@ -287,7 +311,7 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
         probe = patchhost.probe(transport, host, package, touched, all_files=all_files)
         state = probe["state"] or {}
         result = VerifyResult(host.name, package, probe["version"], _stack_of(state), [], True, 0,
-                              notes=unreadable, recovered=probe["recovered"])
+                              notes=unreadable + _probe_notes(probe), recovered=probe["recovered"])
         if not probe["version"]:
             result.ok = False
             result.notes.append(f"{package} is not installed in {probe['site']}")
@@ -296,12 +320,14 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
             result.notes.append(f"state records {package} {state.get('version')}, installed is {probe['version']}")
         recorded = state.get("files", {})
         damaged = set(state.get("damaged", []))
+        damaged_detail = state.get("damaged_detail", {})
         for p in sorted(probe["files"]):
             found, pristine = probe["files"][p], probe["record"].get(p)
             entry = recorded.get(p)
             expected = entry["expected"] if entry else pristine
             if p in damaged:
-                row = FileChange(p, "drifted", entry and entry["by"], "a cut run could not restore it")
+                row = FileChange(p, "drifted", entry and entry["by"],
+                                 f"a cut run could not restore it: {damaged_detail.get(p, 'backup missing')}")
             elif found == expected:
                 patched = entry is not None and expected != pristine
                 row = FileChange(p, "patched" if patched else "pristine", entry["by"] if patched else None)
@@ -322,6 +348,11 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                 result.files.append(FileChange(p, status, None, "differs from the installed RECORD"))
         if any(f.status in ("drifted", "missing") for f in result.files):
             result.ok = False
+        if damaged:
+            result.notes.append(f"once the cause is gone, `invoke patch revert --all --force --host {host.name}`"
+                                f" restores {', '.join(sorted(damaged))} (from the backups, else from the wheel)")
+        for p, why in sorted((probe.get("blocked") or {}).items()):
+            result.notes.append(f"{p} cannot be replaced, so apply/revert will refuse to touch it: {why}")
         result.round_trips = transport.round_trips
         return result
 
@@ -336,7 +367,8 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         probe = patchhost.probe(transport, host, package)
         state = probe["state"]
         current = _stack_of(state)
-        result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"])
+        result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"],
+                              notes=_probe_notes(probe))
         if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
             result.notes.append("no patchset applied; nothing to revert")
             result.round_trips = transport.round_trips
@@ -358,10 +390,10 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         image = compiler.compile_stack([known[n] for n in keep], version, note)
         wheel = wheels.pristine(package, version, note)
         recorded = state.get("files", {})
-        paths = sorted(set(recorded) | set(image.files))
-        _check_record_matches_wheel(probe, wheel, paths)
         damaged = set(state.get("damaged", []))
-        writes, drifted = [], []
+        paths = sorted(set(recorded) | set(image.files) | damaged)
+        _check_record_matches_wheel(probe, wheel, paths)
+        writes, drifted, overwritten = [], [], []
         for p in paths:
             found, pristine = probe["files"].get(p), wheel.record.get(p)
             target = image.files[p] if p in image.files else compiler.FileImage(p, pristine, pristine, None, "pristine")
@@ -383,23 +415,34 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                         why = "corrupt" if probe["backups"].get(target.sha256) == "corrupt" else "missing"
                         result.notes.append(f"backup of {p} is {why}: using the pristine file from the wheel")
             writes.append(write)
+            if found != expected and found is not None:
+                overwritten.append(p)
             result.files.append(FileChange(p, "would change" if dry_run else "changed",
                                            target.by if p in image.files else None,
                                            "overwriting a hand edit (--force)" if found != expected else ""))
         if drifted:
-            raise PatchRefused(f"{', '.join(drifted)} changed by hand since the patch was applied;"
-                               f" `invoke patch revert --force` overwrites them; nothing written")
+            _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged, name)
+        _refuse_unreplaceable(probe, writes, host)
         result.stack_after = keep
+        result.popped = current[len(keep):][::-1]
         new_state = _new_state(image, known, probe["site"]) if keep else {
             "format": STATE_FORMAT, "package": package, "version": version, "site": probe["site"],
             "stack": [], "files": {}}
         if dry_run:
+            for p in overwritten:
+                result.notes.append(f"{p}: the hand-edited bytes would be kept in {probe['backup_dir']}/"
+                                    f"<their sha256> on {host.name}")
             result.round_trips = transport.round_trips
             return result
         note(f"{host.name}: restoring {len(writes)} file(s)")
         answer = (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
             "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state, "state_changed": True}))
+        result.notes += _probe_notes(answer)
+        for p in overwritten:
+            kept = answer.get("kept", {}).get(p)
+            if kept:
+                result.notes.append(f"{p}: the hand-edited bytes are kept in {kept} on {host.name}")
         for w in writes:
             got = answer["hashes"].get(w["path"])
             if got != w["sha256"] or (w["path"] not in image.files and got != probe["record"].get(w["path"])):
@@ -409,9 +452,27 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         return result
 
 
+def _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged,
+                           name) -> None:
+    """Refuse with the diff of every hand edit (one more round trip), as apply does."""
+    edited = [p for p in drifted if p not in damaged]
+    left = [p for p in drifted if p in damaged]
+    parts = []
+    if edited:
+        parts.append(f"{', '.join(edited)} changed by hand since the patch was applied")
+    if left:
+        parts.append(f"{', '.join(left)} left damaged by a cut run (`invoke patch verify` says what each holds)")
+    diff = _drift_diff(transport, host, package,
+                       {p: _image_bytes(p, state, known, version, wheel) for p in edited}) if edited else ""
+    raise PatchRefused(f"{'; '.join(parts)}; `invoke patch revert {name + ' ' if name else ''}--force"
+                       f" --host {host.name}` overwrites"
+                       f" {'them' if len(drifted) > 1 else 'it'} (hand-edited bytes are kept in the host's backups);"
+                       f" nothing written", diff)
+
+
 def _clear_stale_state(transport, host, package, version, probe, result, dry_run):
     result.notes.append(f"state was for another {package} version; cleared it (files left as installed)")
-    result.stack_after = []
+    result.stack_after, result.popped = [], result.stack_before[::-1]
     if not dry_run:
         (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {}, "expect_state_sha": probe["state_sha"],

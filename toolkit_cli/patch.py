@@ -103,6 +103,8 @@ def _file_table(title, files, by_header="patchset") -> None:
 def _print_apply(r: patching.ApplyResult) -> None:
     if r.recovered:
         report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
+    for text in r.notes:
+        report.note(f"{r.host}: {text}")
     shown = [f for f in r.files if f.status != "unchanged"] if len(r.files) > 30 else r.files
     if shown:
         _file_table(f"{r.host}: apply {r.patchset}", shown)
@@ -112,14 +114,24 @@ def _print_apply(r: patching.ApplyResult) -> None:
 
 
 def _print_revert(r: patching.RevertResult) -> None:
+    if r.recovered:
+        report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
     for text in r.notes:
         report.note(f"{r.host}: {text}")
     changed = [f for f in r.files if f.status != "unchanged"]
     if changed:
         _file_table(f"{r.host}: revert", changed, "patchset now")
-    verb = "would change" if r.dry_run else "changed"
     stack = " + ".join(r.stack_after) or "nothing (pristine)"
-    report.line(f"{r.host}: {r.changed} {verb}; stack now {stack}; restored files"
+    popped = ""
+    if r.popped:
+        above = r.popped[:-1]
+        popped = (f"; {'would pop' if r.dry_run else 'popped'} {', '.join(r.popped)}"
+                  + (f" ({', '.join(above)} stacked above {r.popped[-1]})" if above else ""))
+    if r.dry_run:
+        report.line(f"{r.host}: {r.changed} would change{popped}; stack would be {stack}"
+                    f" ({_trips(r.round_trips)}, dry run: nothing written)")
+        return
+    report.line(f"{r.host}: {r.changed} changed{popped}; stack now {stack}; restored files"
                 f" {'match RECORD' if r.record_ok else 'DO NOT match RECORD'} ({_trips(r.round_trips)})")
 
 
