@@ -31,21 +31,22 @@ class FileChange:
 class PatchsetReport:
     name: str
     summary: str
-    patches: list[dict]   # {name, files, hunks, added, removed}
+    patches: list[dict]   # {release, name, files, hunks, added, removed}
 
-    @property
-    def totals(self) -> dict:
-        return {k: sum(p[k] for p in self.patches) for k in ("files", "hunks", "added", "removed")}
+    def totals(self, release: str | None = None) -> dict:
+        rows = [p for p in self.patches if release is None or p["release"] == release]
+        return {k: sum(p[k] for p in rows) for k in ("files", "hunks", "added", "removed")}
 
 
 @dataclass
 class CompileReport:
     stack: list[str]
-    version: str
+    versions: list[str]                       # the releases compiled: every one the whole stack has diffs for
     patchsets: list[PatchsetReport]
-    files: list[FileChange]
+    files: dict[str, list[FileChange]]        # release -> the files of its image
     ok: bool = True
     error: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,27 +106,40 @@ def load_patchsets() -> dict[str, Patchset]:
 
 # -- check ------------------------------------------------------------------------------
 
-def check(name: str | None = None, note=_quiet) -> CompileReport:
-    """Compile NAME's stack (its requirements + NAME; all patchsets when None) offline."""
+def check(name: str | None = None, note=_quiet, version: str | None = None) -> CompileReport:
+    """Compile NAME's stack (its requirements + NAME; all patchsets when None) offline, for every
+    release the whole stack has diffs for (or for VERSION only)."""
     known = load_patchsets()
     if name:
         stack_names = patchsets.requirement_closure(name, known)
     else:
         stack_names = patchsets.sort_stack(known, known)
     stack = [known[n] for n in stack_names]
-    version = stack[-1].versions[0] if stack else ""
-    result = CompileReport(stack_names, version, [], [])
+    wanted = [version] if version else sorted({v for ps in stack for v in ps.versions}, key=patchsets.release_key)
+    result = CompileReport(stack_names, [], [], {})
     try:
-        for ps in stack:
-            rows = [{"name": p.name, "files": len(p.files), "hunks": sum(f.hunks for f in p.files),
-                     "added": sum(f.added for f in p.files), "removed": sum(f.removed for f in p.files)}
-                    for p in ps.patches()]
-            result.patchsets.append(PatchsetReport(ps.name, ps.summary, rows))
-        for v in sorted({v for ps in stack for v in ps.versions}):
-            if any(v not in ps.versions for ps in stack):
+        for v in wanted:
+            lacking = [ps for ps in stack if v not in ps.versions]
+            if lacking:
+                if version:
+                    raise PatchsetError(lacking[0].no_release(v))
+                result.notes.append(f"{v}: not compiled: {lacking[0].no_release(v)}")
                 continue
+            result.versions.append(v)
+        if stack and not result.versions:
+            top = stack[-1]
+            raise PatchsetError(f"{top.name} has no diffs yet: write them with `invoke patch edit {top.name}` then"
+                                f" `invoke patch refresh {top.name}`" if not top.versions else
+                                f"no release has diffs in every patchset of {' + '.join(stack_names)}; "
+                                + "; ".join(result.notes))
+        for ps in stack:
+            rows = [{"release": v, "name": p.name, "files": len(p.files), "hunks": sum(f.hunks for f in p.files),
+                     "added": sum(f.added for f in p.files), "removed": sum(f.removed for f in p.files)}
+                    for v in result.versions for p in ps.patches(v)]
+            result.patchsets.append(PatchsetReport(ps.name, ps.summary, rows))
+        for v in result.versions:
             image = compiler.compile_stack(stack, v, note)
-            result.files = [
+            result.files[v] = [
                 FileChange(p, "patched", f.by, f"{_short(f.pristine_sha256, 'new')} -> {_short(f.sha256, 'deleted')}")
                 for p, f in sorted(image.files.items())]
     except (compiler.CompileError, PatchsetError, wheels.WheelError) as exc:
@@ -145,7 +159,7 @@ def _stack_of(state: dict | None) -> list[str]:
 
 def _new_state(image: compiler.Image, known: dict[str, Patchset], site: str) -> dict:
     return {"format": STATE_FORMAT, "package": image.package, "version": image.version, "site": site,
-            "stack": [{"name": n, "patches": known[n].fingerprint()} for n in image.stack],
+            "stack": [{"name": n, "patches": known[n].fingerprint(image.version)} for n in image.stack],
             "files": {p: {"pristine": f.pristine_sha256, "expected": f.sha256, "by": f.by}
                       for p, f in sorted(image.files.items())}}
 
@@ -225,8 +239,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         probe = patchhost.probe(transport, host, ps.package, touched)
         version = _require_installed(probe, host, ps.package)
         if version not in ps.versions:
-            raise PatchRefused(f"{name} is for {ps.package} {', '.join(ps.versions)}; {host.name} has {version};"
-                               f" nothing written")
+            raise PatchRefused(f"{host.name} has {ps.package} {version}: {ps.no_release(version)}; nothing written")
         state = probe["state"]
         current = _stack_of(state)
         if current and state.get("version") != version:

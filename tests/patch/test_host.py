@@ -108,8 +108,10 @@ def test_wrong_installed_version_is_refused_with_nothing_written(host, site, pat
     metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
     metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.10", 1))
     before = sha256(site / AUTH)
-    with pytest.raises(patching.PatchRefused, match="has 0.5.10; nothing written"):
+    with pytest.raises(patching.PatchRefused) as refused:
         patching.apply(host, "one-file")
+    assert refused.value.reason == ("sandbox has sglang 0.5.10: one-file has no diff for sglang 0.5.10 (it has: 0.5.11);"
+                                    " port it with `invoke patch port one-file --to 0.5.10`; nothing written")
     assert sha256(site / AUTH) == before and not state_dir(host).exists()
 
 
@@ -138,7 +140,7 @@ def test_dry_run_writes_nothing(host, site, patchsets_dir):
 
 def test_changed_patch_file_updates_the_host_on_reapply(host, site, patchsets_dir):
     patching.apply(host, "one-file")
-    patch = patchsets_dir / "one-file" / "0001-one-file.patch"
+    patch = patchsets_dir / "one-file" / "0.5.11" / "0001-one-file.patch"
     patch.write_text(patch.read_text().replace("403  # synthetic one-file", "404  # synthetic one-file"))
     assert patching.apply(host, "one-file").changed == 1
     assert "int = 404" in (site / AUTH).read_text()

@@ -22,8 +22,9 @@ def test_check_reports_files_hunks_and_lines(patchsets_dir):
     result = patching.check("pair-top")
     assert result.ok, result.error
     assert result.stack == ["pair-base", "pair-top"]
-    assert result.patchsets[1].totals == {"files": 2, "hunks": 2, "added": 2, "removed": 1}
-    assert {f.path: f.by for f in result.files} == {
+    assert result.patchsets[1].totals("0.5.11") == {"files": 2, "hunks": 2, "added": 2, "removed": 1}
+    assert result.versions == ["0.5.11"]
+    assert {f.path: f.by for f in result.files["0.5.11"]} == {
         "sglang/srt/utils/json_response.py": "pair-top", "sglang/srt/utils/rpd_utils.py": "pair-top"}
 
 
@@ -40,7 +41,7 @@ def test_conflict_between_patchsets_is_found_offline(patchsets_dir):
     assert patching.check("clash").ok  # alone it applies
     result = patching.check()  # the whole stack: clash sits on top of one-file
     assert not result.ok
-    assert "clash/0001-clash.patch does not apply on top of pristine + one-file" in result.error
+    assert "clash/0.5.11/0001-clash.patch does not apply on top of pristine + one-file" in result.error
     assert "sglang/srt/utils/auth.py" in result.error
 
 
@@ -113,7 +114,7 @@ def test_synthetic_patchsets_are_what_edit_and_refresh_make_from_the_wheel(tmp_p
 
 
 def test_crlf_patch_file_is_named_as_such(tmp_path):
-    good = DATA / "one-file" / "0001-one-file.patch"
+    good = DATA / "one-file" / "0.5.11" / "0001-one-file.patch"
     crlf = tmp_path / "0001-one-file.patch"
     crlf.write_bytes(good.read_bytes().replace(b"\n", b"\r\n"))
     with pytest.raises(PatchsetError, match="CRLF \\(Windows\\) line endings") as refused:
