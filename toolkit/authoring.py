@@ -1,11 +1,14 @@
 """Writing patchsets: quilt's push/refresh, done with git.
 
-`edit(NAME)` lays out the pristine files of the pinned release (the whole package, from
-the wheel, checked against RECORD) as a git work tree in `cache_dir()/edit/NAME/`, with
-every patchset NAME requires applied as commits, then NAME's own patches as commits. The
-tag `toolkit-base` marks the commit before NAME's last patch. Edit files there (commit
-or not, add new files); `refresh(NAME)` exports everything since `toolkit-base` as NAME's
-last patch file (`0001-NAME.patch` for a new patchset, whose patchset.toml it writes).
+`edit(NAME)` lays out the pristine files of a release (NAME's newest unless `version` says
+which; the whole package, from the wheel, checked against RECORD) as a git work tree in
+`cache_dir()/edit/NAME/`, with every patchset NAME requires applied as commits, then NAME's
+own patches for that release as commits. The tag `toolkit-base` marks the commit before
+NAME's last patch. Edit files there (commit or not, add new files); `refresh(NAME)` exports
+everything since `toolkit-base` as NAME's last patch file of that release
+(`patchsets/NAME/<release>/0001-NAME.patch` for a new one; a new patchset also gets its
+patchset.toml). `toolkit.porting` lays out the same kind of tree for a rebase onto another
+release.
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ class RefreshResult:
     added: int
     removed: int
     wrote_toml: bool
+    version: str = ""
+    toml: Path | None = None
 
 
 def edit_dir(name: str) -> Path:
@@ -60,62 +65,102 @@ def _commit(repo: git.Repo, message: str) -> None:
     repo.git.commit("-q", "--allow-empty", "-m", message)
 
 
-def edit(name: str, requires: list[str] | None = None, version: str | None = None, fresh: bool = False,
-         note=lambda text: None) -> EditResult:
-    known = patchsets.load_all()
+def new_tree(name: str, fresh: bool) -> Path:
+    """The (empty) edit tree folder of NAME; an existing one is only thrown away with `fresh`."""
     tree = edit_dir(name)
     if tree.exists():
         if not fresh:
             raise AuthoringError(f"{tree} already exists: edit there and run `invoke patch refresh {name}`,"
-                                 f" or start over with `invoke patch edit {name} --fresh` (drops edits not refreshed)")
+                                 f" or start over with `--fresh` (drops edits not refreshed)")
         shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    return tree
+
+
+def init_repo(tree: Path) -> git.Repo:
+    repo = git.Repo.init(tree)
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "toolkit patch edit")
+        cfg.set_value("user", "email", "toolkit@localhost")
+        cfg.set_value("merge", "conflictStyle", "diff3")   # conflict markers show the old release's lines too
+    (tree / ".gitignore").write_text("__pycache__/\n*.pyc\n")
+    return repo
+
+
+def lay_out_release(repo: git.Repo, package: str, version: str, note=lambda text: None) -> int:
+    """Make the work tree hold exactly the package files of PACKAGE==VERSION, committed."""
+    tree = Path(repo.working_tree_dir)
+    wheel = wheels.pristine(package, version, note)
+    files = wheel.package_files()
+    top = tree / files[0].split("/", 1)[0] if files else None
+    if top is not None and top.exists():
+        shutil.rmtree(top)  # another release was here: its files go, git records the difference
+    note(f"laying out {len(files)} pristine files of {package} {version} in {tree}")
+    for rel in files:
+        target = tree / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(wheel.read(rel))
+    _commit(repo, f"pristine {package} {version}")
+    return len(files)
+
+
+def apply_stack(repo: git.Repo, known: dict, names: list[str], version: str) -> None:
+    """Each patch of each patchset in NAMES for VERSION, as one commit each."""
+    for ps_name in names:
+        for patch in known[ps_name].patches(version):
+            _apply(repo, patch.path, f"{ps_name}/{version}/{patch.name}")
+            _commit(repo, f"{ps_name}: {patch.name}")
+
+
+def write_meta(repo: git.Repo, meta: dict) -> None:
+    (Path(repo.git_dir) / META_FILE).write_text(json.dumps(meta, indent=1))
+
+
+def _release_below(known: dict, below: list[str], version: str) -> None:
+    for req in below:
+        if version not in known[req].versions:
+            raise AuthoringError(known[req].no_release(version))
+
+
+def edit(name: str, requires: list[str] | None = None, version: str | None = None, fresh: bool = False,
+         note=lambda text: None) -> EditResult:
+    known = patchsets.load_all()
     existing = known.get(name)
     if existing:
         if requires:
             raise AuthoringError(f"{name} exists; change `requires` in its patchset.toml instead of --requires")
         below = patchsets.requirement_closure(name, known)[:-1]
-        version = version or existing.versions[0]
+        version = version or (existing.versions[-1] if existing.versions else DEFAULT_VERSION)
+        if existing.versions and version not in existing.versions:
+            raise AuthoringError(existing.no_release(version))
         package = existing.package
-        own = existing.patches(allow_missing=True)
+        own = existing.patches(version, allow_missing=True) if version in existing.versions else []
+        listed = existing.releases.get(version, [])
     else:
         below = []
         for req in requires or []:
             below += patchsets.requirement_closure(req, known)
         below = patchsets.sort_stack(below, known)
         package = "sglang"
-        version = version or (known[below[-1]].versions[0] if below else DEFAULT_VERSION)
-        own = []
-    wheel = wheels.pristine(package, version, note)
-    files = wheel.package_files()
-    note(f"laying out {len(files)} pristine files of {package} {version} in {tree}")
-    tree.mkdir(parents=True)
-    repo = git.Repo.init(tree)
-    with repo.config_writer() as cfg:
-        cfg.set_value("user", "name", "toolkit patch edit")
-        cfg.set_value("user", "email", "toolkit@localhost")
-    (tree / ".gitignore").write_text("__pycache__/\n*.pyc\n")
-    for rel in files:
-        target = tree / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(wheel.read(rel))
-    _commit(repo, f"pristine {package} {version}")
-    for ps_name in below:
-        for patch in known[ps_name].patches():
-            _apply(repo, patch.path, f"{ps_name}/{patch.name}")
-            _commit(repo, f"{ps_name}: {patch.name}")
+        version = version or (known[below[-1]].versions[-1] if below and known[below[-1]].versions
+                              else DEFAULT_VERSION)
+        own, listed = [], []
+    _release_below(known, below, version)
+    tree = new_tree(name, fresh)
+    repo = init_repo(tree)
+    files = lay_out_release(repo, package, version, note)
+    apply_stack(repo, known, below, version)
     for patch in own[:-1]:
-        _apply(repo, patch.path, f"{name}/{patch.name}")
+        _apply(repo, patch.path, f"{name}/{version}/{patch.name}")
         _commit(repo, f"{name}: {patch.name}")
     repo.create_tag(BASE_TAG)
     if own:
-        _apply(repo, own[-1].path, f"{name}/{own[-1].name}")
+        _apply(repo, own[-1].path, f"{name}/{version}/{own[-1].name}")
         _commit(repo, f"{name}: {own[-1].name} (edit on top; refresh exports everything since {BASE_TAG})")
-    meta = {"name": name, "package": package, "version": version, "below": below,
-            "requires": requires or (existing.requires if existing else []),
-            "patch": own[-1].name if own else (existing.patch_names[-1] if existing and existing.patch_names
-                                               else f"0001-{name}.patch")}
-    (Path(repo.git_dir) / META_FILE).write_text(json.dumps(meta, indent=1))
-    return EditResult(name, tree, version, below, [p.name for p in own], len(files), existing is None)
+    write_meta(repo, {"name": name, "package": package, "version": version, "below": below,
+                      "requires": requires or (existing.requires if existing else []),
+                      "patch": own[-1].name if own else (listed[-1] if listed else f"0001-{name}.patch")})
+    return EditResult(name, tree, version, below, [p.name for p in own], files, existing is None)
 
 
 def _apply(repo: git.Repo, patch: Path, where: str) -> None:
@@ -136,6 +181,50 @@ def export_diff(tree: Path) -> str:
                                  "--", ".", ":(exclude).gitignore", strip_newline_in_stdout=False)
 
 
+CONFLICT_MARKERS = ("+<<<<<<< ", "+>>>>>>> ", "+||||||| ")
+
+
+def conflicted_files(diff: str) -> list[str]:
+    """Files whose exported diff still adds git conflict markers."""
+    found, current = [], None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            current = line[len("+++ b/"):] if line.startswith("+++ b/") else line[4:]
+        elif current and (line.startswith(CONFLICT_MARKERS) or line == "+======="):
+            if current not in found:
+                found.append(current)
+    return found
+
+
+def target_folder(name: str, version: str) -> Path:
+    """Where NAME's diffs for VERSION live (beside patchset.toml for an old one-release patchset)."""
+    folder = patchsets.patchsets_dir() / name
+    existing = patchsets.load_all().get(name) if (folder / "patchset.toml").exists() else None
+    if existing is not None and existing.flat:
+        if version not in existing.versions:
+            raise AuthoringError(f"{name} keeps its diffs beside patchset.toml (one release, {existing.versions[0]});"
+                                 f" move them into a release folder first: `git mv {folder}/*.patch"
+                                 f" {folder}/{existing.versions[0]}/`")
+        return folder
+    return folder / version
+
+
+def write_patch(name: str, version: str, patch_name: str, diff: str, package: str) -> tuple[Path, patchsets.PatchFile]:
+    """Validate DIFF and write it as patchsets/NAME/VERSION/PATCH_NAME (atomically)."""
+    folder = target_folder(name, version)
+    folder.mkdir(parents=True, exist_ok=True)
+    patch_path = folder / patch_name
+    candidate = folder / f".{patch_name}.new"
+    candidate.write_text(diff)
+    try:
+        parsed = patchsets.read_patch(candidate, package, owner=name)
+    except PatchsetError:
+        candidate.unlink()
+        raise
+    candidate.replace(patch_path)
+    return patch_path, parsed
+
+
 def refresh(name: str, note=lambda text: None) -> RefreshResult:
     tree = edit_dir(name)
     meta_path = tree / ".git" / META_FILE
@@ -145,26 +234,23 @@ def refresh(name: str, note=lambda text: None) -> RefreshResult:
     diff = export_diff(tree)
     if not diff.strip():
         raise AuthoringError(f"no changes in {tree} since {BASE_TAG}: nothing to refresh")
+    conflicted = conflicted_files(diff)
+    if conflicted:
+        raise AuthoringError(f"conflict markers (<<<<<<< ||||||| ======= >>>>>>>) are left in {', '.join(conflicted)}"
+                             f" under {tree}: resolve them, then run `invoke patch refresh {name}` again;"
+                             f" nothing written")
     folder = patchsets.patchsets_dir() / name
     toml_path = folder / "patchset.toml"
     wrote_toml = not toml_path.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    patch_path = folder / meta["patch"]
-    candidate = folder / f".{meta['patch']}.new"
-    candidate.write_text(diff)
-    try:
-        parsed = patchsets.read_patch(candidate, meta["package"], owner=name)
-    except PatchsetError:
-        candidate.unlink()
-        raise
-    candidate.replace(patch_path)
+    patch_path, parsed = write_patch(name, meta["version"], meta["patch"], diff, meta["package"])
     if wrote_toml:
         known = patchsets.load_all()
         order = max((p.order for p in known.values()), default=0) + 10
         toml_path.write_text(_skeleton(name, meta, order))
     note(f"wrote {patch_path}")
     return RefreshResult(name, patch_path, len(parsed.files), sum(f.hunks for f in parsed.files),
-                         sum(f.added for f in parsed.files), sum(f.removed for f in parsed.files), wrote_toml)
+                         sum(f.added for f in parsed.files), sum(f.removed for f in parsed.files), wrote_toml,
+                         meta["version"], toml_path)
 
 
 def _skeleton(name: str, meta: dict, order: int) -> str:
@@ -173,8 +259,6 @@ def _skeleton(name: str, meta: dict, order: int) -> str:
             f'summary = "TODO: one line for `invoke patch list`"\n'
             f'description = """TODO: what it changes and why"""\n'
             f'package = "{meta["package"]}"\n'
-            f'versions = ["{meta["version"]}"]\n'
             f'order = {order}\n'
             f'requires = [{requires}]\n'
-            f'patches = ["{meta["patch"]}"]\n'
             f'\n[env]\n\n[logs]\nstartup = []\n')

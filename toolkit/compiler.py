@@ -52,7 +52,7 @@ class Image:
 
 
 def cache_key(stack: list[Patchset], version: str, wheel_sha: str) -> str:
-    material = json.dumps([CACHE_FORMAT, version, wheel_sha, [[p.name, p.fingerprint()] for p in stack]])
+    material = json.dumps([CACHE_FORMAT, version, wheel_sha, [[p.name, p.fingerprint(version)] for p in stack]])
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
@@ -106,7 +106,7 @@ def compile_stack(stack: list[Patchset], version: str, note=lambda text: None, u
         if ps.package != package:
             raise PatchsetError(f"{ps.name} patches {ps.package}, the stack below it patches {package}")
         if version not in ps.versions:
-            raise PatchsetError(f"{ps.name} is for {package} {', '.join(ps.versions)}, not {version}")
+            raise PatchsetError(ps.no_release(version))
     wheel = wheels.pristine(package, version, note)
     key = cache_key(stack, version, wheel.sha256)
     if use_cache:
@@ -114,7 +114,7 @@ def compile_stack(stack: list[Patchset], version: str, note=lambda text: None, u
         if cached is not None:
             return cached
     note(f"compiling {' + '.join(p.name for p in stack)} against {package} {version}")
-    touched = sorted({f.path for ps in stack for p in ps.patches() for f in p.files})
+    touched = sorted({f.path for ps in stack for p in ps.patches(version) for f in p.files})
     with tempfile.TemporaryDirectory(prefix="toolkit-compile-") as tmp:
         root = Path(tmp)
         repo = git.Repo.init(root)
@@ -125,8 +125,8 @@ def compile_stack(stack: list[Patchset], version: str, note=lambda text: None, u
         last_touch: dict[str, str] = {}
         below = ["pristine"]
         for ps in stack:
-            for patch in ps.patches():
-                where = f"{ps.name}/{patch.name}"
+            for patch in ps.patches(version):
+                where = f"{ps.name}/{version}/{patch.name}"
                 git_paths = _git_paths(repo, patch.path, package, where)
                 if sorted(set(git_paths)) != sorted({f.path for f in patch.files}):
                     raise PatchsetError(f"{where}: git and unidiff disagree on the files it touches")

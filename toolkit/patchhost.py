@@ -1,13 +1,11 @@
-"""The two host-side patch scripts, run in one round trip each.
+"""The two host-side patch scripts, run in one round trip each through `hostrun`.
 
-`patch_probe` and `patch_apply` share `hostside/patch_hostlib.py`, which is sent in
-front of them. Variables named TOOLKIT_FAULT_* in this process's environment are passed
-on to the host script: the documented fault-injection switch (docs/patching.md).
+`patch_probe` and `patch_apply` both name `patch_hostlib` in their `# hostrun-uses:` line,
+so hostrun sends it in front of them; nothing else assembles them.
 """
 from __future__ import annotations
 
 import os
-from importlib import resources
 
 from . import hostrun
 from .inventory import Host
@@ -24,12 +22,12 @@ class PatchRefused(RuntimeError):
         self.reason, self.diff = message, diff
 
 
+class PatchFailed(RuntimeError):
+    """A host run changed files and could not put all of them back; `verify` shows each file."""
+
+
 def lock_timeout() -> float:
     return float(os.environ.get("TOOLKIT_PATCH_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT))
-
-
-def _fault_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith("TOOLKIT_FAULT_")}
 
 
 def host_args(host: Host, package: str) -> dict:
@@ -38,12 +36,11 @@ def host_args(host: Host, package: str) -> dict:
 
 
 def run(transport: Transport, script: str, args: dict, timeout: float = 600) -> dict:
-    shared = resources.files("toolkit.hostside").joinpath("patch_hostlib.py").read_text()
-    payload = shared + "\n\n" + hostrun.build_payload(script, args)
-    result = transport.run("python3 -", stdin=payload, timeout=timeout, env=_fault_env())
-    answer = hostrun.parse_result(result, script)
+    answer = hostrun.run_script(transport, script, args, timeout=timeout)
     if answer.get("refused"):
         raise PatchRefused(answer["refused"])
+    if answer.get("failed"):
+        raise PatchFailed(answer["failed"])
     return answer
 
 

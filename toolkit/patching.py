@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import compiler, patchhost, patchsets, wheels
 from .inventory import Host
-from .patchhost import PatchRefused
+from .patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
 from .patchsets import Patchset, PatchsetError
 
 STATE_FORMAT = 1
@@ -31,21 +31,22 @@ class FileChange:
 class PatchsetReport:
     name: str
     summary: str
-    patches: list[dict]   # {name, files, hunks, added, removed}
+    patches: list[dict]   # {release, name, files, hunks, added, removed}
 
-    @property
-    def totals(self) -> dict:
-        return {k: sum(p[k] for p in self.patches) for k in ("files", "hunks", "added", "removed")}
+    def totals(self, release: str | None = None) -> dict:
+        rows = [p for p in self.patches if release is None or p["release"] == release]
+        return {k: sum(p[k] for p in rows) for k in ("files", "hunks", "added", "removed")}
 
 
 @dataclass
 class CompileReport:
     stack: list[str]
-    version: str
+    versions: list[str]                       # the releases compiled: every one the whole stack has diffs for
     patchsets: list[PatchsetReport]
-    files: list[FileChange]
+    files: dict[str, list[FileChange]]        # release -> the files of its image
     ok: bool = True
     error: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class _WriteResult:
     files: list[FileChange]
     dry_run: bool
     round_trips: int
+    notes: list[str] = field(default_factory=list)
+    recovered: dict | None = None
 
     @property
     def changed(self) -> int:
@@ -67,15 +70,13 @@ class _WriteResult:
 @dataclass
 class ApplyResult(_WriteResult):
     patchset: str = ""
-    recovered: dict | None = None
     pycache_removed: list[str] = field(default_factory=list)
 
 
 @dataclass
 class RevertResult(_WriteResult):
     record_ok: bool = True
-    notes: list[str] = field(default_factory=list)
-    recovered: dict | None = None
+    popped: list[str] = field(default_factory=list)   # the patchsets taken off, top first
 
 
 @dataclass
@@ -105,27 +106,40 @@ def load_patchsets() -> dict[str, Patchset]:
 
 # -- check ------------------------------------------------------------------------------
 
-def check(name: str | None = None, note=_quiet) -> CompileReport:
-    """Compile NAME's stack (its requirements + NAME; all patchsets when None) offline."""
+def check(name: str | None = None, note=_quiet, version: str | None = None) -> CompileReport:
+    """Compile NAME's stack (its requirements + NAME; all patchsets when None) offline, for every
+    release the whole stack has diffs for (or for VERSION only)."""
     known = load_patchsets()
     if name:
         stack_names = patchsets.requirement_closure(name, known)
     else:
         stack_names = patchsets.sort_stack(known, known)
     stack = [known[n] for n in stack_names]
-    version = stack[-1].versions[0] if stack else ""
-    result = CompileReport(stack_names, version, [], [])
+    wanted = [version] if version else sorted({v for ps in stack for v in ps.versions}, key=patchsets.release_key)
+    result = CompileReport(stack_names, [], [], {})
     try:
-        for ps in stack:
-            rows = [{"name": p.name, "files": len(p.files), "hunks": sum(f.hunks for f in p.files),
-                     "added": sum(f.added for f in p.files), "removed": sum(f.removed for f in p.files)}
-                    for p in ps.patches()]
-            result.patchsets.append(PatchsetReport(ps.name, ps.summary, rows))
-        for v in sorted({v for ps in stack for v in ps.versions}):
-            if any(v not in ps.versions for ps in stack):
+        for v in wanted:
+            lacking = [ps for ps in stack if v not in ps.versions]
+            if lacking:
+                if version:
+                    raise PatchsetError(lacking[0].no_release(v))
+                result.notes.append(f"{v}: not compiled: {lacking[0].no_release(v)}")
                 continue
+            result.versions.append(v)
+        if stack and not result.versions:
+            top = stack[-1]
+            raise PatchsetError(f"{top.name} has no diffs yet: write them with `invoke patch edit {top.name}` then"
+                                f" `invoke patch refresh {top.name}`" if not top.versions else
+                                f"no release has diffs in every patchset of {' + '.join(stack_names)}; "
+                                + "; ".join(result.notes))
+        for ps in stack:
+            rows = [{"release": v, "name": p.name, "files": len(p.files), "hunks": sum(f.hunks for f in p.files),
+                     "added": sum(f.added for f in p.files), "removed": sum(f.removed for f in p.files)}
+                    for v in result.versions for p in ps.patches(v)]
+            result.patchsets.append(PatchsetReport(ps.name, ps.summary, rows))
+        for v in result.versions:
             image = compiler.compile_stack(stack, v, note)
-            result.files = [
+            result.files[v] = [
                 FileChange(p, "patched", f.by, f"{_short(f.pristine_sha256, 'new')} -> {_short(f.sha256, 'deleted')}")
                 for p, f in sorted(image.files.items())]
     except (compiler.CompileError, PatchsetError, wheels.WheelError) as exc:
@@ -145,7 +159,7 @@ def _stack_of(state: dict | None) -> list[str]:
 
 def _new_state(image: compiler.Image, known: dict[str, Patchset], site: str) -> dict:
     return {"format": STATE_FORMAT, "package": image.package, "version": image.version, "site": site,
-            "stack": [{"name": n, "patches": known[n].fingerprint()} for n in image.stack],
+            "stack": [{"name": n, "patches": known[n].fingerprint(image.version)} for n in image.stack],
             "files": {p: {"pristine": f.pristine_sha256, "expected": f.sha256, "by": f.by}
                       for p, f in sorted(image.files.items())}}
 
@@ -153,6 +167,24 @@ def _new_state(image: compiler.Image, known: dict[str, Patchset], site: str) -> 
 def _same_state(a: dict | None, b: dict | None) -> bool:
     strip = lambda s: {k: v for k, v in (s or {}).items() if k not in ("site", "damaged")}  # noqa: E731
     return strip(a) == strip(b) and not (a or {}).get("damaged")
+
+
+def _probe_notes(answer: dict) -> list[str]:
+    """What a probe or host run tidied up on its way (temporaries of dead runs)."""
+    cleaned = answer.get("cleaned") or []
+    if not cleaned:
+        return []
+    names = ", ".join(sorted(name.rsplit("/", 1)[-1] for name in cleaned))
+    return [f"removed {len(cleaned)} temporary file(s) that interrupted runs had left: {names}"]
+
+
+def _refuse_unreplaceable(probe: dict, writes: list[dict], host: Host) -> None:
+    """Before anything is written: every file the run would replace must be replaceable."""
+    blocked = probe.get("blocked") or {}
+    reasons = [f"{w['path']}: {blocked[w['path']]}" for w in writes if w["path"] in blocked]
+    if reasons:
+        raise PatchRefused(f"cannot replace {len(reasons)} file(s) on {host.name}; nothing written:\n  "
+                           + "\n  ".join(reasons))
 
 
 def _require_installed(probe: dict, host: Host, package: str) -> str:
@@ -207,8 +239,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         probe = patchhost.probe(transport, host, ps.package, touched)
         version = _require_installed(probe, host, ps.package)
         if version not in ps.versions:
-            raise PatchRefused(f"{name} is for {ps.package} {', '.join(ps.versions)}; {host.name} has {version};"
-                               f" nothing written")
+            raise PatchRefused(f"{host.name} has {ps.package} {version}: {ps.no_release(version)}; nothing written")
         state = probe["state"]
         current = _stack_of(state)
         if current and state.get("version") != version:
@@ -223,6 +254,10 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         if unknown:
             raise PatchRefused(f"{host.name} has {', '.join(unknown)} applied, which is not in patchsets/;"
                                f" nothing written")
+        if (state or {}).get("damaged"):
+            raise PatchRefused(f"a cut run left {', '.join(state['damaged'])} damaged on {host.name}"
+                               f" (`invoke patch verify` says what each holds and why); once the cause is gone,"
+                               f" run `invoke patch revert --all --force --host {host.name}`; nothing written")
         desired = patchsets.sort_stack(current + [name], known)
         image = compiler.compile_stack([known[n] for n in desired], version, note)
         wheel = wheels.pristine(ps.package, version, note)
@@ -253,9 +288,10 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             diff = _drift_diff(transport, host, ps.package, drifted)
             raise PatchRefused(f"{', '.join(sorted(drifted))} changed by hand (neither pristine nor"
                                f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
+        _refuse_unreplaceable(probe, writes, host)
         new_state = _new_state(image, known, probe["site"])
         result = ApplyResult(host.name, current, desired, rows, dry_run, 0, patchset=name,
-                             recovered=probe["recovered"])
+                             recovered=probe["recovered"], notes=_probe_notes(probe))
         if dry_run or (not writes and _same_state(state, new_state)):
             result.round_trips = transport.round_trips
             return result
@@ -267,6 +303,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         bad = [w["path"] for w in writes if answer["hashes"].get(w["path"]) != w["sha256"]]
         if bad:
             raise RuntimeError(f"after the run {', '.join(bad)} do not hash to their images")
+        result.notes += _probe_notes(answer)
         result.pycache_removed = answer.get("pycache_removed", [])
         result.round_trips = transport.round_trips
         return result
@@ -287,7 +324,7 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
         probe = patchhost.probe(transport, host, package, touched, all_files=all_files)
         state = probe["state"] or {}
         result = VerifyResult(host.name, package, probe["version"], _stack_of(state), [], True, 0,
-                              notes=unreadable, recovered=probe["recovered"])
+                              notes=unreadable + _probe_notes(probe), recovered=probe["recovered"])
         if not probe["version"]:
             result.ok = False
             result.notes.append(f"{package} is not installed in {probe['site']}")
@@ -296,12 +333,14 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
             result.notes.append(f"state records {package} {state.get('version')}, installed is {probe['version']}")
         recorded = state.get("files", {})
         damaged = set(state.get("damaged", []))
+        damaged_detail = state.get("damaged_detail", {})
         for p in sorted(probe["files"]):
             found, pristine = probe["files"][p], probe["record"].get(p)
             entry = recorded.get(p)
             expected = entry["expected"] if entry else pristine
             if p in damaged:
-                row = FileChange(p, "drifted", entry and entry["by"], "a cut run could not restore it")
+                row = FileChange(p, "drifted", entry and entry["by"],
+                                 f"a cut run could not restore it: {damaged_detail.get(p, 'backup missing')}")
             elif found == expected:
                 patched = entry is not None and expected != pristine
                 row = FileChange(p, "patched" if patched else "pristine", entry["by"] if patched else None)
@@ -322,6 +361,11 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                 result.files.append(FileChange(p, status, None, "differs from the installed RECORD"))
         if any(f.status in ("drifted", "missing") for f in result.files):
             result.ok = False
+        if damaged:
+            result.notes.append(f"once the cause is gone, `invoke patch revert --all --force --host {host.name}`"
+                                f" restores {', '.join(sorted(damaged))} (from the backups, else from the wheel)")
+        for p, why in sorted((probe.get("blocked") or {}).items()):
+            result.notes.append(f"{p} cannot be replaced, so apply/revert will refuse to touch it: {why}")
         result.round_trips = transport.round_trips
         return result
 
@@ -336,7 +380,8 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         probe = patchhost.probe(transport, host, package)
         state = probe["state"]
         current = _stack_of(state)
-        result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"])
+        result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"],
+                              notes=_probe_notes(probe))
         if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
             result.notes.append("no patchset applied; nothing to revert")
             result.round_trips = transport.round_trips
@@ -358,10 +403,10 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         image = compiler.compile_stack([known[n] for n in keep], version, note)
         wheel = wheels.pristine(package, version, note)
         recorded = state.get("files", {})
-        paths = sorted(set(recorded) | set(image.files))
-        _check_record_matches_wheel(probe, wheel, paths)
         damaged = set(state.get("damaged", []))
-        writes, drifted = [], []
+        paths = sorted(set(recorded) | set(image.files) | damaged)
+        _check_record_matches_wheel(probe, wheel, paths)
+        writes, drifted, overwritten = [], [], []
         for p in paths:
             found, pristine = probe["files"].get(p), wheel.record.get(p)
             target = image.files[p] if p in image.files else compiler.FileImage(p, pristine, pristine, None, "pristine")
@@ -383,23 +428,34 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                         why = "corrupt" if probe["backups"].get(target.sha256) == "corrupt" else "missing"
                         result.notes.append(f"backup of {p} is {why}: using the pristine file from the wheel")
             writes.append(write)
+            if found != expected and found is not None:
+                overwritten.append(p)
             result.files.append(FileChange(p, "would change" if dry_run else "changed",
                                            target.by if p in image.files else None,
                                            "overwriting a hand edit (--force)" if found != expected else ""))
         if drifted:
-            raise PatchRefused(f"{', '.join(drifted)} changed by hand since the patch was applied;"
-                               f" `invoke patch revert --force` overwrites them; nothing written")
+            _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged, name)
+        _refuse_unreplaceable(probe, writes, host)
         result.stack_after = keep
+        result.popped = current[len(keep):][::-1]
         new_state = _new_state(image, known, probe["site"]) if keep else {
             "format": STATE_FORMAT, "package": package, "version": version, "site": probe["site"],
             "stack": [], "files": {}}
         if dry_run:
+            for p in overwritten:
+                result.notes.append(f"{p}: the hand-edited bytes would be kept in {probe['backup_dir']}/"
+                                    f"<their sha256> on {host.name}")
             result.round_trips = transport.round_trips
             return result
         note(f"{host.name}: restoring {len(writes)} file(s)")
         answer = (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
             "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state, "state_changed": True}))
+        result.notes += _probe_notes(answer)
+        for p in overwritten:
+            kept = answer.get("kept", {}).get(p)
+            if kept:
+                result.notes.append(f"{p}: the hand-edited bytes are kept in {kept} on {host.name}")
         for w in writes:
             got = answer["hashes"].get(w["path"])
             if got != w["sha256"] or (w["path"] not in image.files and got != probe["record"].get(w["path"])):
@@ -409,9 +465,27 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         return result
 
 
+def _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged,
+                           name) -> None:
+    """Refuse with the diff of every hand edit (one more round trip), as apply does."""
+    edited = [p for p in drifted if p not in damaged]
+    left = [p for p in drifted if p in damaged]
+    parts = []
+    if edited:
+        parts.append(f"{', '.join(edited)} changed by hand since the patch was applied")
+    if left:
+        parts.append(f"{', '.join(left)} left damaged by a cut run (`invoke patch verify` says what each holds)")
+    diff = _drift_diff(transport, host, package,
+                       {p: _image_bytes(p, state, known, version, wheel) for p in edited}) if edited else ""
+    raise PatchRefused(f"{'; '.join(parts)}; `invoke patch revert {name + ' ' if name else ''}--force"
+                       f" --host {host.name}` overwrites"
+                       f" {'them' if len(drifted) > 1 else 'it'} (hand-edited bytes are kept in the host's backups);"
+                       f" nothing written", diff)
+
+
 def _clear_stale_state(transport, host, package, version, probe, result, dry_run):
     result.notes.append(f"state was for another {package} version; cleared it (files left as installed)")
-    result.stack_after = []
+    result.stack_after, result.popped = [], result.stack_before[::-1]
     if not dry_run:
         (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {}, "expect_state_sha": probe["state_sha"],

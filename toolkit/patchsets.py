@@ -1,15 +1,18 @@
-"""Patchsets as data: `patchsets/NAME/patchset.toml` plus git-style diffs, read and validated.
+"""Patchsets as data: `patchsets/NAME/patchset.toml` plus git-style diffs per release, read and validated.
 
-`unidiff` reads the diffs for metadata (files, hunks, added/removed lines) and for the
-rules every patch must keep: paths relative to site-packages inside the target package,
-no `..`, no absolute paths, no binary hunks. Stacking: a fixed `order` (lower applies
-first) and `requires` (must already be applied below).
+A patchset holds one folder per release of its package, `patchsets/NAME/<release>/`, with
+the diffs for that release (`*.patch`, applied in file-name order); the releases it supports
+are those folders. `unidiff` reads the diffs for metadata (files, hunks, added/removed
+lines) and for the rules every patch must keep: paths relative to site-packages inside the
+target package, no `..`, no absolute paths, no binary hunks. Stacking: a fixed `order`
+(lower applies first) and `requires` (must already be applied below).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import posixpath
+import re
 import sys
 import tomllib
 import types
@@ -21,7 +24,9 @@ from unidiff.errors import UnidiffParseError
 
 from . import paths
 
-REQUIRED_KEYS = ("name", "summary", "package", "versions", "order", "patches")
+REQUIRED_KEYS = ("name", "summary", "package", "order")
+FLAT_KEYS = ("versions", "patches")   # the old one-release layout: diffs beside patchset.toml
+RELEASE_NAME = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 
 
 class PatchsetError(ValueError):
@@ -30,6 +35,14 @@ class PatchsetError(ValueError):
 
 def patchsets_dir() -> Path:
     return Path(os.environ.get("TOOLKIT_PATCHSETS", paths.PATCHSETS_DIR)).resolve()
+
+
+def release_key(version: str) -> tuple:
+    """Sort key of a release name: 0.5.9 < 0.5.11 < 0.5.15 < 0.5.15.post1."""
+    if not RELEASE_NAME.fullmatch(version):
+        return ((), -1, version)
+    main, _, post = version.partition(".post")
+    return tuple(int(p) for p in main.split(".")), int(post or -1), ""
 
 
 @dataclass
@@ -58,10 +71,10 @@ class Patchset:
     summary: str
     description: str
     package: str
-    versions: list[str]
     order: int
     requires: list[str]
-    patch_names: list[str]
+    releases: dict[str, list[str]]     # release -> its patch file names, in the order they apply
+    flat: bool = False                 # the old layout: one release, diffs beside patchset.toml
     env: dict = field(default_factory=dict)
     logs: dict = field(default_factory=dict)
     verified: list = field(default_factory=list)
@@ -78,23 +91,40 @@ class Patchset:
         fails with that line."""
         return list(self.logs.get("refuse", []))
 
-    def patches(self, allow_missing: bool = False) -> list[PatchFile]:
+    @property
+    def versions(self) -> list[str]:
+        """The releases this patchset has diffs for, oldest first."""
+        return sorted(self.releases, key=release_key)
+
+    def release_folder(self, version: str) -> Path:
+        return self.folder if self.flat else self.folder / version
+
+    def no_release(self, version: str) -> str:
+        """Why this patchset cannot go onto VERSION, with the command that fixes it."""
+        return (f"{self.name} has no diff for {self.package} {version} (it has: {', '.join(self.versions) or 'none yet'});"
+                f" port it with `invoke patch port {self.name} --to {version}`")
+
+    def patches(self, version: str, allow_missing: bool = False) -> list[PatchFile]:
+        if version not in self.releases:
+            raise PatchsetError(self.no_release(version))
         found = []
-        for name in self.patch_names:
-            path = self.folder / name
+        for name in self.releases[version]:
+            path = self.release_folder(version) / name
             if not path.exists():
                 if allow_missing:
                     continue
                 raise PatchsetError(f"{self.name}: patch file {name} is listed in patchset.toml but missing;"
                                     f" write it with `invoke patch edit {self.name}` then `invoke patch refresh {self.name}`")
-            found.append(read_patch(path, self.package, owner=self.name))
+            found.append(read_patch(path, self.package, owner=f"{self.name}/{version}"))
         return found
 
-    def touched(self) -> list[str]:
-        return sorted({f.path for p in self.patches(allow_missing=True) for f in p.files})
+    def touched(self, version: str | None = None) -> list[str]:
+        """The files the diffs of VERSION touch (of every release when None)."""
+        versions = self.versions if version is None else [version]
+        return sorted({f.path for v in versions for p in self.patches(v, allow_missing=True) for f in p.files})
 
-    def fingerprint(self) -> list[str]:
-        return [f"{p.name}:{p.sha256}" for p in self.patches()]
+    def fingerprint(self, version: str) -> list[str]:
+        return [f"{p.name}:{p.sha256}" for p in self.patches(version)]
 
 
 def _strip(name: str, prefix: str) -> str | None:
@@ -114,6 +144,16 @@ def check_path(path: str, package: str, where: str) -> str:
     return normal
 
 
+def _crlf_header(text: str) -> str | None:
+    """The first file header that ends in CR: the whole patch file was saved with CRLF endings.
+    Content lines may end in CR legitimately (a patch of a CRLF file); headers never do."""
+    lines = text.split("\n")
+    headers = [line for line in lines if line.startswith("diff --git ")]
+    if not headers:  # a plain unified diff: its first old-file header
+        headers = [line for line in lines if line.startswith("--- ")][:1]
+    return next((line for line in headers if line.endswith("\r")), None)
+
+
 def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
     where = f"{owner + ': ' if owner else ''}{path.name}"
     raw = path.read_bytes()
@@ -121,6 +161,11 @@ def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PatchsetError(f"{where}: not UTF-8 text ({exc})") from exc
+    crlf_header = _crlf_header(text)
+    if crlf_header is not None:
+        raise PatchsetError(f"{where}: the patch file has CRLF (Windows) line endings ({crlf_header[:-1]!r} ends"
+                            f" in \\r); git-style diffs need LF: convert it with `sed -i 's/\\r$//' {path}`"
+                            f" (or `dos2unix {path}`) and check it again")
     if "GIT binary patch" in text:
         raise PatchsetError(f"{where}: binary hunks are not allowed (GIT binary patch)")
     try:
@@ -143,6 +188,28 @@ def read_patch(path: Path, package: str, owner: str = "") -> PatchFile:
     return PatchFile(path.name, path, hashlib.sha256(raw).hexdigest(), text, stats)
 
 
+def _releases(folder: Path) -> dict[str, list[str]]:
+    """The release folders of a patchset and the diffs in each (file-name order)."""
+    stray = sorted(p.name for p in folder.glob("*.patch"))
+    if stray:
+        raise PatchsetError(f"{folder.name}: patch files belong in a folder named after the release they are for;"
+                            f" move them, e.g. `git mv {folder}/*.patch {folder}/0.5.11/`")
+    releases = {}
+    for sub in sorted(folder.iterdir()):
+        if not sub.is_dir() or sub.name.startswith((".", "_")):
+            continue
+        if not RELEASE_NAME.fullmatch(sub.name):
+            raise PatchsetError(f"{folder.name}/{sub.name}: a release folder is named after the release,"
+                                f" e.g. 0.5.11 or 0.5.15.post1")
+        names = sorted(p.name for p in sub.glob("*.patch"))
+        if not names:
+            raise PatchsetError(f"{folder.name}/{sub.name}/ holds no .patch file; write one with"
+                                f" `invoke patch edit {folder.name} --version {sub.name}` then"
+                                f" `invoke patch refresh {folder.name}`, or remove the folder")
+        releases[sub.name] = names
+    return releases
+
+
 def _load_one(folder: Path) -> Patchset:
     toml_path = folder / "patchset.toml"
     try:
@@ -154,11 +221,19 @@ def _load_one(folder: Path) -> Patchset:
         raise PatchsetError(f"{folder.name}/patchset.toml lacks: {', '.join(missing)}")
     if data["name"] != folder.name:
         raise PatchsetError(f"{folder.name}/patchset.toml: name {data['name']!r} must equal the folder name")
-    if not isinstance(data["versions"], list) or not data["versions"]:
-        raise PatchsetError(f"{folder.name}: versions must be a non-empty list of exact versions")
-    for name in data["patches"]:
-        if "/" in name or name.startswith("."):
-            raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
+    flat = any(key in data for key in FLAT_KEYS)
+    if flat:
+        if not all(key in data for key in FLAT_KEYS):
+            raise PatchsetError(f"{folder.name}/patchset.toml: the releases come from the release folders"
+                                f" ({folder.name}/<release>/*.patch); remove {' and '.join(FLAT_KEYS)}")
+        if not isinstance(data["versions"], list) or not data["versions"]:
+            raise PatchsetError(f"{folder.name}: versions must be a non-empty list of exact versions")
+        for name in data["patches"]:
+            if "/" in name or name.startswith("."):
+                raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
+        releases = {str(v): list(data["patches"]) for v in data["versions"]}
+    else:
+        releases = _releases(folder)
     logs = data.get("logs", {})
     for key in ("startup", "print", "refuse"):
         lines = logs.get(key, [])
@@ -167,8 +242,8 @@ def _load_one(folder: Path) -> Patchset:
                                 f" (log line prefixes), not {lines!r}")
     return Patchset(
         name=data["name"], folder=folder, summary=data["summary"], description=data.get("description", ""),
-        package=data["package"], versions=[str(v) for v in data["versions"]], order=int(data["order"]),
-        requires=list(data.get("requires", [])), patch_names=list(data["patches"]),
+        package=data["package"], order=int(data["order"]), requires=list(data.get("requires", [])),
+        releases=releases, flat=flat,
         env=dict(data.get("env", {})), logs=dict(data.get("logs", {})), verified=list(data.get("verified", [])))
 
 
@@ -224,20 +299,28 @@ def requirement_closure(name: str, known: dict[str, Patchset]) -> list[str]:
 _ADDED_MODULES: dict[str, types.ModuleType] = {}
 
 
-def added_file_text(name: str, path: str, known: dict[str, Patchset] | None = None) -> str:
+def added_file_text(name: str, path: str, known: dict[str, Patchset] | None = None,
+                    version: str | None = None) -> str:
     """The text of a file that patchset `name` adds to the package (`path` relative to
-    site-packages), read out of its diff: code the toolkit shares with the patched server."""
+    site-packages), read out of its diff for `version` (default: its newest release): code the
+    toolkit shares with the patched server."""
     known = known if known is not None else load_all()
-    for patch in get(name, known).patches():
+    patchset = get(name, known)
+    if version is None:
+        if not patchset.versions:
+            raise PatchsetError(f"patchset {name} has no release folder yet")
+        version = patchset.versions[-1]
+    for patch in patchset.patches(version):
         for patched in UniPatchSet(patch.text):
             if patched.target_file == f"b/{path}" and patched.is_added_file:
                 return "".join(line.value for hunk in patched for line in hunk if line.is_added)
     raise PatchsetError(f"patchset {name} does not add {path}")
 
 
-def added_module(name: str, path: str, known: dict[str, Patchset] | None = None) -> types.ModuleType:
+def added_module(name: str, path: str, known: dict[str, Patchset] | None = None,
+                 version: str | None = None) -> types.ModuleType:
     """That file loaded as a module (standard library only; cached per content)."""
-    text = added_file_text(name, path, known)
+    text = added_file_text(name, path, known, version)
     key = hashlib.sha256(text.encode()).hexdigest()
     if key not in _ADDED_MODULES:
         stem = posixpath.splitext(posixpath.basename(path))[0]

@@ -12,14 +12,11 @@ same time waits and then finds nothing to do.
 """
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from . import hostrun, wheelhouse as wheelhouse_mod
@@ -207,17 +204,10 @@ def _ticker(tell, every: float = 15.0):
         thread.join()
 
 
-def step_payload(args: dict) -> str:
-    """provision_step.py after facts.py (whose helpers it uses), with the usual bootstrap."""
-    encoded = base64.b64encode(json.dumps(args).encode()).decode()
-    return (hostrun.script_source("facts") + "\n\n"
-            + resources.files("toolkit.hostside").joinpath("provision_step.py").read_text()
-            + "\n\nif __name__ == '__main__':\n"
-            + f"    _run_main(main, {encoded!r}, {hostrun.RESULT_MARKER!r})\n")
-
-
 def run_step(transport: Transport, args: dict, env: dict | None = None) -> dict:
-    result = transport.run("python3 -", stdin=step_payload(args), timeout=STEP_TIMEOUT, env=env)
+    """provision_step.py (hostrun sends facts.py, whose helpers it uses, in front of it)."""
+    result = transport.run("python3 -", stdin=hostrun.build_payload("provision_step", args), timeout=STEP_TIMEOUT,
+                           env=env)
     return hostrun.parse_result(result, f"provision step {args['kind']}")
 
 

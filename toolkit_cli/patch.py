@@ -1,4 +1,4 @@
-"""`invoke patch list|check|apply|verify|revert|edit|refresh [NAME]`: patchsets on installed SGLang."""
+"""`invoke patch list|check|apply|verify|revert|edit|refresh|port [NAME]`: patchsets on installed SGLang."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from toolkit import authoring, compiler, patching, report, server, wheels
+from toolkit import authoring, compiler, patching, porting, report, server, wheels
 from toolkit.inventory import InventoryError
 from toolkit.patchsets import PatchsetError
 from toolkit.transport import TransportError
@@ -16,15 +16,16 @@ from . import sm120
 from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from .parsing import command
 
-ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh")
+ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh", "port")
 USAGE = """usage: invoke patch ACTION [NAME] [options]
-  list                      the patchsets in patchsets/ with their stacking order
-  check [NAME]              compile NAME's stack (all patchsets without NAME) against the pinned wheel; no host
+  list                      the patchsets in patchsets/ with their stacking order and the releases they have diffs for
+  check [NAME] [--release R]   compile NAME's stack (all patchsets without NAME) against each release's wheel; no host
   apply NAME [--dry-run]    apply NAME (and keep what is applied below/above it) on --host
   verify [--all-files] [--json]   per file: pristine / patched by X / drifted / missing; exit 1 unless as recorded
   revert [NAME|--all] [--force] [--dry-run]   pop the stack down to and including NAME (default: all)
-  edit NAME [--requires a,b] [--fresh]   lay out a git work tree of the pristine release + stack to edit in
-  refresh NAME              export the edits in that work tree as NAME's patch file
+  edit NAME [--release R] [--requires a,b] [--fresh]   a git work tree of the pristine release + stack to edit in
+  refresh NAME              export the edits in that work tree as NAME's patch file for that release
+  port NAME --to R [--from R0] [--fresh]   three-way rebase of NAME's diffs onto release R (per-hunk report)
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
 
 ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wheels.WheelError,
@@ -41,15 +42,18 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
     "force": "revert: overwrite files changed by hand; restore files a cut run could not",
     "all_": "revert: pop every patchset (the default when no NAME is given)",
     "requires": "edit: for a new patchset, the patchsets (comma-separated) to lay out below it",
-    "fresh": "edit: throw away an existing edit tree and lay it out again",
+    "fresh": "edit/port: throw away an existing edit tree and lay it out again",
+    "release": "edit/check: the SGLang release (default: edit the newest NAME has; check every one)",
+    "to": "port: the release to carry NAME's diffs to, e.g. 0.5.17",
+    "from_": "port: the release whose diffs are carried (default: the newest NAME has)",
 })
 def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, json_=False, force=False,
-          all_=False, requires=None, fresh=False):
+          all_=False, requires=None, fresh=False, release=None, to=None, from_=None):
     """Patchsets on the installed SGLang: list, check offline, apply, verify, revert, edit, refresh."""
     if help_or_bad_action(patch, action, ACTIONS, name):
         return
     name = name or None
-    if action in ("apply", "edit", "refresh") and not name:
+    if action in ("apply", "edit", "refresh", "port") and not name:
         fail(f"`invoke patch {action}` needs a patchset name; see `invoke patch list`", code=2)
     if action == "revert" and name and all_:
         fail("give either a patchset NAME or --all, not both", code=2)
@@ -57,9 +61,13 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
         if action == "list":
             return _list()
         if action == "check":
-            return _check(name)
+            return _check(name, release)
         if action == "edit":
-            return _edit(name, requires, fresh)
+            return _edit(name, requires, fresh, release)
+        if action == "port":
+            if not to:
+                fail(f"`invoke patch port {name}` needs --to RELEASE (e.g. --to 0.5.17)", code=2)
+            return _port(name, to, from_, fresh)
         if action == "refresh":
             return _refresh(name)
     except ENGINE_ERRORS as exc:
@@ -143,6 +151,8 @@ def _file_table(title, files, by_header="patchset") -> None:
 def _print_apply(r: patching.ApplyResult) -> None:
     if r.recovered:
         report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
+    for text in r.notes:
+        report.note(f"{r.host}: {text}")
     shown = [f for f in r.files if f.status != "unchanged"] if len(r.files) > 30 else r.files
     if shown:
         _file_table(f"{r.host}: apply {r.patchset}", shown)
@@ -152,14 +162,24 @@ def _print_apply(r: patching.ApplyResult) -> None:
 
 
 def _print_revert(r: patching.RevertResult) -> None:
+    if r.recovered:
+        report.note(f"{r.host}: finished an interrupted run first: {r.recovered['outcome']}")
     for text in r.notes:
         report.note(f"{r.host}: {text}")
     changed = [f for f in r.files if f.status != "unchanged"]
     if changed:
         _file_table(f"{r.host}: revert", changed, "patchset now")
-    verb = "would change" if r.dry_run else "changed"
     stack = " + ".join(r.stack_after) or "nothing (pristine)"
-    report.line(f"{r.host}: {r.changed} {verb}; stack now {stack}; restored files"
+    popped = ""
+    if r.popped:
+        above = r.popped[:-1]
+        popped = (f"; {'would pop' if r.dry_run else 'popped'} {', '.join(r.popped)}"
+                  + (f" ({', '.join(above)} stacked above {r.popped[-1]})" if above else ""))
+    if r.dry_run:
+        report.line(f"{r.host}: {r.changed} would change{popped}; stack would be {stack}"
+                    f" ({_trips(r.round_trips)}, dry run: nothing written)")
+        return
+    report.line(f"{r.host}: {r.changed} changed{popped}; stack now {stack}; restored files"
                 f" {'match RECORD' if r.record_ok else 'DO NOT match RECORD'} ({_trips(r.round_trips)})")
 
 
@@ -181,34 +201,39 @@ def _list() -> None:
         return
     rows = []
     for ps in sorted(known.values(), key=lambda p: (p.order, p.name)):
-        rows.append((ps.order, ps.name, ", ".join(ps.versions), ", ".join(ps.requires), ps.summary))
-    report.table("patchsets (applied in this order)", ["order", "name", "versions", "requires", "summary"], rows)
+        rows.append((ps.order, ps.name, ", ".join(ps.versions) or "none yet", ", ".join(ps.requires), ps.summary))
+    report.table("patchsets (applied in this order)", ["order", "name", "releases", "requires", "summary"], rows)
 
 
-def _check(name) -> None:
-    result = patching.check(name, note=report.note)
-    rows = [(ps.name, p["name"], p["files"], p["hunks"], f"+{p['added']}", f"-{p['removed']}")
+def _check(name, release=None) -> None:
+    result = patching.check(name, note=report.note, version=release)
+    for text in result.notes:
+        report.note(text)
+    rows = [(ps.name, p["release"], p["name"], p["files"], p["hunks"], f"+{p['added']}", f"-{p['removed']}")
             for ps in result.patchsets for p in ps.patches]
     if rows:
-        report.table(f"stack: {' + '.join(result.stack)}", ["patchset", "patch", "files", "hunks", "+", "-"], rows)
-    if result.files:
-        table = Table(title=f"files of the compiled image ({result.version})", title_justify="left")
+        report.table(f"stack: {' + '.join(result.stack)}", ["patchset", "release", "patch", "files", "hunks", "+", "-"],
+                     rows)
+    for version, files in result.files.items():
+        table = Table(title=f"files of the compiled image ({version})", title_justify="left")
         table.add_column("file", overflow="fold", min_width=44)
         table.add_column("last touched by")
         table.add_column("sha256 pristine -> patched", overflow="fold")
-        for f in result.files:
+        for f in files:
             table.add_row(escape(f.path), escape(f.by or ""), f.detail)
         report.console.print(table)
     if not result.ok:
         fail(result.error)
-    totals = {k: sum(ps.totals[k] for ps in result.patchsets) for k in ("hunks", "added", "removed")}
-    report.line(f"ok: {' + '.join(result.stack) or 'nothing'} compiles against {result.version or 'the pinned wheel'}:"
-                f" {len(result.files)} files, {totals['hunks']} hunks, +{totals['added']} -{totals['removed']} lines")
+    for version in result.versions or [None]:
+        totals = {k: sum(ps.totals(version)[k] for ps in result.patchsets) for k in ("hunks", "added", "removed")}
+        report.line(f"ok: {' + '.join(result.stack) or 'nothing'} compiles against {version or 'the pinned wheel'}:"
+                    f" {len(result.files.get(version, []))} files, {totals['hunks']} hunks,"
+                    f" +{totals['added']} -{totals['removed']} lines")
 
 
-def _edit(name, requires, fresh) -> None:
+def _edit(name, requires, fresh, release=None) -> None:
     reqs = [r.strip() for r in (requires or "").split(",") if r.strip()]
-    result = authoring.edit(name, requires=reqs, fresh=fresh, note=report.note)
+    result = authoring.edit(name, requires=reqs, version=release, fresh=fresh, note=report.note)
     below = " + ".join(result.below) or "nothing"
     report.line(f"edit tree for {name}: {result.tree}")
     report.line(f"  {result.files} pristine files of {result.version}, committed; below: {below};"
@@ -220,5 +245,30 @@ def _refresh(name) -> None:
     result = authoring.refresh(name, note=report.note)
     report.line(f"wrote {result.patch}: {result.files} files, {result.hunks} hunks, +{result.added} -{result.removed}")
     if result.wrote_toml:
-        report.line(f"new patchset: fill in summary/description in {result.patch.parent / 'patchset.toml'}")
-    _check(name)
+        report.line(f"new patchset: fill in summary/description in {result.toml}")
+    _check(name, result.version)
+
+
+def _port(name, to, source, fresh) -> None:
+    result = porting.port(name, to, source=source, fresh=fresh, note=report.note)
+    table = Table(title=f"{name}: {result.source} -> {result.target}, per hunk", title_justify="left")
+    for column in ("file", "hunk", "status", ""):
+        table.add_column(column, overflow="fold")
+    for h in result.hunks:
+        moved = f"{h.offset:+d} lines" if h.status == "moved" else ""
+        table.add_row(escape(h.path), escape(f"#{h.number} {h.header}"), report.styled(h.status),
+                      escape(h.detail or moved))
+    report.console.print(table)
+    for text in result.notes:
+        report.note(text)
+    counts = ", ".join(f"{result.count(s)} {s}" for s in ("as is", "moved", "conflicted"))
+    if result.clean:
+        report.line(f"{name} ported to {to} ({counts}): wrote {', '.join(str(p) for p in result.written)}")
+        _check(name, to)
+        report.line(f"next: {result.next_steps()[0]}")
+        return
+    report.line(f"{name} NOT ported to {to} ({counts}): nothing written to patchsets/; the merge is in {result.tree}")
+    report.line("next steps:")
+    for step in result.next_steps():
+        report.line(f"  {step}")
+    raise Exit(code=1)

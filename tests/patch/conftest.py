@@ -1,5 +1,6 @@
-"""Fixtures for the patch engine: the real SGLang 0.5.11 wheel installed `--no-deps` in a venv
-(built once per session), a fresh copy of it per test, and the synthetic patchsets."""
+"""Fixtures for the patch engine: the real SGLang 0.5.11 wheel (and 0.5.17, the second release)
+installed `--no-deps` in a venv (built once per session), a fresh copy of it per test, and the
+synthetic patchsets."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ from toolkit.inventory import resolve_hosts
 DATA = Path(__file__).parent / "data" / "patchsets"
 GOOD = ("one-file", "pair-base", "pair-top", "twenty", "clash", "three")
 VERSION = "0.5.11"
+NEXT = "0.5.17"   # the second release (docs/porting.md says why this one)
 
 
 @pytest.fixture(scope="session")
@@ -26,28 +28,40 @@ def sglang_wheel() -> wheels.Wheel:
 
 
 @pytest.fixture(scope="session")
-def base_venv(tmp_path_factory, sglang_wheel):
-    """A venv with the real sglang wheel installed without dependencies (pip byte-compiles it)."""
-    venv = tmp_path_factory.mktemp("hostvenv") / "venv"
+def next_wheel() -> wheels.Wheel:
+    return wheels.pristine("sglang", NEXT)
+
+
+def _venv_with(folder: Path, wheel: wheels.Wheel) -> Path:
+    venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                    "--prefix", str(venv), "--no-warn-script-location", str(sglang_wheel.path)],
+                    "--prefix", str(venv), "--no-warn-script-location", str(wheel.path)],
                    check=True, env=dict(os.environ, PIP_NO_INPUT="1"))
+    return venv
+
+
+@pytest.fixture(scope="session")
+def base_venv(tmp_path_factory, sglang_wheel):
+    """A venv with the real sglang wheel installed without dependencies (pip byte-compiles it)."""
+    venv = _venv_with(tmp_path_factory.mktemp("hostvenv"), sglang_wheel)
     yield venv
     shutil.rmtree(venv, ignore_errors=True)  # ~5000 entries: do not leave them to pytest's cleanup
+
+
+@pytest.fixture(scope="session")
+def next_base_venv(tmp_path_factory, next_wheel):
+    """The same with SGLang 0.5.17."""
+    venv = _venv_with(tmp_path_factory.mktemp("hostvenv-next"), next_wheel)
+    yield venv
+    shutil.rmtree(venv, ignore_errors=True)
 
 
 # Folders a test may change in place (hand edits, METADATA); they are copied per test.
 PRIVATE = ("sglang/srt/utils", "sglang-*.dist-info")
 
 
-@pytest.fixture
-def host_venv(base_venv, tmp_path):
-    """A per-test venv: hard links to the base venv, except PRIVATE folders, which are real copies.
-
-    The engine only ever replaces files by rename, which never alters a hard-linked original;
-    a test that edits a file in place must keep to the PRIVATE folders."""
-    copy = tmp_path / "venv"
+def _private_copy(base_venv: Path, copy: Path) -> Path:
     subprocess.run(["cp", "-al", str(base_venv), str(copy)], check=True)
     base_site = next(base_venv.glob("lib/python*/site-packages"))
     site = copy / base_site.relative_to(base_venv)
@@ -56,8 +70,38 @@ def host_venv(base_venv, tmp_path):
             target = site / original.relative_to(base_site)
             shutil.rmtree(target)
             subprocess.run(["cp", "-a", str(original), str(target)], check=True)
+    return copy
+
+
+@pytest.fixture
+def host_venv(base_venv, tmp_path):
+    """A per-test venv: hard links to the base venv, except PRIVATE folders, which are real copies.
+
+    The engine only ever replaces files by rename, which never alters a hard-linked original;
+    a test that edits a file in place must keep to the PRIVATE folders."""
+    copy = _private_copy(base_venv, tmp_path / "venv")
     yield copy
     shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.fixture
+def next_host(sandbox_host, next_base_venv, tmp_path):
+    """The sandbox (real sshd) with a per-test venv of SGLang 0.5.17."""
+    copy = _private_copy(next_base_venv, tmp_path / "venv-next")
+    yield dataclasses.replace(sandbox_host, name="sandbox", venv=str(copy), state_dir=None)
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.fixture
+def release_cache(tmp_path, monkeypatch, sglang_wheel, next_wheel):
+    """A private cache (edit trees, images) that reuses both downloaded wheels."""
+    folder = tmp_path / "cache"
+    (folder / "wheels").mkdir(parents=True)
+    for wheel in (sglang_wheel, next_wheel):
+        os.symlink(wheel.path, folder / "wheels" / wheel.path.name)
+    monkeypatch.setenv("TOOLKIT_CACHE", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # edit trees hold whole releases
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_edit_refresh_round_trip_with_a_new_file_then_apply_and_revert(cache, pa
         authoring.edit("pair-top")
 
     result = authoring.refresh("pair-top")
-    text = (patchsets_dir / "pair-top" / "0001-pair-top.patch").read_text()
+    text = (patchsets_dir / "pair-top" / "0.5.11" / "0001-pair-top.patch").read_text()
     assert "+PAIR_LEVEL = 'edited'" in text and "-PAIR_LEVEL = 'base'" in text
     assert "new file mode" in text and result.files == 3 and not result.wrote_toml
     assert patching.check("pair-top").ok
@@ -62,23 +62,26 @@ def test_new_patchset_first_diff_writes_patchset_toml(cache, patchsets_dir, sgla
     result = authoring.refresh("brand-new")
     assert result.wrote_toml and result.patch.name == "0001-brand-new.patch"
     meta = tomllib.loads((patchsets_dir / "brand-new" / "patchset.toml").read_text())
-    assert meta["requires"] == ["pair-base"] and meta["versions"] == ["0.5.11"] and meta["order"] == 70
+    assert meta["requires"] == ["pair-base"] and meta["order"] == 70
+    assert result.patch == patchsets_dir / "brand-new" / "0.5.11" / "0001-brand-new.patch"
+    assert patching.load_patchsets()["brand-new"].versions == ["0.5.11"]
     checked = patching.check("brand-new")
     assert checked.ok and checked.stack == ["pair-base", "brand-new"]
 
 
-def test_listed_but_missing_patch_file_is_written_by_refresh(cache, patchsets_dir):
+def test_patchset_toml_without_diffs_gets_its_first_release_from_refresh(cache, patchsets_dir):
     folder = patchsets_dir / "pending"
     folder.mkdir()
     (folder / "patchset.toml").write_text('name = "pending"\nsummary = "s"\npackage = "sglang"\n'
-                                          'versions = ["0.5.11"]\norder = 25\nrequires = []\n'
-                                          'patches = ["0001-pending.patch"]\n')
-    assert not patching.check("pending").ok  # the listed patch does not exist yet
+                                          'order = 25\nrequires = []\n')
+    pending = patching.check("pending")
+    assert not pending.ok and "pending has no diffs yet" in pending.error
     laid = authoring.edit("pending")
+    assert laid.version == "0.5.11"
     (laid.tree / "sglang/version.py").write_text((laid.tree / "sglang/version.py").read_text() + "# pending\n")
     authoring.refresh("pending")
-    assert (folder / "0001-pending.patch").exists() and patching.check("pending").ok
-    image = patching.check("pending").files
+    assert (folder / "0.5.11" / "0001-pending.patch").exists() and patching.check("pending").ok
+    image = patching.check("pending").files["0.5.11"]
     assert [f.path for f in image] == ["sglang/version.py"]
     fresh = authoring.edit("pending", fresh=True)
     assert (fresh.tree / "sglang/version.py").read_text().endswith("# pending\n")

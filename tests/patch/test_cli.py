@@ -75,12 +75,15 @@ def test_apply_verify_revert_on_two_hosts(two_hosts, sglang_wheel):
     assert code == 1 and "changed by hand" in err and "+edited by hand" in err
 
     code, out, err = invoke("revert", "--host", second)
-    assert code == 1 and "--force" in err
+    assert code == 1 and "--force" in err and "+edited by hand" in err
     code, out, err = invoke("revert", "--host", hosts, "--force", "--dry-run")
     assert code == 0 and "20 would change" in out and sha256(site / NETWORK) != sglang_wheel.record[NETWORK]
+    assert "dry run: nothing written" in out and "match RECORD" not in out
+    assert "the hand-edited bytes would be kept in" in err
     code, out, err = invoke("revert", "--all", "--host", hosts, "--force")
     assert code == 0, err
     assert "stack now nothing (pristine); restored files match RECORD" in out
+    assert f"{NETWORK}: the hand-edited bytes are kept in " in err
     assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
     code, out, _ = invoke("verify", "--all-files", "--host", hosts)
     assert code == 0 and "RECORD files checked" in out
@@ -89,3 +92,18 @@ def test_apply_verify_revert_on_two_hosts(two_hosts, sglang_wheel):
 def test_unreachable_and_unknown_hosts_fail_clearly(two_hosts):
     code, _, err = invoke("verify", "--host", "nosuchhost")
     assert code == 2 and "unknown host 'nosuchhost'" in err
+
+
+def test_revert_name_says_which_patchsets_above_it_go_too(inventory, host_venv, patchsets_dir):
+    (name,) = inventory(host_venv)
+    for patchset in ("pair-base", "pair-top", "twenty"):
+        code, _, err = invoke("apply", patchset, "--host", name)
+        assert code == 0, err
+    code, out, _ = invoke("revert", "pair-top", "--host", name, "--dry-run")
+    assert code == 0
+    assert f"{name}: 22 would change; would pop twenty, pair-top (twenty stacked above pair-top);" \
+           f" stack would be pair-base" in out and "RECORD" not in out
+    code, out, _ = invoke("revert", "pair-top", "--host", name)
+    assert code == 0
+    assert f"{name}: 22 changed; popped twenty, pair-top (twenty stacked above pair-top); stack now pair-base;" \
+           f" restored files match RECORD" in out

@@ -1,7 +1,8 @@
 """Cut runs: the host-side apply killed at every point, the SSH connection cut, two applies at once.
 
 After any cut, the next command (apply, verify or revert) must leave a host where no file is
-half-patched and the state file agrees with the files."""
+half-patched and the state file agrees with the files. The faults are injected by a test
+transport (tests/patch/faults.py), never through the shipped engine."""
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from toolkit import hostrun, patching
 from toolkit.transport import TransportError
 
 from .conftest import sha256
+from .faults import armed
 
 COMMANDS = ("apply", "verify", "revert")
 THREE_FILES = 3
@@ -67,10 +69,8 @@ def test_killed_midway_through_twenty_files(host, site, patchsets_dir, sglang_wh
 
 
 def cut_and_finish(host, site, sglang_wheel, monkeypatch, point, next_command, name):
-    monkeypatch.setenv("TOOLKIT_FAULT_AT", point)
-    with pytest.raises(hostrun.HostScriptError, match="exit 137"):
+    with armed(point), pytest.raises(hostrun.HostScriptError, match="exit 137"):
         patching.apply(host, name)
-    monkeypatch.delenv("TOOLKIT_FAULT_AT")
     journal_left = (patch_dir(host) / "journal.json").exists()
     assert journal_left == (point != "after-backups")
     result = run_next(next_command, host, name)
@@ -86,24 +86,23 @@ def cut_and_finish(host, site, sglang_wheel, monkeypatch, point, next_command, n
         assert all(sha256(site / p) == sglang_wheel.record[p] for p in patching.load_patchsets()[name].touched())
 
 
-def test_fault_after_renames_alias(host, site, patchsets_dir, sglang_wheel, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_FAULT_AFTER_RENAMES", "3")
-    with pytest.raises(hostrun.HostScriptError):
-        patching.apply(host, "twenty")
-    monkeypatch.delenv("TOOLKIT_FAULT_AFTER_RENAMES")
-    assert patching.verify(host).recovered["outcome"] == "rolled forward"
-    assert assert_consistent(host, site, sglang_wheel) == ["twenty"]
+def test_fault_switches_in_the_environment_reach_no_host(host, site, patchsets_dir, sglang_wheel, monkeypatch):
+    """The old TOOLKIT_FAULT_* switches are gone from the shipped path: a user who sets them
+    gets an ordinary, complete run."""
+    for key, value in {"TOOLKIT_FAULT_AT": "after-rename-1", "TOOLKIT_FAULT_AFTER_RENAMES": "1",
+                       "TOOLKIT_FAULT_ACTION": "exit"}.items():
+        monkeypatch.setenv(key, value)
+    assert patching.apply(host, "three").changed == THREE_FILES
+    assert assert_consistent(host, site, sglang_wheel, "three") == ["three"]
 
 
 def test_lost_new_file_makes_recovery_roll_back_from_backups(host, site, patchsets_dir, sglang_wheel, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_FAULT_AT", "after-rename-5")
-    with pytest.raises(hostrun.HostScriptError):
+    with armed("after-rename-5"), pytest.raises(hostrun.HostScriptError):
         patching.apply(host, "twenty")
-    monkeypatch.delenv("TOOLKIT_FAULT_AT")
     journal = json.loads((patch_dir(host) / "journal.json").read_text())
     os.unlink(site / journal["entries"][12]["tmp"])  # as if the disk lost it
     result = patching.verify(host)
-    assert result.recovered["outcome"] == "rolled back"
+    assert result.recovered["outcome"] == f"rolled back (the new content of {journal['entries'][12]['path']} is gone)"
     assert assert_consistent(host, site, sglang_wheel) == []
 
 
@@ -128,9 +127,6 @@ def _wait_for(path: Path, seconds: float = 60) -> int:
 def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, sandbox_env, monkeypatch, tmp_path,
                                       host_process_survives):
     pidfile = tmp_path / "fault.pid"
-    monkeypatch.setenv("TOOLKIT_FAULT_AT", "after-rename-7")
-    monkeypatch.setenv("TOOLKIT_FAULT_ACTION", "sleep:3" if host_process_survives else "sleep:120")
-    monkeypatch.setenv("TOOLKIT_FAULT_PIDFILE", str(pidfile))
     errors = []
 
     def cut_run():
@@ -139,17 +135,17 @@ def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, s
         except Exception as exc:  # the connection breaks under it
             errors.append(exc)
 
-    worker = threading.Thread(target=cut_run)
-    worker.start()
-    script_pid = _wait_for(pidfile)
-    session = next(pid for pid, comm in _ancestors(script_pid) if comm.startswith("sshd") and pid != sandbox_env.pid)
-    os.kill(session, signal.SIGKILL)  # the SSH connection drops
-    if not host_process_survives:
-        os.kill(script_pid, signal.SIGKILL)
-    worker.join(60)
+    with armed("after-rename-7", action="sleep:3" if host_process_survives else "sleep:120", pidfile=pidfile):
+        worker = threading.Thread(target=cut_run)
+        worker.start()
+        script_pid = _wait_for(pidfile)
+        session = next(pid for pid, comm in _ancestors(script_pid)
+                       if comm.startswith("sshd") and pid != sandbox_env.pid)
+        os.kill(session, signal.SIGKILL)  # the SSH connection drops
+        if not host_process_survives:
+            os.kill(script_pid, signal.SIGKILL)
+        worker.join(60)
     assert not worker.is_alive() and errors and isinstance(errors[0], (TransportError, hostrun.HostScriptError))
-    for key in ("TOOLKIT_FAULT_AT", "TOOLKIT_FAULT_ACTION", "TOOLKIT_FAULT_PIDFILE"):
-        monkeypatch.delenv(key)
     result = patching.verify(host)  # waits for a surviving host run (lock), or recovers a dead one
     if not host_process_survives:
         assert result.recovered["outcome"] == "rolled forward"
@@ -158,21 +154,21 @@ def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, s
 
 HOLDER = """
 import dataclasses, sys
+from tests.patch.faults import armed
 from toolkit import patching
 from toolkit.inventory import resolve_hosts
 host = dataclasses.replace(resolve_hosts("sandbox")[0], venv=sys.argv[1])
-print(patching.apply(host, "twenty").changed)
+with armed("after-backups", action="sleep:120", pidfile=sys.argv[2], release=sys.argv[3]):
+    print(patching.apply(host, "twenty").changed)
 """
 
 
 def test_two_concurrent_applies_never_both_write(host, host_venv, site, patchsets_dir, sglang_wheel, tmp_path,
                                                  monkeypatch):
     pidfile, release = tmp_path / "holder.pid", tmp_path / "release"
-    env = dict(os.environ, TOOLKIT_FAULT_AT="after-backups", TOOLKIT_FAULT_ACTION="sleep:120",
-               TOOLKIT_FAULT_PIDFILE=str(pidfile), TOOLKIT_FAULT_RELEASE=str(release),
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(host_venv)], env=env, stdout=subprocess.PIPE,
-                              text=True)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(host_venv), str(pidfile), str(release)], env=env,
+                              stdout=subprocess.PIPE, text=True)
     try:
         _wait_for(pidfile)  # the holder has the lock and waits inside its run until released
         monkeypatch.setenv("TOOLKIT_PATCH_LOCK_TIMEOUT", "0.3")

@@ -50,8 +50,10 @@ def test_stack_follows_requires_and_order_and_revert_pops_down_to_name(host, sit
     top = patching.apply(host, "pair-top")
     assert top.stack_after == ["pair-base", "pair-top", "twenty"]
     assert "PAIR_LEVEL = 'top'" in (site / JSON_RESPONSE).read_text()
+    planned = patching.revert(host, "pair-top", dry_run=True)
+    assert planned.popped == ["twenty", "pair-top"] and planned.stack_after == ["pair-base"]
     popped = patching.revert(host, "pair-top")
-    assert popped.stack_after == ["pair-base"]
+    assert popped.stack_after == ["pair-base"] and popped.popped == ["twenty", "pair-top"]
     assert "PAIR_LEVEL = 'base'" in (site / JSON_RESPONSE).read_text()
     assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
     state = json.loads((state_dir(host) / "state.json").read_text())
@@ -79,10 +81,18 @@ def test_hand_edit_fails_verify_and_apply_refuses_with_a_diff(host, site, patchs
     assert NETWORK in refused.value.reason and "nothing written" in refused.value.reason
     assert "+HAND_EDIT = 1" in refused.value.diff and "(image of twenty)" in refused.value.diff
     assert sha256(site / AUTH) == before
-    with pytest.raises(patching.PatchRefused, match="--force"):
+    with pytest.raises(patching.PatchRefused, match="--force") as refused:
         patching.revert(host)
+    assert "+HAND_EDIT = 1" in refused.value.diff and "(image of twenty)" in refused.value.diff
+    edited = (site / NETWORK).read_bytes()
+    planned = patching.revert(host, force=True, dry_run=True)
+    assert any(n.startswith(f"{NETWORK}: the hand-edited bytes would be kept in ") for n in planned.notes)
     forced = patching.revert(host, force=True)
     assert forced.record_ok and patching.verify(host, all_files=True).ok
+    kept = [n for n in forced.notes if n.startswith(f"{NETWORK}: the hand-edited bytes are kept in ")]
+    assert len(kept) == 1
+    backup = Path(kept[0].split(" are kept in ", 1)[1].rsplit(" on ", 1)[0])
+    assert backup.parent == state_dir(host) / "backups" and backup.read_bytes() == edited
 
 
 def test_hand_edit_of_an_unpatched_file_is_drift_too(host, site, patchsets_dir):
@@ -98,8 +108,10 @@ def test_wrong_installed_version_is_refused_with_nothing_written(host, site, pat
     metadata = next(site.glob("sglang-*.dist-info")) / "METADATA"
     metadata.write_text(metadata.read_text().replace("Version: 0.5.11", "Version: 0.5.10", 1))
     before = sha256(site / AUTH)
-    with pytest.raises(patching.PatchRefused, match="has 0.5.10; nothing written"):
+    with pytest.raises(patching.PatchRefused) as refused:
         patching.apply(host, "one-file")
+    assert refused.value.reason == ("sandbox has sglang 0.5.10: one-file has no diff for sglang 0.5.10 (it has: 0.5.11);"
+                                    " port it with `invoke patch port one-file --to 0.5.10`; nothing written")
     assert sha256(site / AUTH) == before and not state_dir(host).exists()
 
 
@@ -128,7 +140,7 @@ def test_dry_run_writes_nothing(host, site, patchsets_dir):
 
 def test_changed_patch_file_updates_the_host_on_reapply(host, site, patchsets_dir):
     patching.apply(host, "one-file")
-    patch = patchsets_dir / "one-file" / "0001-one-file.patch"
+    patch = patchsets_dir / "one-file" / "0.5.11" / "0001-one-file.patch"
     patch.write_text(patch.read_text().replace("403  # synthetic one-file", "404  # synthetic one-file"))
     assert patching.apply(host, "one-file").changed == 1
     assert "int = 404" in (site / AUTH).read_text()

@@ -1,13 +1,14 @@
 """Offline parts: patchset validation, the wheel's RECORD check, compiling stacks (no host)."""
+import importlib.util
 import shutil
 import zipfile
 
 import pytest
 
-from toolkit import compiler, patching, patchsets, wheels
+from toolkit import compiler, hostrun, patching, patchsets, wheels
 from toolkit.patchsets import PatchsetError
 
-from .conftest import DATA, add_patchset
+from .conftest import DATA, GOOD, add_patchset
 
 
 def test_list_orders_patchsets_and_reads_requires(patchsets_dir):
@@ -21,8 +22,9 @@ def test_check_reports_files_hunks_and_lines(patchsets_dir):
     result = patching.check("pair-top")
     assert result.ok, result.error
     assert result.stack == ["pair-base", "pair-top"]
-    assert result.patchsets[1].totals == {"files": 2, "hunks": 2, "added": 2, "removed": 1}
-    assert {f.path: f.by for f in result.files} == {
+    assert result.patchsets[1].totals("0.5.11") == {"files": 2, "hunks": 2, "added": 2, "removed": 1}
+    assert result.versions == ["0.5.11"]
+    assert {f.path: f.by for f in result.files["0.5.11"]} == {
         "sglang/srt/utils/json_response.py": "pair-top", "sglang/srt/utils/rpd_utils.py": "pair-top"}
 
 
@@ -39,7 +41,7 @@ def test_conflict_between_patchsets_is_found_offline(patchsets_dir):
     assert patching.check("clash").ok  # alone it applies
     result = patching.check()  # the whole stack: clash sits on top of one-file
     assert not result.ok
-    assert "clash/0001-clash.patch does not apply on top of pristine + one-file" in result.error
+    assert "clash/0.5.11/0001-clash.patch does not apply on top of pristine + one-file" in result.error
     assert "sglang/srt/utils/auth.py" in result.error
 
 
@@ -92,16 +94,40 @@ def test_damaged_image_cache_is_recompiled(patchsets_dir):
     assert again.files["sglang/srt/utils/auth.py"].sha256 == first.files["sglang/srt/utils/auth.py"].sha256
 
 
-def test_synthetic_data_is_complete():
-    assert {p.name for p in DATA.iterdir()} >= {"one-file", "pair-base", "pair-top", "twenty", "clash",
-                                                "three", "escape", "binary"}
+def test_synthetic_patchsets_are_what_edit_and_refresh_make_from_the_wheel(tmp_path, monkeypatch, sglang_wheel):
+    """make_synthetic.py run afresh (edit + refresh on the real wheel) writes byte for byte the
+    committed test data: the authoring round trip is deterministic and the data is not stale."""
+    spec = importlib.util.spec_from_file_location("make_synthetic", DATA.parent / "make_synthetic.py")
+    make_synthetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_synthetic)
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / sglang_wheel.path.name).symlink_to(sglang_wheel.path)
+    monkeypatch.setenv("TOOLKIT_CACHE", str(cache))
+    out = tmp_path / "made"
+    out.mkdir()
+    make_synthetic.build(out)
+    made = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert {p.parts[0] for p in made} == set(GOOD)
+    for rel in made:
+        assert (out / rel).read_bytes() == (DATA / rel).read_bytes(), rel
+
+
+def test_crlf_patch_file_is_named_as_such(tmp_path):
+    good = DATA / "one-file" / "0.5.11" / "0001-one-file.patch"
+    crlf = tmp_path / "0001-one-file.patch"
+    crlf.write_bytes(good.read_bytes().replace(b"\n", b"\r\n"))
+    with pytest.raises(PatchsetError, match="CRLF \\(Windows\\) line endings") as refused:
+        patchsets.read_patch(crlf, "sglang")
+    assert "renames" not in str(refused.value) and f"sed -i 's/\\r$//' {crlf}" in str(refused.value)
+    crlf.write_bytes(crlf.read_bytes().replace(b"\r\n", b"\n"))  # the advised fix
+    assert patchsets.read_patch(crlf, "sglang").files[0].path == "sglang/srt/utils/auth.py"
 
 
 def test_host_scripts_keep_to_python_3_8_grammar():
     import ast
-    from importlib import resources
 
-    for name in ("_lib", "patch_hostlib", "patch_probe", "patch_apply"):
-        source = resources.files("toolkit.hostside").joinpath(f"{name}.py").read_text()
+    for name in ("patch_probe", "patch_apply"):
+        source = hostrun.build_payload(name, {})
         ast.parse(source, feature_version=(3, 8))
         assert "import toolkit" not in source and "from toolkit" not in source

@@ -1,13 +1,20 @@
 # Carry out one plan of file writes in one run, so that a cut at any point leaves a host
 # that the next run brings back to "no file half-patched, state agrees with files".
-# Steps: lock, recover any journal, check the host is still as probed, back up the
-# current bytes (content-addressed), journal "prepare" (temporary names), write the new
-# files beside the old and fsync, journal "commit", rename one by one, write the state,
-# remove stale __pycache__ entries, remove the journal. Uses patch_hostlib.py (prepended).
+# Steps: lock, remove temporaries of dead runs, recover any journal, check the host is still
+# as probed and that every target can be replaced, back up the current bytes
+# (content-addressed), journal "prepare" (temporary names), write the new files beside the
+# old and fsync, journal "commit", rename one by one (a rename that fails puts back the
+# files already replaced at once), write the state, remove stale __pycache__ entries,
+# remove the journal.
+# hostrun-uses: patch_hostlib
 import base64
 import hashlib
 import os
 import time
+
+
+class Failed(Exception):
+    """The run changed files and could not put all of them back (the message says which)."""
 
 
 def _check_still_as_probed(args, site, sd):
@@ -23,6 +30,13 @@ def _check_still_as_probed(args, site, sd):
     if changed:
         raise Refused("files changed since they were probed (another run?): %s; nothing written;"  # noqa: F821
                       " run the command again" % ", ".join(changed))
+
+
+def _check_replaceable(site, writes):
+    blocked = replace_blockers(site, [w["path"] for w in writes])  # noqa: F821
+    if blocked:
+        raise Refused("cannot replace %s; nothing written" % "; ".join(  # noqa: F821
+            "%s: %s" % item for item in sorted(blocked.items())))
 
 
 def _new_bytes(write, sd):
@@ -41,6 +55,7 @@ def _new_bytes(write, sd):
 
 
 def _back_up(sd, site, paths):
+    """Keep the current bytes of every path under backups/<sha256>; {path: backup file}."""
     os.makedirs(sd.backups, exist_ok=True)
     saved = {}
     for rel in paths:
@@ -52,8 +67,31 @@ def _back_up(sd, site, paths):
         sha = hashlib.sha256(data).hexdigest()
         if sha256_file(sd.backup_path(sha)) != sha:  # noqa: F821
             write_atomic(sd.backup_path(sha), data)  # noqa: F821
-        saved[rel] = sha
+        saved[rel] = sd.backup_path(sha)
     return saved
+
+
+def _rename_all(entries, site, journal, sd):
+    """Rename every new file over its target; if one cannot be, put back those already done."""
+    done = 0
+    try:
+        for done, entry in enumerate(entries, 1):
+            target = full_path(site, entry["path"])  # noqa: F821
+            if entry["tmp"]:
+                os.replace(full_path(site, entry["tmp"]), target)  # noqa: F821
+            elif os.path.lexists(target):
+                os.unlink(target)
+            checkpoint("after-rename-%d" % done)  # noqa: F821
+    except OSError as exc:
+        journal["phase"] = "rollback"
+        journal["failure"] = "%s could not be replaced: %s" % (entries[done - 1]["path"], exc)
+        write_json_atomic(sd.journal, journal)  # noqa: F821
+        outcome = recover(sd, site)  # noqa: F821
+        what = "could not replace %s (%s) after %d of %d renames" % (entries[done - 1]["path"], exc, done - 1,
+                                                                    len(entries))
+        if outcome["damaged"]:
+            raise Failed("%s; %s; `invoke patch verify` shows what each file holds" % (what, outcome["outcome"]))
+        raise Refused("%s; put the %d file(s) already replaced back: nothing changed" % (what, done - 1))  # noqa: F821
 
 
 def _transaction(args, site, sd):
@@ -63,10 +101,11 @@ def _transaction(args, site, sd):
         if args.get("state_changed"):
             os.makedirs(sd.root, exist_ok=True)
             write_json_atomic(sd.state, args["state"])  # noqa: F821
-        return {"changed": [], "hashes": {}, "pycache_removed": []}
+        return {"changed": [], "hashes": {}, "pycache_removed": [], "kept": {}}
+    _check_replaceable(site, writes)
     new_data = {w["path"]: (None if w["sha256"] is None else _new_bytes(w, sd)) for w in writes}
-    _back_up(sd, site, [w["path"] for w in writes])
-    fault("after-backups")  # noqa: F821
+    kept = _back_up(sd, site, [w["path"] for w in writes])
+    checkpoint("after-backups")  # noqa: F821
     run_id = "%d-%d" % (int(time.time()), os.getpid())
     entries = []
     for w in writes:
@@ -78,7 +117,7 @@ def _transaction(args, site, sd):
     journal = {"run": run_id, "phase": "prepare", "site": site, "entries": entries,
                "old_state": old_state, "new_state": args["state"]}
     write_json_atomic(sd.journal, journal)  # noqa: F821
-    fault("after-prepare")  # noqa: F821
+    checkpoint("after-prepare")  # noqa: F821
     for entry in entries:
         if entry["tmp"]:
             target = full_path(site, entry["path"])  # noqa: F821
@@ -92,26 +131,20 @@ def _transaction(args, site, sd):
                 os.chmod(tmp, os.stat(target).st_mode & 0o7777)
     for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries if e["tmp"]}:  # noqa: F821
         fsync_dir(folder)  # noqa: F821
-    fault("after-new-files")  # noqa: F821
+    checkpoint("after-new-files")  # noqa: F821
     journal["phase"] = "commit"
     write_json_atomic(sd.journal, journal)  # noqa: F821
-    fault("after-rename-0")  # noqa: F821
-    for done, entry in enumerate(entries, 1):
-        target = full_path(site, entry["path"])  # noqa: F821
-        if entry["tmp"]:
-            os.replace(full_path(site, entry["tmp"]), target)  # noqa: F821
-        elif os.path.lexists(target):
-            os.unlink(target)
-        fault("after-rename-%d" % done)  # noqa: F821
+    checkpoint("after-rename-0")  # noqa: F821
+    _rename_all(entries, site, journal, sd)
     for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries}:  # noqa: F821
         fsync_dir(folder)  # noqa: F821
     write_json_atomic(sd.state, args["state"])  # noqa: F821
-    fault("after-state")  # noqa: F821
+    checkpoint("after-state")  # noqa: F821
     removed = remove_stale_pycache(site, [e["path"] for e in entries])  # noqa: F821
     os.unlink(sd.journal)
     fsync_dir(sd.root)  # noqa: F821
     hashes = {e["path"]: sha256_file(full_path(site, e["path"])) for e in entries}  # noqa: F821
-    return {"changed": [e["path"] for e in entries], "hashes": hashes, "pycache_removed": removed}
+    return {"changed": [e["path"] for e in entries], "hashes": hashes, "pycache_removed": removed, "kept": kept}
 
 
 def main(args):
@@ -119,14 +152,17 @@ def main(args):
         site = find_site(args)  # noqa: F821
         sd = StateDir(args["state_dir"])  # noqa: F821
         with Lock(sd, args.get("lock_timeout", 30)):  # noqa: F821
+            cleaned = remove_stale_tmp(sd)  # noqa: F821
             recovered = recover(sd, site)  # noqa: F821
             if args.get("mode") == "recover":
-                return {"recovered": recovered, "changed": [], "hashes": {}}
+                return {"recovered": recovered, "changed": [], "hashes": {}, "cleaned": cleaned}
             if recovered is not None:
                 raise Refused("finished an interrupted earlier run first (%s); the plan was made before that;"  # noqa: F821
                               " nothing else written; run the command again" % recovered["outcome"])
             answer = _transaction(args, site, sd)
-            answer["recovered"] = recovered
+            answer["recovered"], answer["cleaned"] = recovered, cleaned
             return answer
     except Refused as exc:  # noqa: F821
         return {"refused": str(exc)}
+    except Failed as exc:
+        return {"failed": str(exc)}

@@ -1,5 +1,6 @@
-# Shared by patch_probe.py and patch_apply.py (toolkit.patching prepends it to both).
-# Standard library only, Python 3.8+. Host state lives in <state_dir>/patch/:
+# Shared by patch_probe.py and patch_apply.py: both name it in their `# hostrun-uses:` line,
+# so toolkit.hostrun sends it in front of them. Standard library only, Python 3.8+.
+# Host state lives in <state_dir>/patch/:
 #   state.json    what is applied: package, version, site, stack, expected sha256 per file
 #   journal.json  present only while a run changes files (see recover() for the rule)
 #   lock          flock'ed by every run that writes or recovers
@@ -11,6 +12,9 @@ import glob
 import hashlib
 import json
 import os
+import re
+import stat
+import struct
 import time
 
 STATE_FORMAT = 1
@@ -127,16 +131,149 @@ def fsync_dir(path):
 def write_atomic(path, data):
     """Write beside, fsync, rename over, fsync the folder: readers see old or new, never half."""
     tmp = "%s.tmp%d" % (path, os.getpid())
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_files([tmp])
+        raise
     fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_json_atomic(path, data):
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode())
+
+
+_ATOMIC_TMP = re.compile(r"\.tmp([0-9]+)$")   # write_atomic's temporary names
+
+
+def pid_alive(pid):
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def stale_tmp_files(folders, only=None):
+    """write_atomic temporaries (`NAME.tmp<pid>`) in `folders` whose writer is dead; with
+    `only`, just those of the files named there. A live run's temporaries are left alone."""
+    found = []
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            match = _ATOMIC_TMP.search(name)
+            if not match or (only is not None and name[:match.start()] not in only):
+                continue
+            if not pid_alive(int(match.group(1))):
+                found.append(os.path.join(folder, name))
+    return sorted(found)
+
+
+def remove_files(paths):
+    removed = []
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def remove_stale_tmp(sd):
+    """Temporaries that a killed run left in the state folder (state, journal, backups)."""
+    return remove_files(stale_tmp_files([sd.root, sd.backups]))
+
+
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+FS_IOC_GETFLAGS = 0x80006601 | (struct.calcsize("l") << 16)   # _IOR('f', 1, long)
+
+
+def _linux_inode_flags(path):
+    """The chattr flags of `path` (Linux), or 0 where the file system has none or they cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8)[:4])[0]  # the kernel writes an int
+    except (OSError, ValueError):
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _flag_blocker(path, what):
+    flags = getattr(os.lstat(path), "st_flags", None)
+    if flags is not None:  # BSD, macOS
+        if flags & (stat.UF_IMMUTABLE | stat.SF_IMMUTABLE | stat.UF_APPEND | stat.SF_APPEND):
+            return "%s %s has the immutable or append-only flag (`ls -lO` shows it); clear it with" \
+                   " `chflags nouchg,noschg,nouappnd,nosappnd %s`" % (what, path, path)
+        return None
+    flags = _linux_inode_flags(path)
+    if flags & FS_IMMUTABLE_FL:
+        return "%s %s has the immutable attribute (`lsattr` shows 'i'); clear it with `chattr -i %s`" % (
+            what, path, path)
+    if flags & FS_APPEND_FL:
+        return "%s %s has the append-only attribute (`lsattr` shows 'a'); clear it with `chattr -a %s`" % (
+            what, path, path)
+    return None
+
+
+def _user():
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % os.geteuid()
+
+
+def replace_blockers(site, rels):
+    """{rel: why} for every file of `rels` that a rename could not replace (or unlink could not
+    delete), judged without writing anything: a symbolic link (never replaced, see
+    docs/patching.md), a folder that is not writable, an immutable or append-only file or
+    folder, a sticky folder owned by someone else, a mount point."""
+    blocked = {}
+    euid = os.geteuid()
+    for rel in rels:
+        path = full_path(site, rel)
+        folder = os.path.dirname(path)
+        while folder and not os.path.isdir(folder):  # a new file: judge the nearest folder that exists
+            folder = os.path.dirname(folder)
+        reason = None
+        if os.path.islink(path):
+            reason = ("%s is a symbolic link (to %s); the toolkit replaces files by rename and never turns a link"
+                      " into a regular file nor changes the file behind it: replace the link by a copy first"
+                      " (`cp --remove-destination \"$(readlink -f %s)\" %s`)" % (path, os.readlink(path), path, path))
+        elif os.path.isdir(path):
+            reason = "%s is a folder, the patch needs a file there" % path
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            reason = "folder %s is not writable by %s (read-only folder or file system)" % (folder, _user())
+        else:
+            reason = _flag_blocker(folder, "folder")
+            if reason is None and os.path.lexists(path):
+                info, folder_info = os.lstat(path), os.stat(folder)
+                reason = _flag_blocker(path, "file")
+                if reason is None and folder_info.st_mode & stat.S_ISVTX and euid not in (
+                        0, info.st_uid, folder_info.st_uid):
+                    reason = "folder %s is sticky and %s belongs to uid %d, not to %s" % (
+                        folder, path, info.st_uid, _user())
+                if reason is None and info.st_dev != folder_info.st_dev:
+                    reason = "%s is a mount point (bind-mounted file); a rename cannot replace it" % path
+        if reason:
+            blocked[rel] = reason
+    return blocked
 
 
 class Lock(object):
@@ -170,28 +307,11 @@ class Lock(object):
         os.close(self.fd)  # closing releases the flock; a killed process releases it too
 
 
-def fault(point):
-    """Test-only fault injection (docs/patching.md): TOOLKIT_FAULT_AT=<point> (or
-    TOOLKIT_FAULT_AFTER_RENAMES=k for point after-rename-k) with TOOLKIT_FAULT_ACTION=exit
-    (default: os._exit(137), like SIGKILL) or sleep:SECONDS (write the pid to
-    $TOOLKIT_FAULT_PIDFILE, then sleep, so a test can cut the connection or kill it; the
-    sleep ends early once the file $TOOLKIT_FAULT_RELEASE exists)."""
-    wanted = os.environ.get("TOOLKIT_FAULT_AT")
-    if os.environ.get("TOOLKIT_FAULT_AFTER_RENAMES"):
-        wanted = "after-rename-%s" % os.environ["TOOLKIT_FAULT_AFTER_RENAMES"]
-    if wanted != point:
-        return
-    action = os.environ.get("TOOLKIT_FAULT_ACTION", "exit")
-    if action.startswith("sleep:"):
-        pidfile = os.environ.get("TOOLKIT_FAULT_PIDFILE")
-        if pidfile:
-            write_atomic(pidfile, str(os.getpid()).encode())
-        deadline = time.monotonic() + float(action.split(":", 1)[1])
-        release = os.environ.get("TOOLKIT_FAULT_RELEASE")
-        while time.monotonic() < deadline and not (release and os.path.exists(release)):
-            time.sleep(0.05)
-        return
-    os._exit(137)
+def checkpoint(point):
+    """A named point of a host run: after-backups, after-prepare, after-new-files,
+    after-rename-K (K = 0..n renames done) and after-state. It does nothing here. The fault
+    tests send their own version of it with the payload (tests/patch/faults.py) to kill or
+    hold a run at that point; nothing a user sets reaches it."""
 
 
 def full_path(site, rel):
@@ -208,7 +328,7 @@ def remove_stale_pycache(site, rels):
             try:
                 os.unlink(pyc)
                 removed.append(os.path.relpath(pyc, site))
-            except FileNotFoundError:
+            except OSError:
                 pass
     return removed
 
@@ -229,6 +349,17 @@ def restore_from_backup(sd, site, rel, sha):
     return True
 
 
+def _holds(path, entry):
+    found = sha256_file(path)
+    if found is None:
+        return "nothing (the file is missing)"
+    if found == entry["new"]:
+        return "the new content of the cut run"
+    if found == entry["old"]:
+        return "its old content"
+    return "other bytes (sha256 %s)" % found[:12]
+
+
 def recover(sd, site):
     """Bring files and state back into agreement after a cut run; idempotent.
 
@@ -236,10 +367,12 @@ def recover(sd, site):
     the listed temporary files, keep the state: rolled back. In phase "commit" every new
     file had been written and fsync'ed beside its target before the journal said so:
     roll forward (rename each remaining temporary file whose hash is the new one), then
-    write the journal's new state. Only if a new file cannot be found any more, switch
-    the journal to phase "rollback" and restore every file to its old hash from the
-    content-addressed backups, then write the old state. The journal is removed last, so
-    a recovery cut in turn is simply done again by the next run."""
+    write the journal's new state. Only if a new file cannot be found any more, or a target
+    cannot be replaced (an immutable file, say), switch the journal to phase "rollback" and
+    restore every file to its old hash from the content-addressed backups, then write the
+    old state. A file that cannot be restored either is listed in the state as damaged,
+    with what it holds and why, so `verify` reports the real mixed state. The journal is
+    removed last, so a recovery cut in turn is simply done again by the next run."""
     journal = sd.read_journal()
     if journal is None:
         return None
@@ -250,17 +383,21 @@ def recover(sd, site):
     if phase == "commit":
         for entry in entries:
             path, tmp = full_path(site, entry["path"]), full_path(site, entry["tmp"]) if entry.get("tmp") else None
-            if entry["new"] is None:
-                if os.path.lexists(path):
-                    os.unlink(path)
-                continue
-            if sha256_file(path) == entry["new"]:
-                continue
-            if tmp and sha256_file(tmp) == entry["new"]:
-                os.replace(tmp, path)
-                continue
+            try:
+                if entry["new"] is None:
+                    if os.path.lexists(path):
+                        os.unlink(path)
+                    continue
+                if sha256_file(path) == entry["new"]:
+                    continue
+                if tmp and sha256_file(tmp) == entry["new"]:
+                    os.replace(tmp, path)
+                    continue
+                why = "the new content of %s is gone" % entry["path"]
+            except OSError as exc:
+                why = "%s could not be replaced: %s" % (entry["path"], exc)
             phase = "rollback"
-            journal["phase"] = "rollback"
+            journal["phase"], journal["failure"] = "rollback", why
             write_json_atomic(sd.journal, journal)
             break
         else:
@@ -268,29 +405,39 @@ def recover(sd, site):
                 fsync_dir(folder)
             write_json_atomic(sd.state, journal["new_state"])
             outcome = "rolled forward"
-    damaged = []
+    damaged = {}
     if phase == "rollback":
+        if journal.get("failure"):
+            outcome = "rolled back (%s)" % journal["failure"]
         for entry in entries:
-            if not restore_from_backup(sd, site, entry["path"], entry["old"]):
-                damaged.append(entry["path"])
+            path = full_path(site, entry["path"])
+            try:
+                if restore_from_backup(sd, site, entry["path"], entry["old"]):
+                    continue
+                why = "its backup is missing or corrupt"
+            except OSError as exc:
+                why = "restoring it failed: %s" % exc
+            damaged[entry["path"]] = "%s; it holds %s" % (why, _holds(path, entry))
         old_state = journal.get("old_state")
         if damaged:
-            # a backup was lost as well: say so in the state, verify then fails on these files
-            # and `invoke patch revert --all --force` restores them from the wheel
-            old_state = dict(old_state or {}, damaged=damaged)
-            outcome = "rolled back; could not restore %s (backup missing or corrupt)" % ", ".join(damaged)
+            # verify fails on these files and says what each holds; once the cause is gone,
+            # `invoke patch revert --all --force` restores them from the wheel
+            if old_state is None:  # nothing was applied before: an empty stack for this release
+                new_state = journal["new_state"]
+                old_state = {"format": new_state.get("format"), "package": new_state.get("package"),
+                             "version": new_state.get("version"), "site": site, "stack": [], "files": {}}
+            old_state = dict(old_state, damaged=sorted(damaged), damaged_detail=damaged)
+            outcome += "; could not restore %s" % "; ".join("%s (%s)" % item for item in sorted(damaged.items()))
         if old_state is None:
             if os.path.exists(sd.state):
                 os.unlink(sd.state)
         else:
             write_json_atomic(sd.state, old_state)
-    for entry in entries:
-        if entry.get("tmp"):
-            try:
-                os.unlink(full_path(site, entry["tmp"]))
-            except FileNotFoundError:
-                pass
+    remove_files([full_path(site, e["tmp"]) for e in entries if e.get("tmp")])
+    remove_files(stale_tmp_files({os.path.dirname(full_path(site, e["path"])) for e in entries},
+                                 only={os.path.basename(e["path"]) for e in entries}))
     remove_stale_pycache(site, [e["path"] for e in entries])
     os.unlink(sd.journal)
     fsync_dir(sd.root)
-    return {"outcome": outcome, "run": journal.get("run"), "files": [e["path"] for e in entries]}
+    return {"outcome": outcome, "run": journal.get("run"), "files": [e["path"] for e in entries],
+            "damaged": sorted(damaged)}

@@ -1,8 +1,10 @@
 # One round trip that tells the control machine everything a patch command needs:
 # where site-packages is, the installed version (METADATA) and RECORD hashes, the sha256
-# of the files asked for and of the files the state lists, the state, the backups, and
-# (with "recover") the outcome of finishing a run that was cut. Reads dist-info files
-# directly; never imports the package. Uses patch_hostlib.py (prepended).
+# of the files asked for and of the files the state lists, which of them cannot be
+# replaced and why, the state, the backups, and (with "recover") the outcome of finishing
+# a run that was cut and the temporaries of dead runs it removed. Reads dist-info files
+# directly; never imports the package.
+# hostrun-uses: patch_hostlib
 import base64
 import os
 import platform
@@ -19,15 +21,17 @@ def _probe(args):
     site = find_site(args)  # noqa: F821 (patch_hostlib)
     dist, version = find_dist(site, args["package"])  # noqa: F821
     sd = StateDir(args["state_dir"])  # noqa: F821
-    recovered = None
-    if args.get("recover") and sd.read_journal() is not None:
+    recovered, cleaned = None, []
+    if args.get("recover") and (sd.read_journal() is not None or stale_tmp_files([sd.root, sd.backups])):  # noqa: F821
         with Lock(sd, args.get("lock_timeout", 30)):  # noqa: F821
+            cleaned = remove_stale_tmp(sd)  # noqa: F821
             recovered = recover(sd, site)  # noqa: F821
     state, state_sha = sd.read_state()
     record = read_record(dist) if dist else {}  # noqa: F821
     wanted = set(args.get("paths", []))
     if state:
         wanted.update(state.get("files", {}))
+        wanted.update(state.get("damaged", []))
     answer = {
         "site": site,
         "python": platform.python_version(),
@@ -39,7 +43,10 @@ def _probe(args):
         "state_sha": state_sha,
         "journal": sd.read_journal(),
         "recovered": recovered,
+        "cleaned": cleaned,
+        "blocked": replace_blockers(site, sorted(wanted)),  # noqa: F821
         "backups": sd.backup_status(),
+        "backup_dir": sd.backups,
     }
     if args.get("fetch"):
         answer["contents"] = {}

@@ -1,11 +1,12 @@
 # One provisioning step on the host, under the host's provision lock: check again, act only
-# if the check says so, check once more, and report ok / changed / failed. toolkit.provision
+# if the check says so, check once more, and report ok / changed / failed. toolkit.hostrun
 # sends this after facts.py's source, so normalize(), run(), installed_versions() and friends
 # come from there. Standard library only, Python 3.8+.
 #
 # The lock makes a second, concurrent `invoke provision` on the same host safe: it waits,
 # then finds the work done and reports "ok". The full pip/apt output goes to the log file
 # named by the control side; only its tail comes back, and only on failure.
+# hostrun-uses: facts
 import errno
 import fcntl
 import time

@@ -51,34 +51,46 @@ def make(name: str, change, requires=(), summary="") -> None:
                     .replace("TODO: what it changes and why", "Synthetic test patchset: " + summary))
 
 
-def main() -> None:
-    out = HERE / "patchsets"
+def build(out: Path) -> None:
+    """Make every synthetic patchset afresh (edit trees in the cache) and copy them into `out`."""
+    saved = os.environ.get("TOOLKIT_PATCHSETS")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TOOLKIT_PATCHSETS"] = tmp
-        make("one-file", lambda t: replace(t, AUTH, "error_status_code: int = 401",
-                                           "error_status_code: int = 403  # synthetic one-file"),
-             summary="one file, one hunk")
-        make("pair-base", lambda t: replace(t, JSON, "def dumps_json(", "PAIR_LEVEL = 'base'\n\n\ndef dumps_json("),
-             summary="bottom of a stacked pair")
-        make("pair-top", lambda t: (replace(t, JSON, "PAIR_LEVEL = 'base'", "PAIR_LEVEL = 'top'"),
-                                    replace(t, RPD, "\n", "\n# synthetic pair-top\n")),
-             requires=["pair-base"], summary="top of a stacked pair (requires pair-base)")
+        try:
+            make("one-file", lambda t: replace(t, AUTH, "error_status_code: int = 401",
+                                               "error_status_code: int = 403  # synthetic one-file"),
+                 summary="one file, one hunk")
+            make("pair-base", lambda t: replace(t, JSON, "def dumps_json(",
+                                                "PAIR_LEVEL = 'base'\n\n\ndef dumps_json("),
+                 summary="bottom of a stacked pair")
+            make("pair-top", lambda t: (replace(t, JSON, "PAIR_LEVEL = 'base'", "PAIR_LEVEL = 'top'"),
+                                        replace(t, RPD, "\n", "\n# synthetic pair-top\n")),
+                 requires=["pair-base"], summary="top of a stacked pair (requires pair-base)")
 
-        def twenty(tree):
-            for rel in TWENTY:
-                with open(tree / rel, "a") as f:
-                    f.write("\n# synthetic twenty: %s\n" % rel.rsplit("/", 1)[1])
-        make("twenty", twenty, summary="one line added to each of 20 files")
-        make("clash", lambda t: replace(t, AUTH, "error_status_code: int = 401",
-                                        "error_status_code: int = 418  # synthetic clash"),
-             summary="changes the line one-file changes: conflicts when stacked")
-        make("three", lambda t: [replace(t, rel, "\n", "\n# synthetic three\n") for rel in THREE],
-             summary="one line added to each of 3 files (every cut point is tested on it)")
-        for name in os.listdir(tmp):
-            shutil.rmtree(out / name, ignore_errors=True)
-            shutil.copytree(Path(tmp) / name, out / name)
-        for name in os.listdir(tmp):
-            shutil.rmtree(authoring.edit_dir(name), ignore_errors=True)
+            def twenty(tree):
+                for rel in TWENTY:
+                    with open(tree / rel, "a") as f:
+                        f.write("\n# synthetic twenty: %s\n" % rel.rsplit("/", 1)[1])
+            make("twenty", twenty, summary="one line added to each of 20 files")
+            make("clash", lambda t: replace(t, AUTH, "error_status_code: int = 401",
+                                            "error_status_code: int = 418  # synthetic clash"),
+                 summary="changes the line one-file changes: conflicts when stacked")
+            make("three", lambda t: [replace(t, rel, "\n", "\n# synthetic three\n") for rel in THREE],
+                 summary="one line added to each of 3 files (every cut point is tested on it)")
+            for name in os.listdir(tmp):
+                shutil.rmtree(out / name, ignore_errors=True)
+                shutil.copytree(Path(tmp) / name, out / name)
+            for name in os.listdir(tmp):
+                shutil.rmtree(authoring.edit_dir(name), ignore_errors=True)
+        finally:
+            if saved is None:
+                os.environ.pop("TOOLKIT_PATCHSETS", None)
+            else:
+                os.environ["TOOLKIT_PATCHSETS"] = saved
+
+
+def main() -> None:
+    build(HERE / "patchsets")
 
 
 if __name__ == "__main__":
