@@ -34,11 +34,16 @@ if [ ! -d /tmp/site/sglang ]; then
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
   python3 gpu/naive_bypass.py /tmp/naive/sglang
   if [ "${DYN_APPLY:-1}" = 1 ]; then
+  # the diffs of the release installed in /tmp/site (patchsets/NAME/<release>/*.patch)
+  REL=$(basename /tmp/site/sglang-*.dist-info .dist-info | sed 's/^sglang-//')
   for ps in ${DYN_PATCHSETS:-dyn-disable}; do
-    python3 gpu/apply_patch.py patchsets/$ps/0001-$ps.patch /tmp/site || { say "patch $ps failed"; exit 1; }
+    ls patchsets/$ps/$REL/*.patch >/dev/null 2>&1 || { say "patchset $ps has no diffs for sglang $REL"; exit 1; }
+    for p in patchsets/$ps/$REL/*.patch; do
+      python3 gpu/apply_patch.py "$p" /tmp/site || { say "patch $p failed"; exit 1; }
+    done
   done
   # every file the applied patches touch, read from their diff headers
-  patched=$(for ps in ${DYN_PATCHSETS:-dyn-disable}; do sed -n 's#^+++ b/#/tmp/site/#p' patchsets/$ps/*.patch; done | sort -u)
+  patched=$(for ps in ${DYN_PATCHSETS:-dyn-disable}; do sed -n 's#^+++ b/#/tmp/site/#p' patchsets/$ps/$REL/*.patch; done | sort -u)
   python3 -m py_compile $patched && say "patched files compile (${DYN_PATCHSETS:-dyn-disable}: $(echo $patched | wc -w) files)"
   fi
 fi

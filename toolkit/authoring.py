@@ -196,22 +196,9 @@ def conflicted_files(diff: str) -> list[str]:
     return found
 
 
-def target_folder(name: str, version: str) -> Path:
-    """Where NAME's diffs for VERSION live (beside patchset.toml for an old one-release patchset)."""
-    folder = patchsets.patchsets_dir() / name
-    existing = patchsets.load_all().get(name) if (folder / "patchset.toml").exists() else None
-    if existing is not None and existing.flat:
-        if version not in existing.versions:
-            raise AuthoringError(f"{name} keeps its diffs beside patchset.toml (one release, {existing.versions[0]});"
-                                 f" move them into a release folder first: `git mv {folder}/*.patch"
-                                 f" {folder}/{existing.versions[0]}/`")
-        return folder
-    return folder / version
-
-
 def write_patch(name: str, version: str, patch_name: str, diff: str, package: str) -> tuple[Path, patchsets.PatchFile]:
     """Validate DIFF and write it as patchsets/NAME/VERSION/PATCH_NAME (atomically)."""
-    folder = target_folder(name, version)
+    folder = patchsets.patchsets_dir() / name / version
     folder.mkdir(parents=True, exist_ok=True)
     patch_path = folder / patch_name
     candidate = folder / f".{patch_name}.new"

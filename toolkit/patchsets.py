@@ -25,7 +25,7 @@ from unidiff.errors import UnidiffParseError
 from . import paths
 
 REQUIRED_KEYS = ("name", "summary", "package", "order")
-FLAT_KEYS = ("versions", "patches")   # the old one-release layout: diffs beside patchset.toml
+OLD_LAYOUT_KEYS = ("versions", "patches")   # the one-release layout: diffs beside patchset.toml
 RELEASE_NAME = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 
 
@@ -74,7 +74,6 @@ class Patchset:
     order: int
     requires: list[str]
     releases: dict[str, list[str]]     # release -> its patch file names, in the order they apply
-    flat: bool = False                 # the old layout: one release, diffs beside patchset.toml
     env: dict = field(default_factory=dict)
     logs: dict = field(default_factory=dict)
     verified: list = field(default_factory=list)
@@ -97,7 +96,7 @@ class Patchset:
         return sorted(self.releases, key=release_key)
 
     def release_folder(self, version: str) -> Path:
-        return self.folder if self.flat else self.folder / version
+        return self.folder / version
 
     def no_release(self, version: str) -> str:
         """Why this patchset cannot go onto VERSION, with the command that fixes it."""
@@ -113,8 +112,8 @@ class Patchset:
             if not path.exists():
                 if allow_missing:
                     continue
-                raise PatchsetError(f"{self.name}: patch file {name} is listed in patchset.toml but missing;"
-                                    f" write it with `invoke patch edit {self.name}` then `invoke patch refresh {self.name}`")
+                raise PatchsetError(f"{self.name}/{version}/{name} is gone since the patchsets were read;"
+                                    f" run the command again")
             found.append(read_patch(path, self.package, owner=f"{self.name}/{version}"))
         return found
 
@@ -221,19 +220,14 @@ def _load_one(folder: Path) -> Patchset:
         raise PatchsetError(f"{folder.name}/patchset.toml lacks: {', '.join(missing)}")
     if data["name"] != folder.name:
         raise PatchsetError(f"{folder.name}/patchset.toml: name {data['name']!r} must equal the folder name")
-    flat = any(key in data for key in FLAT_KEYS)
-    if flat:
-        if not all(key in data for key in FLAT_KEYS):
-            raise PatchsetError(f"{folder.name}/patchset.toml: the releases come from the release folders"
-                                f" ({folder.name}/<release>/*.patch); remove {' and '.join(FLAT_KEYS)}")
-        if not isinstance(data["versions"], list) or not data["versions"]:
-            raise PatchsetError(f"{folder.name}: versions must be a non-empty list of exact versions")
-        for name in data["patches"]:
-            if "/" in name or name.startswith("."):
-                raise PatchsetError(f"{folder.name}: patch {name!r} must be a file in the patchset folder")
-        releases = {str(v): list(data["patches"]) for v in data["versions"]}
-    else:
-        releases = _releases(folder)
+    old_keys = [key for key in OLD_LAYOUT_KEYS if key in data]
+    if old_keys:
+        release = (data.get("versions") or ["0.5.11"])[0]
+        raise PatchsetError(f"{folder.name}/patchset.toml: {' and '.join(old_keys)} belong to the old one-release"
+                            f" layout; the releases are now the folders {folder.name}/<release>/: run"
+                            f" `mkdir {folder}/{release} && git mv {folder}/*.patch {folder}/{release}/`"
+                            f" and remove {' and '.join(old_keys)} from patchset.toml")
+    releases = _releases(folder)
     logs = data.get("logs", {})
     for key in ("startup", "print", "refuse"):
         lines = logs.get(key, [])
@@ -243,7 +237,7 @@ def _load_one(folder: Path) -> Patchset:
     return Patchset(
         name=data["name"], folder=folder, summary=data["summary"], description=data.get("description", ""),
         package=data["package"], order=int(data["order"]), requires=list(data.get("requires", [])),
-        releases=releases, flat=flat,
+        releases=releases,
         env=dict(data.get("env", {})), logs=dict(data.get("logs", {})), verified=list(data.get("verified", [])))
 
 

@@ -17,7 +17,7 @@ from toolkit import wheels
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHSET = REPO / "patchsets" / "dyn-disable"
-PATCH = PATCHSET / "0001-dyn-disable.patch"
+PATCH = PATCHSET / "0.5.11" / "0001-dyn-disable.patch"
 
 
 def touched_paths(patch_text: str) -> list[tuple[str, bool]]:

@@ -11,6 +11,7 @@ import tomllib
 import pytest
 
 from tests.dyn.conftest import PATCH, PATCHSET, REPO, assert_imports_without_torch, touched_paths
+from toolkit import patchsets
 
 EXPECTED = {
     "sglang/srt/speculative/dyn_disable.py": True,
@@ -71,6 +72,7 @@ def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):
     """The toolkit waits for [logs] startup and prints the lines [logs] print names: both must
     match what the patched code logs, or `server start` would wait forever / stay silent."""
     meta = tomllib.loads((PATCHSET / "patchset.toml").read_text())
+    assert patchsets.load_all(REPO / "patchsets")["dyn-disable"].releases == {"0.5.11": [PATCH.name]}
     startup = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"})).startup_message()
     assert meta["logs"]["startup"] and all(startup.startswith(line) for line in meta["logs"]["startup"])
     switch = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"}))

@@ -131,3 +131,21 @@ def test_host_scripts_keep_to_python_3_8_grammar():
         source = hostrun.build_payload(name, {})
         ast.parse(source, feature_version=(3, 8))
         assert "import toolkit" not in source and "from toolkit" not in source
+
+
+def test_a_patchset_in_the_old_one_release_layout_is_refused_with_the_move_command(patchsets_dir):
+    old = patchsets_dir / "old-style"
+    old.mkdir()
+    shutil.copyfile(DATA / "one-file" / "0.5.11" / "0001-one-file.patch", old / "0001-old-style.patch")
+    (old / "patchset.toml").write_text('name = "old-style"\nsummary = "s"\npackage = "sglang"\nversions = ["0.5.11"]\n'
+                                       'order = 5\nrequires = []\npatches = ["0001-old-style.patch"]\n')
+    with pytest.raises(PatchsetError) as refused:
+        patching.load_patchsets()
+    assert f"`mkdir {old}/0.5.11 && git mv {old}/*.patch {old}/0.5.11/`" in str(refused.value)
+    (old / "0.5.11").mkdir()
+    (old / "0001-old-style.patch").rename(old / "0.5.11" / "0001-old-style.patch")
+    toml = old / "patchset.toml"
+    toml.write_text(toml.read_text().replace('versions = ["0.5.11"]\n', "").replace('patches = ["0001-old-style.patch"]\n',
+                                                                                  ""))
+    assert patching.load_patchsets()["old-style"].releases == {"0.5.11": ["0001-old-style.patch"]}
+    assert patching.check("old-style").ok

@@ -72,7 +72,7 @@ def patch_default_hysteresis(threshold):
     from toolkit import wheels
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["git", "apply", "-p1", "--include=sglang/srt/speculative/dyn_disable.py",
-                        str(Path("patchsets/dyn-disable/0001-dyn-disable.patch").resolve())],
+                        str(Path("patchsets/dyn-disable/0.5.11/0001-dyn-disable.patch").resolve())],
                        cwd=tmp, check=True)
         spec = importlib.util.spec_from_file_location("policy", Path(tmp) / "sglang/srt/speculative/dyn_disable.py")
         module = importlib.util.module_from_spec(spec)

@@ -19,7 +19,7 @@ from tests.dyn.conftest import load_by_path, tree_with
 from toolkit import facts as facts_engine
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patchsets" / "sm120" / "0001-sm120-blackwell-workstation.patch"
+PATCH = REPO / "patchsets" / "sm120" / "0.5.11" / "0001-sm120-blackwell-workstation.patch"
 CASES = tomllib.loads((Path(__file__).parent / "gate_cases.toml").read_text())["case"]
 RULE = "sglang/srt/sm120_gates.py"
 ENTRY = "m_grouped_fp8_fp4_gemm_nt_contiguous"
