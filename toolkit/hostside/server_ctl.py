@@ -322,13 +322,23 @@ def _paths(root, profile):
 
 # -- one log per start ----------------------------------------------------------------------
 
+def _log_order(name):
+    """Sort key of a kept log's name: its start stamp, then the -N of starts within one second
+    (PROFILE-STAMP.log, PROFILE-STAMP-2.log, ...; plain name order would put -2 first)."""
+    stem = name[:-len(".log")]
+    head, dash, tail = stem.rpartition("-")
+    if dash and tail.isdigit() and head.endswith("Z"):
+        return (head, int(tail))
+    return (stem, 1)
+
+
 def _run_logs(p):
-    """The kept logs of a profile, oldest first (their names sort by start time)."""
+    """The kept logs of a profile, oldest first."""
     try:
         names = [n for n in os.listdir(p["logs"]) if n.endswith(".log")]
     except OSError:
         return []
-    return [os.path.join(p["logs"], n) for n in sorted(names)]
+    return [os.path.join(p["logs"], n) for n in sorted(names, key=_log_order)]
 
 
 def _stamp(when):
