@@ -12,9 +12,8 @@
 # Multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, as run_toolkit.sh),
 # so the forced symm-mem run is the two-shot kernel without multicast, the PCIe-box path.
 #
-# Dev machine first (the device has no network and maybe no git; the [sm120] image must be in
-# the carried cache): bash gpu/fetch_wheels.sh && bash gpu/pack_site.sh, the .tkwheels folder as
-# for run_toolkit.sh, then  TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check sm120
+# Dev machine first (the device has no network and maybe no git; the sm120 image must be in
+# the carried cache): bash gpu/build_carry.sh
 # Device (carry .whl1 .whl2 .whl3 .tkwheels):
 #   BUDGET_S=560 bash gpu/facts_interconnect.sh > $OUT/run.log 2>&1
 #   PHASES=raw bash gpu/facts_interconnect.sh      # needs .tkwheels only
@@ -31,7 +30,7 @@ trap pack EXIT
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 PHASES=" ${PHASES:-raw forced} "
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. gpu/device_env.sh
 
 # 1. What nvidia-smi says, as it says it (the facts parser's input).
 raw() { echo; echo "\$ nvidia-smi $*"; nvidia-smi "$@" 2>&1 | tee "$EV/nvsmi-$(echo "$*" | tr ' =,' '___' | cut -c1-40).txt"; echo "[exit ${PIPESTATUS[0]}]"; }
@@ -45,15 +44,11 @@ if [[ $PHASES == *" raw "* ]]; then
 fi
 
 # 2. The toolkit, as run_toolkit.sh runs it (control side from .tkwheels, this checkout on PYTHONPATH).
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tk .tkwheels/*.whl 2>&1 | grep -v WARNING
-export PYTHONPATH=/tmp/tk:$PWD TOOLKIT_CACHE=$PWD/.tkwheels/cache TOOLKIT_INVENTORY=/tmp/inv-sm120 GIT_PYTHON_REFRESH=quiet
-tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
+toolkit_side /tmp/inv-sm120
 if [[ $PHASES == *" forced "* ]]; then
   DYN_APPLY=0 bash gpu/run_dyn.sh setup 2>&1 | tail -n 3     # pristine /tmp/site + /tmp/models
 fi
-EXTRA=""; python3 -c "import IPython.display" 2>/dev/null || EXTRA=":/tmp/site/_stubs"
-NUMA=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA="LD_LIBRARY_PATH = \"$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}\""
-mkdir -p /tmp/inv-sm120 /tmp/models
+mkdir -p /tmp/models
 # A config-only Qwen3 (2 layers, hidden 512) with the tiny tokenizer of make_models.py.
 if [ -d /tmp/models/target-sharp ] && [ ! -d /tmp/models/qwen3-tiny ]; then
   mkdir -p /tmp/models/qwen3-tiny && cp /tmp/models/target-sharp/*token* /tmp/models/qwen3-tiny/ 2>/dev/null
@@ -89,12 +84,7 @@ port = $2
 model = "/tmp/models/qwen3-tiny"
 flags = [$FLAGS, "--nccl-port", "$(( $2 + 50 ))"]
 [$1.server.env]
-PYTHONPATH = "/tmp/site$EXTRA"
-$NUMA
-HF_HUB_OFFLINE = "1"
-NCCL_NVLS_ENABLE = "0"
-TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"
-NVSHMEM_DISABLE_NVLS = "1"
+$(server_env_toml)
 $3
 EOF
 }

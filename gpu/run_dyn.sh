@@ -21,9 +21,7 @@ say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 finish() { tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null; say "done"; }
 trap finish EXIT
 
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+. gpu/device_env.sh
 if [ ! -d /tmp/site/sglang ]; then
   mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1/site.tar.xz
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl 2>&1 | grep -v WARNING
@@ -48,10 +46,7 @@ if [ ! -d /tmp/site/sglang ]; then
   fi
 fi
 export PYTHONPATH=/tmp/site
-EXTRA=""
-python3 -c "import IPython.display" 2>/dev/null || EXTRA=/tmp/site/_stubs
-export EXTRA_PYTHONPATH=$EXTRA
-ldconfig -p | grep -q 'libnuma.so.1 ' || export LD_LIBRARY_PATH=$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}
+EXTRA=$STUBS
 say "site ready (extra pythonpath: '$EXTRA')"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
 

@@ -28,15 +28,10 @@ left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 
 # 1. The trimmed SGLang site (unpatched: the toolkit applies the patchsets) and the models.
 DYN_APPLY=0 BIG_LAYERS=${BIG_LAYERS:-32} HUGE=${HUGE:-} OUT=$EV bash gpu/run_dyn.sh setup 2>&1 | tail -n 4
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-EXTRA=""; python3 -c "import IPython.display" 2>/dev/null || EXTRA=":/tmp/site/_stubs"
-NUMA=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA="LD_LIBRARY_PATH = \"$PWD/.whl1/libnuma:${LD_LIBRARY_PATH:-}\""
+. gpu/device_env.sh
 
-# 2. The toolkit's control side: the image has rich, jinja2, httpx, matplotlib; the rest is carried.
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tk .tkwheels/*.whl 2>&1 | grep -v WARNING
-export PYTHONPATH=/tmp/tk:$PWD TOOLKIT_CACHE=$PWD/.tkwheels/cache TOOLKIT_INVENTORY=/tmp/inv
-export GIT_PYTHON_REFRESH=quiet  # compiled patch images come from the carried cache; git may be absent
-mkdir -p /tmp/inv
+# 2. The toolkit's control side: the image has rich, jinja2, httpx, aiohttp, matplotlib; the rest is carried.
+toolkit_side /tmp/inv
 FLAGS='"--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
   "--disable-piecewise-cuda-graph", "--random-seed", "0", "--max-running-requests", "64",
   "--cuda-graph-max-bs", "64", "--decode-log-interval", "200"'
@@ -57,19 +52,13 @@ draft_model = "/tmp/models/draft-$2"
 ${7:-}
 flags = [$FLAGS, "--mem-fraction-static", "$3", "--max-total-tokens", "${8:-65536}"$4]
 [$1.server.env]
-PYTHONPATH = "/tmp/site$EXTRA"
-$NUMA
-HF_HUB_OFFLINE = "1"
-NCCL_NVLS_ENABLE = "0"
-TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"
-NVSHMEM_DISABLE_NVLS = "1"
+$(server_env_toml)
 $5
 EOF
 }
 { host gpu sharp 0.3 "" ""; host gpu-big big 0.7 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'
   host gpu-symm sharp 0.3 ', "--enable-torch-symm-mem"' ""
   host gpu-huge huge 0.85 ', "--load-format", "dummy"' 'SGLANG_SIMULATE_ACC_LEN = "2.6"'; } > /tmp/inv/gpu.toml
-tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
 apply_dyn_stack() { tk patch apply dyn-disable --host gpu && tk patch verify --host gpu; }
 snap() { nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits > "$EV/nvsmi-$1.query-gpu.csv";
          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$EV/nvsmi-$1.compute-apps.csv"; }

@@ -1,0 +1,27 @@
+# Sourced (from the repo root) by the gpu/ scripts on the device machine: the environment every
+# SGLang server there runs with, and the toolkit's control side for `--host local` runs.
+# Sets STUBS (the IPython stub folder of the trimmed site, "" where the image has IPython) and
+# NUMA_DIR (the carried libnuma, "" where the image has it); exports the rest.
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # NVLink multicast stays off
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+STUBS=""; python3 -c "import IPython.display" 2>/dev/null || STUBS=/tmp/site/_stubs   # sglang imports it
+export EXTRA_PYTHONPATH=$STUBS
+NUMA_DIR=""; ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel needs it
+[ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}
+
+server_env_toml() {  # the [HOST.server.env] lines of every server in a toolkit inventory written here
+  echo "PYTHONPATH = \"/tmp/site${STUBS:+:$STUBS}\""
+  [ -z "$NUMA_DIR" ] || echo "LD_LIBRARY_PATH = \"$LD_LIBRARY_PATH\""
+  printf '%s\n' 'HF_HUB_OFFLINE = "1"' 'NCCL_NVLS_ENABLE = "0"' 'TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"' \
+    'NVSHMEM_DISABLE_NVLS = "1"'
+}
+
+toolkit_side() {  # toolkit_side INVENTORY_DIR: the carried .tkwheels, this checkout, that inventory
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tk .tkwheels/*.whl 2>&1 | grep -v WARNING
+  export PYTHONPATH=/tmp/tk:$PWD TOOLKIT_CACHE=$PWD/.tkwheels/cache TOOLKIT_INVENTORY=$1
+  export GIT_PYTHON_REFRESH=quiet  # compiled patch images come from the carried cache; git may be absent
+  mkdir -p "$1"
+}
+
+tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
