@@ -52,6 +52,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
+import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
     server_info, wait_health)
@@ -285,9 +286,8 @@ async def sweep_side_by_side(s, group, out, threshold):
             rep["logs"][srv.name] = srv.scan_log()
             rep.setdefault("switch_sequences", {})[srv.name] = {
                 r: len(v) for r, v in srv.switch_sequences().items()}
-    rep["ratios"] = ratios(rep["runs"])
-    for line in rep["ratios"]["lines"]:
-        say(f"{group['name']}: {line}")
+    rep["table"] = summarize_shapes.tables(rep["runs"])   # medians, spreads, ratios (markdown)
+    print(rep["table"], flush=True)
     save(out, group, rep)
     return rep
 
@@ -359,44 +359,10 @@ async def sweep_group(s, group, out, threshold):
             srv.stop()
             rep["logs"][profile] = srv.scan_log()
             save(out, group, rep)
-    rep["ratios"] = ratios(rep["runs"])
-    for line in rep["ratios"]["lines"]:
-        say(f"{group['name']}: {line}")
+    rep["table"] = summarize_shapes.tables(rep["runs"])   # medians, spreads, ratios (markdown)
+    print(rep["table"], flush=True)
     save(out, group, rep)
     return rep
-
-
-def ratios(runs):
-    """Per shape and level: each profile's tok/s and its ratio to the faster baseline and to
-    its own stock worker (eagle3-v2 for v2 profiles, eagle3 for v1 ones)."""
-    samples = {}
-    for r in runs:
-        if "out_tok_per_s" in r:
-            key = (r["input_len"], r["output_len"], r["conc"])
-            label = r.get("label", r["profile"])
-            name = label if r["attention_backend"] == "triton" else f"{label}@{r['attention_backend']}"
-            samples.setdefault(key, {}).setdefault(name, []).append(r["out_tok_per_s"])
-    table = {k: {n: sorted(v)[(len(v) - 1) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
-                 for n, v in d.items()} for k, d in samples.items()}
-    lines, rows = [], []
-    for key in sorted(table):
-        vals = table[key]
-        spread = {n: round((max(v) - min(v)) / min(v), 3) for n, v in samples[key].items() if len(v) > 1}
-        bases = {n: v for n, v in vals.items() if n.split("@")[0] == "baseline"}
-        best_base = max(bases.items(), key=lambda kv: kv[1]) if bases else None
-        row = {"input_len": key[0], "output_len": key[1], "conc": key[2], "tok_s": vals,
-               "spread": spread, "fastest_baseline": best_base[0] if best_base else None}
-        for n, v in vals.items():
-            prof = n.split("@")[0]
-            if best_base and prof != "baseline":
-                row[f"{n}/baseline"] = round(v / best_base[1], 3)
-            stock = "eagle3-v2" if "v2" in prof else "eagle3"
-            suffix = n[len(prof):]
-            if prof != stock and prof != "baseline" and (stock + suffix) in vals:
-                row[f"{n}/{stock}"] = round(v / vals[stock + suffix], 3)
-        rows.append(row)
-        lines.append(json.dumps(row))
-    return {"rows": rows, "lines": lines}
 
 
 async def burst_phase(s, srv, cycles, width):
