@@ -204,17 +204,17 @@ def required_paths(host: Host, launch: profiles.LaunchPlan) -> list[dict]:
     return needs
 
 
-def print_prefixes(kind: str = "print") -> dict[str, list[str]]:
-    """{patchset: [prefix, ...]} from the `[logs] print` (or `refuse`) lists of the patchsets in
-    patchsets/."""
+def log_prefixes() -> dict[str, dict[str, list[str]]]:
+    """{"print_prefixes": {patchset: [prefix, ...]}, "refuse_prefixes": {...}} from the `[logs]
+    print` and `refuse` lists of the patchsets in patchsets/ (the host keeps those of its stack)."""
     from .patchsets import PatchsetError, load_all
 
     try:
         known = load_all()
     except PatchsetError:
-        return {}   # a broken patchset folder is the patch commands' error to report, not start's
-    attr = "print_prefixes" if kind == "print" else "refuse_prefixes"
-    return {name: getattr(ps, attr) for name, ps in known.items() if getattr(ps, attr)}
+        known = {}   # a broken patchset folder is the patch commands' error to report, not start's
+    return {"print_prefixes": {name: ps.print_prefixes for name, ps in known.items() if ps.print_prefixes},
+            "refuse_prefixes": {name: ps.refuse_prefixes for name, ps in known.items() if ps.refuse_prefixes}}
 
 
 def collapse_rank_lines(rows: list) -> list[str]:
@@ -298,8 +298,7 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
             "dyn_hysteresis": launch.dyn_hysteresis, "expected_log_lines": launch.expected_log_lines(),
             "host": host.name, "launch_id": uuid.uuid4().hex,
             "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
-            "check_patches": check_patches, "print_prefixes": print_prefixes(),
-            "refuse_prefixes": print_prefixes("refuse")}
+            "check_patches": check_patches, **log_prefixes()}
     args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
             "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
             "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu,
