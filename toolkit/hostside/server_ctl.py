@@ -322,14 +322,19 @@ def _paths(root, profile):
 
 # -- one log per start ----------------------------------------------------------------------
 
+_LOG_NAME = re.compile(r"^(.*Z)(?:-old-(\d+)|-(\d+))?\.log$")
+
+
 def _log_order(name):
-    """Sort key of a kept log's name: its start stamp, then the -N of starts within one second
-    (PROFILE-STAMP.log, PROFILE-STAMP-2.log, ...; plain name order would put -2 first)."""
-    stem = name[:-len(".log")]
-    head, dash, tail = stem.rpartition("-")
-    if dash and tail.isdigit() and head.endswith("Z"):
-        return (head, int(tail))
-    return (stem, 1)
+    """Sort key of a kept log's name: its start stamp; within one second the adopted old-layout
+    logs (PROFILE-STAMP-old-N.log) first, then the starts (PROFILE-STAMP.log, -2.log, ...; plain
+    name order would put -2 before the first)."""
+    m = _LOG_NAME.match(name)
+    if not m:
+        return (name, 1, 0)
+    if m.group(2):
+        return (m.group(1), 0, int(m.group(2)))
+    return (m.group(1), 1, int(m.group(3) or 1))
 
 
 def _run_logs(p):
