@@ -179,9 +179,9 @@ def default_model_dir(host: Host) -> str:
         posixpath.join(host.venv or "", "..", "models", "tiny-llama"))
 
 
-def required_paths(host: Host, launch: profiles.LaunchPlan) -> list[dict]:
+def required_paths(host: Host, launch: profiles.LaunchPlan, overrides: dict | None = None) -> list[dict]:
     """What start checks on the host before launching (the server program, model folders), each with
-    the command that makes it right.
+    the command that makes it right (`overrides`: the options the paths came from, if any).
 
     Only absolute paths: SGLang also takes a model hub id (`org/name`), which is not a path."""
     needs = []
@@ -193,15 +193,37 @@ def required_paths(host: Host, launch: profiles.LaunchPlan) -> list[dict]:
     for what, path, option in (("model", launch.model, "--model"), ("draft model", launch.draft_model, "--draft-model")):
         if not path or not path.startswith("/"):
             continue
+        key = "model" if what == "model" else "draft_model"
+        given = key in (overrides or {})
         if launch.kind == "transformers-serve" and what == "model":
             out = "" if path == posixpath.normpath(default_model_dir(host)) else f" --out {shlex.quote(path)}"
-            advice = f"make the reference model there first: invoke server model --host {host.name}{out}"
+            advice = (f"{'check the path given with --model, or ' if given else ''}make the reference model "
+                      f"there first: invoke server model --host {host.name}{out}")
+        elif given:
+            advice = f"check the path given with {option}"
         else:
-            key = "model" if what == "model" else "draft_model"
             advice = (f"copy the {what} there, or name where it is with {option} PATH or `{key} = \"PATH\"` "
                       f"in the [{host.name}.server] table of its hosts/*.toml file")
         needs.append({"what": f"{what} folder", "path": path, "advice": advice})
     return needs
+
+
+def missing_paths(host: Host, launches: list[profiles.LaunchPlan], overrides: dict | None = None,
+                  transport: Transport | None = None) -> list[tuple[profiles.LaunchPlan, dict]]:
+    """(launch, need) for each required path of these launch plans that does not exist on the host:
+    one round trip, made before a server is stopped or a bench touches one."""
+    needs = [(launch, need) for launch in launches for need in required_paths(host, launch, overrides)]
+    if not needs:
+        return []
+    paths = sorted({need["path"] for _, need in needs})
+    script = " ; ".join(f"test -e {shlex.quote(path)} || echo {shlex.quote(path)}" for path in paths)
+    if transport is None:
+        with host.connect() as own:
+            found = own.run(script, timeout=60)
+    else:
+        found = transport.run(script, timeout=60)
+    missing = set(found.stdout.splitlines())
+    return [(launch, need) for launch, need in needs if need["path"] in missing]
 
 
 def log_prefixes() -> dict[str, dict[str, list[str]]]:
@@ -302,7 +324,7 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
     args = {"plan": launch.to_json(), "script": render_launch_script(launch), "unit": render_unit(launch),
             "meta": meta, "timeout_s": timeout, "wait_s": min(wait_chunk, timeout),
             "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu,
-            "required_paths": required_paths(host, launch), "keep_logs": keep_logs(host),
+            "required_paths": required_paths(host, launch, overrides), "keep_logs": keep_logs(host),
             "patch_state": posixpath.join(host.toolkit_state_dir, "patch", "state.json")}
     try:
         answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
@@ -406,15 +428,9 @@ def restart(host: Host, profile_name: str | None = None, *, overrides: dict | No
     The new launch plan is resolved before anything is stopped, so bad options stop nothing."""
     todo = restart_plan(host, profile_name, overrides, timeout, check_patches)
     launch = plan(host, todo.profile, todo.overrides)
-    needs = required_paths(host, launch)
-    if needs:   # what start would refuse for, checked before the running server is stopped
-        with host.connect() as transport:
-            found = transport.run(" ; ".join(f"test -e {shlex.quote(n['path'])} || echo {shlex.quote(n['path'])}"
-                                             for n in needs))
-        for need in needs:
-            if need["path"] in found.stdout.splitlines():
-                raise ServerRefused(f"{host.name}: not restarting {todo.profile}: {need['what']} {need['path']} does "
-                                    f"not exist on the host; {need['advice']}; nothing was stopped")
+    for _, need in missing_paths(host, [launch], todo.overrides)[:1]:   # what start would refuse for
+        raise ServerRefused(f"{host.name}: not restarting {todo.profile}: {need['what']} {need['path']} does "
+                            f"not exist on the host; {need['advice']}; nothing was stopped")
     stopped = None
     if todo.running is not None:
         progress(f"{host.name}: stopping {todo.running.profile} (pid {todo.running.pid})")

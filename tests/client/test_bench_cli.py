@@ -41,7 +41,7 @@ def test_plain_bench_on_the_sandbox_without_the_model_says_how_to_make_it(sandbo
     assert result.returncode == 2, result.stdout + result.stderr
     # the default on a host without a GPU is the CPU reference server, whose model is made by a command
     assert "profile cpu-ref: model" in result.stderr and "does not exist on sandbox" in result.stderr
-    assert "make it: invoke server model --host sandbox" in result.stderr
+    assert "make the reference model there first: invoke server model --host sandbox" in result.stderr
     assert "--model" not in result.stderr.replace("invoke server model", "")
     assert not out.exists()
 
@@ -95,8 +95,8 @@ def test_a_missing_model_names_the_command_and_model_overrides_it(cpu_host, ref_
     out = tmp_path / "run"
     missing = invoke("bench", "--host", host.name, "--out", str(out), env=env)
     assert missing.returncode == 2, missing.stdout + missing.stderr
-    assert f"model {tmp_path / 'none'} does not exist on {host.name}" in missing.stderr
-    assert f"make it: invoke server model --host {host.name}" in missing.stderr
+    assert f"model folder {tmp_path / 'none'} does not exist on {host.name}" in missing.stderr
+    assert f"make the reference model there first: invoke server model --host {host.name}" in missing.stderr
     wrong = invoke("bench", "--host", host.name, "--model", str(tmp_path / "other"), "--out", str(out), env=env)
     assert wrong.returncode == 2 and "check the path given with --model" in wrong.stderr
     assert not out.exists()

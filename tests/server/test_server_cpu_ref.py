@@ -117,8 +117,9 @@ def test_a_missing_model_folder_is_refused_before_launch_naming_the_command_that
     with pytest.raises(server.ServerRefused) as refused:
         server.start(cpu_host, "cpu-ref", timeout=120, overrides={"model": missing})
     assert str(refused.value) == (
-        f"{cpu_host.name}: not starting cpu-ref: model folder {missing} does not exist on the host; make the "
-        f"reference model there first: invoke server model --host {cpu_host.name} --out {missing}")
+        f"{cpu_host.name}: not starting cpu-ref: model folder {missing} does not exist on the host; check the "
+        f"path given with --model, or make the reference model there first: invoke server model "
+        f"--host {cpu_host.name} --out {missing}")
     assert server.status(cpu_host) is None
     assert server.list_logs(cpu_host)["logs"] == []          # nothing was launched, no log was begun
 

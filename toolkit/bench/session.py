@@ -8,8 +8,6 @@ The command layer (`toolkit_cli/bench.py`) only parses options and prints.
 """
 from __future__ import annotations
 
-import posixpath
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -96,34 +94,13 @@ def check_profiles(host: Host, names: list[str], overrides: dict | None = None) 
 
 
 def _check_models(host: Host, plans: list[profiles_mod.LaunchPlan], overrides: dict) -> None:
-    paths = sorted({p.model for p in plans if p.model and posixpath.isabs(p.model)}
-                   | {p.draft_model for p in plans if p.draft_model and posixpath.isabs(p.draft_model)})
-    if not paths:
-        return
-    script = "; ".join(f"test -e {shlex.quote(path)} || echo {shlex.quote(path)}" for path in paths)
     try:
-        with host.connect() as transport:
-            result = transport.run(script, timeout=60)
+        missing = server.missing_paths(host, plans, overrides)
     except Exception as exc:
         raise BenchError(f"{host.name}: cannot check the models on the host: {exc}") from None
-    missing = set(result.stdout.split("\n")) & set(paths)
-    for launch in plans:
-        if launch.model in missing:
-            if "model" in overrides:
-                advice = "check the path given with --model"
-            elif launch.kind == "transformers-serve":
-                advice = f"make it: invoke server model --host {host.name}"
-            else:
-                advice = (f"set `model` in the [{host.name}.server] table of the inventory, or pass "
-                          f"--model PATH to invoke bench")
-            raise BenchError(f"profile {launch.profile}: model {launch.model} does not exist on {host.name}; {advice}")
-        if launch.draft_model in missing and "draft_model" in overrides:
-            raise BenchError(f"profile {launch.profile}: draft model {launch.draft_model} (--draft-model) does not "
-                             f"exist on {host.name}")
-        if launch.draft_model in missing:
-            raise BenchError(f"profile {launch.profile}: draft model {launch.draft_model} does not exist on "
-                             f"{host.name}; set `draft_model` in the [{host.name}.server] table of the "
-                             f"inventory, or pass --draft-model PATH to invoke bench")
+    if missing:
+        raise BenchError("\n".join(f"profile {launch.profile}: {need['what']} {need['path']} does not exist on "
+                                    f"{host.name}; {need['advice']}" for launch, need in missing))
 
 
 def plan_url(url: str, profiles: list[str]) -> BenchPlan:
