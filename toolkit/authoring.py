@@ -60,7 +60,7 @@ def edit_dir(name: str) -> Path:
     return paths.cache_dir() / "edit" / name
 
 
-def _commit(repo: git.Repo, message: str) -> None:
+def commit(repo: git.Repo, message: str) -> None:
     repo.git.add("-A")
     repo.git.commit("-q", "--allow-empty", "-m", message)
 
@@ -100,7 +100,7 @@ def lay_out_release(repo: git.Repo, package: str, version: str, note=lambda text
         target = tree / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(wheel.read(rel))
-    _commit(repo, f"pristine {package} {version}")
+    commit(repo, f"pristine {package} {version}")
     return len(files)
 
 
@@ -108,8 +108,8 @@ def apply_stack(repo: git.Repo, known: dict, names: list[str], version: str) -> 
     """Each patch of each patchset in NAMES for VERSION, as one commit each."""
     for ps_name in names:
         for patch in known[ps_name].patches(version):
-            _apply(repo, patch.path, f"{ps_name}/{version}/{patch.name}")
-            _commit(repo, f"{ps_name}: {patch.name}")
+            apply_patch_file(repo, patch.path, f"{ps_name}/{version}/{patch.name}")
+            commit(repo, f"{ps_name}: {patch.name}")
 
 
 def write_meta(repo: git.Repo, meta: dict) -> None:
@@ -151,19 +151,19 @@ def edit(name: str, requires: list[str] | None = None, version: str | None = Non
     files = lay_out_release(repo, package, version, note)
     apply_stack(repo, known, below, version)
     for patch in own[:-1]:
-        _apply(repo, patch.path, f"{name}/{version}/{patch.name}")
-        _commit(repo, f"{name}: {patch.name}")
+        apply_patch_file(repo, patch.path, f"{name}/{version}/{patch.name}")
+        commit(repo, f"{name}: {patch.name}")
     repo.create_tag(BASE_TAG)
     if own:
-        _apply(repo, own[-1].path, f"{name}/{version}/{own[-1].name}")
-        _commit(repo, f"{name}: {own[-1].name} (edit on top; refresh exports everything since {BASE_TAG})")
+        apply_patch_file(repo, own[-1].path, f"{name}/{version}/{own[-1].name}")
+        commit(repo, f"{name}: {own[-1].name} (edit on top; refresh exports everything since {BASE_TAG})")
     write_meta(repo, {"name": name, "package": package, "version": version, "below": below,
                       "requires": requires or (existing.requires if existing else []),
                       "patch": own[-1].name if own else (listed[-1] if listed else f"0001-{name}.patch")})
     return EditResult(name, tree, version, below, [p.name for p in own], files, existing is None)
 
 
-def _apply(repo: git.Repo, patch: Path, where: str) -> None:
+def apply_patch_file(repo: git.Repo, patch: Path, where: str) -> None:
     try:
         repo.git.apply(str(patch))
     except git.GitCommandError as exc:

@@ -183,8 +183,8 @@ def port(name: str, to: str, source: str | None = None, fresh: bool = False, not
     repo.create_tag(OLD_BASE_TAG)
     own = ps.patches(source)
     for patch in own:
-        authoring._apply(repo, patch.path, f"{name}/{source}/{patch.name}")
-    authoring._commit(repo, f"{name} on {ps.package} {source}")
+        authoring.apply_patch_file(repo, patch.path, f"{name}/{source}/{patch.name}")
+    authoring.commit(repo, f"{name} on {ps.package} {source}")
     repo.create_tag(OLD_TAG)
     change = _diff(repo, OLD_BASE_TAG, OLD_TAG)
 
@@ -223,7 +223,7 @@ def port(name: str, to: str, source: str | None = None, fresh: bool = False, not
 
     # committed on top of toolkit-base: the tree stays an edit tree for TO, and later edits
     # there go out with `invoke patch refresh NAME` as usual
-    authoring._commit(repo, f"{name} on {ps.package} {to} (ported from {source})")
+    authoring.commit(repo, f"{name} on {ps.package} {to} (ported from {source})")
     new_change = _diff(repo, BASE_TAG, "HEAD")
     try:
         written, _ = authoring.write_patch(name, to, patch_name, new_change, ps.package)
