@@ -128,14 +128,23 @@ KIMI_EXPERTS = int(os.environ.get("KIMI_EXPERTS", "64"))
 
 
 def pad_tokenizer(tok_dir, out, size):
-    """The tokenizer with plain-ASCII added tokens "<tN>" up to `size` ids, so every id a
-    random-weight model emits decodes to ASCII text."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    tok.add_tokens([f"<t{i}>" for i in range(len(tok), size)])
-    assert len(tok) == size, len(tok)
-    tok.save_pretrained(out)
+    """The tokenizer with plain-ASCII tokens "<tN>" up to `size` ids, so every id a
+    random-weight model emits decodes to ASCII text. They go into the BPE vocabulary (no merge
+    makes them, so encoding never yields them), not into added tokens: 160k added tokens made
+    every load take seconds, and SGLang loads a tokenizer three times per process."""
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, f), out)
+    path = os.path.join(out, "tokenizer.json")
+    with open(path) as f:
+        spec = json.load(f)
+    vocab = spec["model"]["vocab"]
+    used = set(vocab.values()) | {t["id"] for t in spec.get("added_tokens", [])}
+    for i in range(size):
+        if i not in used:
+            vocab[f"<t{i}>"] = i
+    with open(path, "w") as f:
+        json.dump(spec, f, ensure_ascii=False)
 
 
 def deepseek_v3_config(ids, **over):

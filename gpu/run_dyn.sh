@@ -58,7 +58,12 @@ n.rmsnorm(x, w); r = x.clone(); n.fused_add_rmsnorm(x, r, w); torch.cuda.synchro
 " > $LOGS/fi_prewarm.log 2>&1 && touch /tmp/fi_ready &
 PREWARM=$!
 fi
-if [ ! -d /tmp/models/target-sharp ]; then
+models_missing() {  # the tiny pairs, or a pair asked for by HUGE / KIMI_LAYERS / TINY_MLA, not there yet
+  [ ! -d /tmp/models/target-sharp ] || { [ "${HUGE:-}" = 1 ] && [ ! -d /tmp/models/target-huge ]; } \
+    || { [ -n "${KIMI_LAYERS:-}" ] && [ ! -d /tmp/models/target-kimi ]; } \
+    || { [ "${TINY_MLA:-}" = 1 ] && [ ! -d /tmp/models/target-mlasharp ]; }
+}
+if models_missing; then
   PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} \
     $([ "${HUGE:-}" = 1 ] && echo --huge) $([ -n "${KIMI_LAYERS:-}" ] && echo --kimi $KIMI_LAYERS) \
     $([ "${TINY_MLA:-}" = 1 ] && echo --tiny-mla) 2>&1 | tail -1

@@ -30,6 +30,8 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   its KV-cache allocation) and measures them in turns, level by level, for "rounds" rounds;
   otherwise one server at a time (start, warm up, measure, stop). Each server is warmed up at
   every level and shape first (short outputs), so JIT compiles do not land in a measurement.
+  The checks ("bursts", "torch_profile", ...) run after the rounds, or before them with
+  "checks_first": true.
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
 (the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, tinymla)
@@ -270,6 +272,8 @@ async def sweep_side_by_side(s, group, out, threshold):
         for srv in live:
             await warm_up(s, srv, group)
         say(f"{group['name']}: warmed up ({left():.0f} s left)")
+        if group.get("checks_first"):  # e.g. torch profiles that must not be cut by the budget
+            await run_checks(s, group, out, rep, live)
         for round_no in range(1, group.get("rounds", 1) + 1):
             for in_len, out_len in group.get("shapes", [[128, 160]]):
                 for c in group["levels"]:
@@ -279,7 +283,8 @@ async def sweep_side_by_side(s, group, out, threshold):
                             break
                         await measure(s, srv, group, out, rep, c, in_len, out_len, round_no)
         rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
-        await run_checks(s, group, out, rep, live)
+        if not group.get("checks_first"):
+            await run_checks(s, group, out, rep, live)
     finally:
         for srv in servers:
             srv.stop()
