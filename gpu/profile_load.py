@@ -38,6 +38,9 @@ def main():
     ap.add_argument("--settle", type=float, default=0.5, help="seconds from sending to profiling")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--timeout", type=float, default=90)
+    ap.add_argument("--no-stack", action="store_true",
+                    help="no Python stacks in the trace: the host runs at nearly full speed, so the "
+                         "GPU's idle gaps between steps show whether the host keeps up")
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     errors = []
@@ -55,7 +58,7 @@ def main():
         t.start()
     time.sleep(args.settle)  # all prefills done, decoding at full batch
     post(args.url + "/start_profile", {"output_dir": args.out_dir, "num_steps": args.steps,
-                                       "activities": ["CPU", "GPU"]}, 30)
+                                       "activities": ["CPU", "GPU"], "with_stack": not args.no_stack}, 30)
     deadline = time.time() + args.timeout
     for t in threads:
         t.join(max(0.1, deadline - time.time()))

@@ -10,6 +10,7 @@
 #      KIMI_LAYERS=N: also write the config-only Kimi-K2.5-shape pair (make_models.py --kimi N).
 #      TINY_MLA=1: also write the small DeepseekV3 (MLA + MoE) pair (make_models.py --tiny-mla).
 #      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
+#      FI_COMM_PREWARM=1: build FlashInfer's trtllm all-reduce fusion kernel in the background.
 #      OUT: results folder (set by the GPU machine).
 set -u
 T0=$(date +%s)
@@ -63,6 +64,13 @@ models_missing() {  # the tiny pairs, or a pair asked for by HUGE / KIMI_LAYERS 
     || { [ -n "${KIMI_LAYERS:-}" ] && [ ! -d /tmp/models/target-kimi ]; } \
     || { [ "${TINY_MLA:-}" = 1 ] && [ ! -d /tmp/models/target-mlasharp ]; }
 }
+if [ "${FI_COMM_PREWARM:-}" = 1 ] && [ ! -f /tmp/fi_comm_ready ]; then
+  # FlashInfer's trtllm all-reduce fusion kernel takes ~2 min of nvcc on its first use: built in
+  # the background here, so a later server that turns the fusion on finds it in the JIT cache
+  # (all of its output to a file: a pipe reading this script's output must not wait for it)
+  ( PYTHONPATH=/tmp/site:$EXTRA python3 -c "from flashinfer.comm.trtllm_ar import get_trtllm_comm_module as g; g(); print('trtllm comm JIT ready')" \
+      && touch /tmp/fi_comm_ready ) > /tmp/fi_comm_prewarm.log 2>&1 < /dev/null &
+fi
 if models_missing; then
   PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} \
     $([ "${HUGE:-}" = 1 ] && echo --huge) $([ -n "${KIMI_LAYERS:-}" ] && echo --kimi $KIMI_LAYERS) \

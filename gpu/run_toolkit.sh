@@ -9,9 +9,12 @@
 # Env: PHASES (default "facts lifecycle sweep"), SWEEP_PROFILES (default eagle3-dyn,baseline),
 #      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), TP (tensor-parallel size, default 1), BENCH_OUT (sweep results folder;
 #      default inside the evidence archive; $OUT/bench keeps them even if the call is cut).
-# psweep: PS_PROFILES (default baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn), PS_BENCH_PROFILES
-#      (default: all; "" = no sweep), PS_LEVEL_S, PS_MEM, PS_KV_TOKENS, PS_STAGGER_S, PS_C1_ROUNDS /
-#      PS_C1_PROFILES / PS_C1_REQUESTS (alternating c=1 runs), PROFILE_PROFILES, PROFILE_LOAD_C.
+# psweep: PS_PROFILES (default baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn) or PS_SETS
+#      ("a,b;c,d": sets one after another) with PS_KEEP (profiles kept up across sets), PS_PAIR
+#      (model pair, default big; kimi needs KIMI_LAYERS), PS_FLAGS / PS_ENV (extra server flags and
+#      env lines), PS_BENCH_PROFILES (default: all; "" = no sweep), PS_INPUT_LEN / PS_OUTPUT_LEN,
+#      PS_LEVEL_S, PS_MEM, PS_KV_TOKENS, PS_STAGGER_S, PS_C1_ROUNDS / PS_C1_PROFILES / PS_C1_REQUESTS
+#      (alternating c=1 runs), PROFILE_PROFILES ("" = none), PROFILE_LOAD_C.
 # hsweep: HUGE=1 (makes the 32B-shape models at setup), HUGE_PROFILES, HUGE_LEVEL_S.
 # REPEAT (default 1): invoke bench --repeat for psweep and hsweep (median per level).
 set -u
@@ -41,7 +44,7 @@ host() {  # host NAME MODEL-PAIR MEM EXTRA-FLAGS EXTRA-ENV [EXTRA-HOST-LINES EXT
 transport = "local"
 python = "python3"
 pythonpath = "/tmp/site"
-gpus = 1
+gpus = ${TP:-1}
 stack = "gpu"
 labels = ["h200"]
 ${6:-}
@@ -108,53 +111,72 @@ else
 fi
 fi
 # 5. Every profile in one call: one inventory host per profile (own port, NCCL port, state dir),
-#    all servers started side by side with `invoke server start`, then measured one at a time
-#    with `invoke bench --no-restart` (the others idle), put side by side with `invoke bench
-#    compare`, a torch profile of PROFILE_LOAD_C concurrent requests per server, and stopped.
+#    servers started side by side with `invoke server start`, then measured one at a time with
+#    `invoke bench --no-restart` (the others idle), put side by side with `invoke bench compare`,
+#    a torch profile of PROFILE_LOAD_C concurrent requests per server, and stopped.
+#    PS_SETS="a,b,c;d,e" runs the sets one after another (each set side by side, stopped before the
+#    next, except the profiles in PS_KEEP, which stay up and are measured again in every set they
+#    are named in), for when every profile at once does not fit the GPUs' memory.
 if [[ $PHASES == *" psweep "* ]]; then
   apply_dyn_stack
   PS_PROFILES=${PS_PROFILES:-baseline,eagle3-v2,eagle3-v2-dyn,eagle3,eagle3-dyn}
+  PS_SETS=${PS_SETS:-$PS_PROFILES}
   i=0; : > /tmp/inv/psweep.toml
-  for prof in ${PS_PROFILES//,/ }; do
+  for prof in $(echo "${PS_SETS//[;,]/ }" | tr ' ' '\n' | awk 'NF && !seen[$0]++'); do
     i=$((i + 1))
-    # own state dir, HTTP and NCCL ports per host; the servers share the one GPU on purpose
-    host "p-$prof" big "${PS_MEM:-0.7}" ", \"--load-format\", \"dummy\", \"--nccl-port\", \"$((31050 + 100 * i))\"${PS_FLAGS:-}" \
+    # own state dir, HTTP and NCCL ports per host; the servers share the GPUs on purpose
+    host "p-$prof" "${PS_PAIR:-big}" "${PS_MEM:-0.7}" ", \"--load-format\", \"dummy\", \"--nccl-port\", \"$((31050 + 100 * i))\"${PS_FLAGS:-}" \
       "SGLANG_SIMULATE_ACC_LEN = \"2.6\"
 ${PS_ENV:-}" "state_dir = \"/tmp/tkstate/p-$prof\"" "port = $((31000 + 100 * i))
 shared_gpu = true" "${PS_KV_TOKENS:-32768}" >> /tmp/inv/psweep.toml
   done
-  for prof in ${PS_PROFILES//,/ }; do
-    tk server start "$prof" --host "p-$prof" --timeout 400 --skip-patch-check > "$EV/start-$prof.txt" 2>&1 &
-    sleep "${PS_STAGGER_S:-8}"
-  done
-  wait
-  for prof in ${PS_PROFILES//,/ }; do tail -n 3 "$EV/start-$prof.txt"; done
-  say "servers started; $(left)s left"
-  runs=""
-  for prof in ${PS_BENCH_PROFILES-${PS_PROFILES//,/ }}; do  # PS_BENCH_PROFILES="" skips the sweep
-    if [ "$(left)" -lt 60 ]; then say "skip bench $prof: $(left)s left"; continue; fi
-    tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
-       --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${PS_LEVEL_S:-12}" --repeat "${REPEAT:-1}" \
-       --out "$EV/bench/$prof" 2>&1 | grep " c=[0-9]*:"
-    runs="$runs,$EV/bench/$prof"
-  done
-  [ -n "$runs" ] && tk bench compare "${runs#,}" --plot "$EV/bench-compare.png"
-  # concurrency 1, alternating servers, to compare two profiles there with less noise
-  for round in ${PS_C1_ROUNDS:-}; do
-    for prof in ${PS_C1_PROFILES:-eagle3-v2 eagle3-v2-dyn}; do
-      tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
-         --concurrency 1 --requests "${PS_C1_REQUESTS:-24}" --warmup 1 --out "$EV/bench-c1/$prof-$round" 2>&1 | grep " c=1:"
+  running=" "
+  set_no=0
+  IFS=';' read -ra sets <<< "$PS_SETS"
+  for set in "${sets[@]}"; do
+    set_no=$((set_no + 1)); profs=${set//,/ }
+    for prof in $profs; do
+      [[ $running == *" $prof "* ]] && continue
+      if [ "$(left)" -lt 200 ]; then say "skip starting $prof: $(left)s left"; continue; fi
+      tk server start "$prof" --host "p-$prof" --timeout 400 --skip-patch-check > "$EV/start-$prof.txt" 2>&1 &
+      running="$running$prof "
+      sleep "${PS_STAGGER_S:-8}"
     done
-  done
-  for prof in ${PROFILE_PROFILES:-baseline eagle3-v2-dyn eagle3-dyn}; do
-    [[ ,$PS_PROFILES, == *,$prof,* ]] || continue
-    if [ "$(left)" -lt 40 ]; then say "skip profile $prof: $(left)s left"; continue; fi
-    port=$(python3 -c "import tomllib,sys; print(tomllib.load(open('/tmp/inv/psweep.toml','rb'))['p-$prof']['server']['port'])")
-    for c in ${PROFILE_LOAD_C:-64}; do
-      timeout 100 python3 gpu/profile_load.py "http://127.0.0.1:$port" "$EV/prof-$prof-c$c" --concurrency "$c" --steps 8
+    wait
+    for prof in $profs; do tail -n 4 "$EV/start-$prof.txt"; done
+    say "set $set_no ($set) started; $(left)s left"
+    runs=""
+    for prof in ${PS_BENCH_PROFILES-$profs}; do  # PS_BENCH_PROFILES="" skips the sweep
+      if [ "$(left)" -lt 60 ]; then say "skip bench $prof: $(left)s left"; continue; fi
+      tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len "${PS_INPUT_LEN:-128}" --output-len "${PS_OUTPUT_LEN:-160}" \
+         --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${PS_LEVEL_S:-12}" --repeat "${REPEAT:-1}" \
+         --out "$EV/bench/set$set_no/$prof" 2>&1 | grep " c=[0-9]*:"
+      [ -d "$EV/bench/set$set_no/$prof" ] && runs="$runs,$EV/bench/set$set_no/$prof"
     done
+    [ -n "$runs" ] && tk bench compare "${runs#,}" --plot "$EV/bench-compare-set$set_no.png"
+    # concurrency 1, alternating servers, to compare two profiles there with less noise
+    for round in ${PS_C1_ROUNDS:-}; do
+      for prof in ${PS_C1_PROFILES:-eagle3-v2 eagle3-v2-dyn}; do
+        [[ " $profs " == *" $prof "* ]] || continue
+        tk bench --host "p-$prof" --no-restart --dataset synthetic --input-len 128 --output-len 160 \
+           --concurrency 1 --requests "${PS_C1_REQUESTS:-24}" --warmup 1 --out "$EV/bench-c1/$prof-$round" 2>&1 | grep " c=1:"
+      done
+    done
+    for prof in ${PROFILE_PROFILES-baseline eagle3-v2-dyn eagle3-dyn}; do
+      [[ " $profs " == *" $prof "* ]] || continue
+      if [ "$(left)" -lt 40 ]; then say "skip profile $prof: $(left)s left"; continue; fi
+      port=$(python3 -c "import tomllib,sys; print(tomllib.load(open('/tmp/inv/psweep.toml','rb'))['p-$prof']['server']['port'])")
+      for c in ${PROFILE_LOAD_C:-64}; do
+        timeout 100 python3 gpu/profile_load.py "http://127.0.0.1:$port" "$EV/prof-$prof-c$c" --concurrency "$c" --steps 8
+      done
+    done
+    for prof in $profs; do
+      [[ ",${PS_KEEP:-}," == *",$prof,"* && $set_no -lt ${#sets[@]} ]] && continue
+      tk server stop --host "p-$prof" > /dev/null 2>&1 &
+      running=${running/ $prof / }
+    done
+    wait
   done
-  for prof in ${PS_PROFILES//,/ }; do tk server stop --host "p-$prof" > /dev/null 2>&1 & done; wait
   for f in /tmp/tkstate/p-*/server/*/server.log; do cp "$f" "$EV/$(echo "$f" | cut -d/ -f4).server.log"; done
   say "psweep done; $(left)s left"
 fi

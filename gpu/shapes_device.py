@@ -475,10 +475,13 @@ def profile_allreduce(srv):
     import gzip
 
     outdir = f"{LOGS}/traces/{srv.name}"
-    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                        "profile_load.py"), srv.base, outdir,
-                           "--concurrency", "64", "--max-tokens", "400", "--steps", "8",
-                           "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_load.py")
+    # first without Python stacks (the host at nearly full speed: step timing), then with them
+    # (which SGLang function issued what); both after every prefill is done (settle 2 s)
+    for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
+        done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", "64",
+                               "--max-tokens", "900", "--settle", "2", "--steps", "10",
+                               "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)
     traces = sorted(glob.glob(f"{outdir}/**/*.json*", recursive=True))
     counts = collections.Counter()
     pat = re.compile(r"all_?reduce|allreduce|two_shot|one_shot|multimem|cross_device|AllReduce", re.I)

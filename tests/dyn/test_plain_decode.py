@@ -497,7 +497,8 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, monke
     # outputs laid out as a verify of 4 tokens with only the root accepted
     assert result.next_token_ids.tolist() == [3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0]
     assert result.accept_lens.tolist() == [1, 1, 1]
-    assert result.logits_output.hidden_states.shape == (12, 6)
+    # no request asked for hidden states: none go back to the scheduler (it copies them to the host)
+    assert result.logits_output.hidden_states is None
     nxt = result.next_draft_input
     assert nxt.dyn_plain_step is True and nxt.verified_id.tolist() == [3, 4, 5]
     assert nxt.new_seq_lens.tolist() == [6, 10, 18]
@@ -506,6 +507,19 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, monke
     assert len(calls) == 3  # no full draft extend while plain
     assert (nxt.topk_p == -1).all() and nxt.topk_p.shape == incoming.topk_p.shape
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
+
+
+def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(worker_v2, monkeypatch):
+    worker, calls = worker_v2
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
+    batch = decode_batch()
+    batch.reqs = [types.SimpleNamespace(return_hidden_states=flag) for flag in (False, True, False)]
+    result = worker._forward_plain_decode(batch)
+    # what the scheduler reads as hidden_states[i] for request i: the target's, unpadded
+    assert result.logits_output.hidden_states.tolist() == torch.arange(18.0).view(3, 6).tolist()
+    assert calls[2][0] == "kv_only"  # the draft still gets the same hidden states
 
 
 def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, monkeypatch):
