@@ -23,8 +23,8 @@ BUDGET_S=${BUDGET_S:-560}
 OUT=${OUT:-/tmp/out}
 EV=/tmp/ev-sm120
 rm -rf "$EV"; mkdir -p "$OUT" "$EV"
-pack() { for f in /tmp/tkstate-sm120/*/server/*/server.log; do
-           [ -f "$f" ] && cp "$f" "$EV/$(echo "$f" | cut -d/ -f3).server.log"; done
+pack() { for f in /tmp/tkstate-sm120/*/server/*/logs/*.log; do   # every start's own log, named by host
+           [ -f "$f" ] && cp "$f" "$EV/$(echo "$f" | cut -d/ -f4)-$(basename "$f")"; done
          tar -C "$EV" -czf "$OUT/evidence-sm120.tgz" .; }
 trap pack EXIT
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
@@ -51,7 +51,8 @@ fi
 mkdir -p /tmp/models
 # A config-only Qwen3 (2 layers, hidden 512) with the tiny tokenizer of make_models.py.
 if [ -d /tmp/models/target-sharp ] && [ ! -d /tmp/models/qwen3-tiny ]; then
-  mkdir -p /tmp/models/qwen3-tiny && cp /tmp/models/target-sharp/*token* /tmp/models/qwen3-tiny/ 2>/dev/null
+  mkdir -p /tmp/models/qwen3-tiny && cp /tmp/models/target-sharp/*token* /tmp/models/target-sharp/*.jinja /tmp/models/qwen3-tiny/ 2>/dev/null
+  # (transformers 5 keeps the chat template in chat_template.jinja: without it every chat request is a 400)
   python3 - <<'EOF'
 import json
 base = json.load(open("/tmp/models/target-sharp/config.json"))

@@ -2,10 +2,14 @@
 
 Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz]
 
-For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, and every
+For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, every
 host-blocking CUDA call (stream/event synchronize, memcpy) with the SGLang functions it was
-called from. With a second (baseline) trace: the kernels the first adds per graph launch of
-the baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
+called from, and the steps: per CUDA-graph replay (one decode forward), the graph's GPU time,
+the GPU work outside graphs until the next replay, and the GPU's idle gap before it. A gap near
+zero means the host keeps the GPU fed; a larger one means the host sets the pace (read it from a
+trace taken without Python stacks, `profile_load.py --no-stack`: stacks slow the host several
+times). With a second (baseline) trace: the kernels the first adds per graph launch of the
+baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
 """
 import collections
 import gzip
@@ -74,6 +78,40 @@ def blocking_calls(events):
         print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
 
 
+def steps(events):
+    """Per graph replay: (graph GPU ms, other GPU ms until the next replay, idle gap ms)."""
+    launches = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "GraphLaunch" in e["name"] and "correlation" in e.get("args", {})}
+    kernels = sorted(gpu_events(events), key=lambda e: e["ts"])
+    spans = {}
+    for k in kernels:
+        corr = k.get("args", {}).get("correlation")
+        if corr in launches:
+            span = spans.setdefault(corr, [k["ts"], k["ts"] + k["dur"]])
+            span[1] = max(span[1], k["ts"] + k["dur"])
+    ordered = sorted(spans.values())
+    rows = []
+    for (start, end), nxt in zip(ordered, ordered[1:]):
+        between = [(k["ts"], k["ts"] + k["dur"]) for k in kernels if end <= k["ts"] < nxt[0]
+                   and k.get("args", {}).get("correlation") not in launches]
+        other = busy_us(between)
+        rows.append(((end - start) / 1e3, other / 1e3, max(0.0, nxt[0] - end - other) / 1e3))
+    return rows
+
+
+def print_steps(rows):
+    if not rows:
+        print("steps: fewer than two CUDA-graph replays in the trace")
+        return
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    graph, other, gap = (med([r[i] for r in rows]) for i in range(3))
+    print(f"steps ({len(rows)} between graph replays, medians): graph {graph:.3f} ms, other GPU work "
+          f"{other:.3f} ms, GPU idle {gap:.3f} ms -> step {graph + other + gap:.3f} ms; "
+          f"{'host-bound' if gap > 0.1 * (graph + other) else 'GPU-bound'}")
+    for i, (g, o, idle) in enumerate(rows):
+        print(f"  step {i}: graph {g:.3f} ms, other {o:.3f} ms, idle {idle:.3f} ms")
+
+
 def extra_per_step(events, base_events):
     steps = max(1, graph_launches(base_events))
     ours, our_counts = kernel_totals(events)
@@ -91,6 +129,7 @@ def main():
     events = load(sys.argv[1])
     summary(sys.argv[1], events)
     blocking_calls(events)
+    print_steps(steps(events))
     if len(sys.argv) > 2:
         extra_per_step(events, load(sys.argv[2]))
 

@@ -1,0 +1,63 @@
+"""gpu/trace_steps.py's step analysis on small synthetic torch-profiler traces (the device's
+traces are too large for the repo; docs/evidence/dyn-disable-5 has the figures it gave)."""
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def trace_steps():
+    spec = importlib.util.spec_from_file_location("trace_steps", ROOT / "gpu" / "trace_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def replay(corr, host_ts):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": host_ts, "dur": 5,
+            "args": {"correlation": corr}}
+
+
+def kernel(corr, ts, dur, name="k"):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+
+def graph(corr, start, kernels=((0, 400), (400, 600))):
+    """A graph replay whose kernels (offset, duration in us) start at `start`."""
+    return [replay(corr, start - 50)] + [kernel(corr, start + off, dur) for off, dur in kernels]
+
+
+def test_back_to_back_replays_are_gpu_bound(trace_steps):
+    events = graph(1, 0) + [kernel(90, 1000, 40)] + graph(2, 1050) + [kernel(91, 2050, 40)] + graph(3, 2100)
+    rows = trace_steps.steps(events)
+    assert rows == [(1.0, 0.04, 0.01), (1.0, 0.04, 0.01)]
+
+
+def test_idle_gaps_between_replays_are_measured_and_other_work_is_not_counted_as_idle(trace_steps):
+    # replay 2 starts 3 ms after replay 1 ends; 0.5 ms of eager kernels ran in between
+    events = graph(1, 0) + [kernel(90, 1200, 300), kernel(91, 1600, 200)] + graph(2, 4000)
+    rows = trace_steps.steps(events)
+    assert rows == [(1.0, 0.5, 2.5)]
+
+
+def test_overlapping_eager_kernels_count_once(trace_steps):
+    events = graph(1, 0) + [kernel(90, 1000, 300), kernel(91, 1100, 300)] + graph(2, 1500)
+    ((_, other, idle),) = trace_steps.steps(events)
+    assert (other, idle) == (0.4, 0.1)
+
+
+def test_a_single_replay_gives_no_steps(trace_steps, capsys):
+    assert trace_steps.steps(graph(1, 0)) == []
+    trace_steps.print_steps([])
+    assert "fewer than two" in capsys.readouterr().out
+
+
+def test_the_verdict_reads_the_median_gap(trace_steps, capsys):
+    trace_steps.print_steps([(4.2, 0.2, 1.0), (4.2, 0.2, 0.9), (4.2, 0.2, 0.0)])
+    out = capsys.readouterr().out
+    assert "GPU idle 0.900 ms" in out and "host-bound" in out
+    trace_steps.print_steps([(4.2, 0.04, 0.03)] * 3)
+    assert "GPU-bound" in capsys.readouterr().out
