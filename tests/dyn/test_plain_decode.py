@@ -483,11 +483,16 @@ def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
         seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec)
 
 
-def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, monkeypatch):
-    worker, calls = worker_v2
+@pytest.fixture()
+def cpu_streams(monkeypatch):
+    """Streams and events of the plain step, as no-ops (CPU torch has none)."""
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
     monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
         current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
+
+
+def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, cpu_streams):
+    worker, calls = worker_v2
     batch = decode_batch()
     incoming = batch.spec_info
     result = worker._forward_plain_decode(batch)
@@ -509,11 +514,8 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, monke
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
 
 
-def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(worker_v2, monkeypatch):
+def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(worker_v2, cpu_streams):
     worker, calls = worker_v2
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
-        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
     batch = decode_batch()
     batch.reqs = [types.SimpleNamespace(return_hidden_states=flag) for flag in (False, True, False)]
     result = worker._forward_plain_decode(batch)
@@ -522,12 +524,9 @@ def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(wor
     assert calls[2][0] == "kv_only"  # the draft still gets the same hidden states
 
 
-def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, monkeypatch):
+def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, cpu_streams):
     worker, calls = worker_v2
     worker._dyn_draft_kv_only = False
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None, raising=False)
-    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
-        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
     worker._dyn_draft_extend_runner = None  # no graphs: eager
     result = worker._forward_plain_decode(decode_batch())
     kinds = [c[0] for c in calls]
