@@ -1,7 +1,11 @@
 """The project's own patchsets (patchsets/: sm120, dyn-disable, ...) through the engine, on real files."""
+from pathlib import Path
+
 import pytest
 
 from toolkit import paths, patching, patchsets
+
+from .conftest import NEXT
 
 REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / "patchset.toml").is_file())
 
@@ -42,3 +46,29 @@ def test_apply_verify_revert(real_patchsets, host, site, sglang_wheel, name):
     for path in known[name].touched():
         data = (site / path).read_bytes() if (site / path).exists() else None
         assert data == (sglang_wheel.read(path) if sglang_wheel.has(path) else None), path
+
+
+NEXT_REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / NEXT / "").is_dir())
+
+
+@pytest.mark.parametrize("name", NEXT_REAL)
+def test_apply_verify_revert_on_the_second_release(real_patchsets, next_host, next_wheel, name):
+    """A host with SGLang 0.5.17 (real wheel, real sshd): NAME's 0.5.17 diffs apply, byte-compile,
+    verify, are a no-op the second time, and revert back to RECORD."""
+    known = real_patchsets
+    site = next(Path(next_host.venv).glob("lib/python*/site-packages"))
+    touched = known[name].touched(NEXT)
+    assert patching.apply(next_host, name).changed == len(touched)
+    verdict = patching.verify(next_host)
+    assert verdict.ok and {f.by for f in verdict.files if f.status == "patched"} == {name}
+    for path in touched:
+        data = (site / path).read_bytes()
+        assert data != (next_wheel.read(path) if next_wheel.has(path) else None), path
+        if path.endswith(".py"):
+            compile(data, path, "exec")
+    assert patching.apply(next_host, name).changed == 0
+    undone = patching.revert(next_host)
+    assert undone.record_ok
+    for path in touched:
+        data = (site / path).read_bytes() if (site / path).exists() else None
+        assert data == (next_wheel.read(path) if next_wheel.has(path) else None), path

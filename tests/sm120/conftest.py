@@ -1,6 +1,7 @@
-"""Fixtures for the sm120 gates: the patched SGLang files (the real 0.5.11 wheel files with the
-sm120 patch applied), the shared table of cases, and two ways to feed a case to the rule:
-as `invoke facts` would report the host, and as the patched server's runtime probes see it.
+"""Fixtures for the sm120 gates: the patched SGLang files (the real wheel files of every release
+sm120 has a diff for, 0.5.11 and 0.5.17, with that release's patch applied), the shared table of
+cases, and two ways to feed a case to the rule: as `invoke facts` would report the host, and as
+the patched server's runtime probes see it.
 
 The runtime side is faked (no SM120 GPU exists here): a `torch`, a `cuda.bindings.driver`, a
 `pynvml` and a `deep_gemm` module stand in, and a FlashInfer "install" on sys.path holds a
@@ -8,6 +9,7 @@ jit/comm.py and a dist-info, the two things the probe reads.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 import tomllib
 import types
@@ -15,25 +17,48 @@ from pathlib import Path
 
 import pytest
 
-from tests.dyn.conftest import load_by_path, tree_with
+from tests.dyn.conftest import load_by_path, touched_paths
 from toolkit import facts as facts_engine
+from toolkit import wheels
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patchsets" / "sm120" / "0.5.11" / "0001-sm120-blackwell-workstation.patch"
+RELEASES = ("0.5.11", "0.5.17")   # every release patchsets/sm120/ has a diff for
 CASES = tomllib.loads((Path(__file__).parent / "gate_cases.toml").read_text())["case"]
 RULE = "sglang/srt/sm120_gates.py"
 ENTRY = "m_grouped_fp8_fp4_gemm_nt_contiguous"
 
 
+def patch_for(release: str) -> Path:
+    return REPO / "patchsets" / "sm120" / release / "0001-sm120-blackwell-workstation.patch"
+
+
+def tree_for(root: Path, release: str) -> Path:
+    """The pristine files of SGLang `release` that its sm120 patch touches (from the real wheel,
+    checked against RECORD), under root, with that patch applied by git."""
+    wheel, patch = wheels.pristine("sglang", release), patch_for(release)
+    for path, is_new in touched_paths(patch.read_text()):
+        if not is_new:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(wheel.read(path))
+    done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, f"{patch}: {done.stderr}"
+    return root
+
+
+@pytest.fixture(scope="session", params=RELEASES)
+def release(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def patched_tree(tmp_path_factory) -> Path:
-    return tree_with(tmp_path_factory.mktemp("sm120-patched"), [PATCH])
+def patched_tree(tmp_path_factory, release) -> Path:
+    return tree_for(tmp_path_factory.mktemp(f"sm120-patched-{release}"), release)
 
 
 @pytest.fixture(scope="session")
 def patched_rule(patched_tree):
     """sglang/srt/sm120_gates.py of the patched tree, imported by path (standard library only)."""
-    return load_by_path("sm120_gates_patched", patched_tree / RULE)
+    return load_by_path(f"sm120_gates_patched_{patched_tree.name}", patched_tree / RULE)
 
 
 def pair_set(spec, gpus: int) -> set[tuple[int, int]] | None:

@@ -1,107 +1,221 @@
-"""The patched SGLang call sites, run on the CPU with the real patched files (0.5.11 + sm120):
-server start (flags and the one-line-per-feature log), torch symm-mem's communicator (two-shot
-without multicast, and never a rendezvous without peer access), the DeepGEMM configurer.
-What cannot run here is faked: the GPU answers (capability, peer access, multicast) and
-torch's symmetric-memory allocator; torch itself is the real CPU build."""
+"""The patched SGLang call sites, run on the CPU with the real patched files of every release sm120
+has a diff for (0.5.11 and 0.5.17, each from its own wheel): server start (the gate's lines, the
+flags it turns off or forces on, the fusion auto-enable and the enforce-disable around it), torch
+symm-mem's communicator (two-shot without multicast, and never a rendezvous without peer access),
+the DeepGEMM configurer, and on 0.5.17 FlashInfer's fusion backend resolution.
+What cannot run here is faked: the GPU answers (capability, peer access, multicast), torch's
+symmetric-memory allocator and the parts of sglang these files import; torch itself is the real
+CPU build."""
 from __future__ import annotations
 
+import ast
 import logging
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from tests.dyn.conftest import load_by_path
 
-from .conftest import CASES
+from .conftest import CASES, tree_for
 
 SYMM = "sglang/srt/distributed/device_communicators/torch_symm_mem.py"
 UTILS = "sglang/srt/distributed/device_communicators/all_reduce_utils.py"
 CONFIGURER = "sglang/srt/layers/deep_gemm_wrapper/configurer.py"
+SERVER_ARGS = "sglang/srt/server_args.py"
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
 
 
 def case(name_start):
     return next(c for c in CASES if c["name"].startswith(name_start))
 
 
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
+def imported_names(path: Path, module: str) -> list[str]:
+    """The names a file imports from `module` at its top level."""
+    return [alias.name for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.ImportFrom) and node.module == module for alias in node.names]
 
 
-def logger_with_lines(name):
-    log, handler = logging.getLogger(name), Lines()
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    return log, handler
+def stub(name: str, names=(), **attrs) -> types.ModuleType:
+    """A stand-in module: every name in `names` answers False unless `attrs` gives it."""
+    module = types.ModuleType(name)
+    for each in names:
+        setattr(module, each, lambda *a, **k: False)
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    return module
+
+
+def install(monkeypatch, *modules: types.ModuleType) -> None:
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module.__name__, module)
 
 
 # -- server start ---------------------------------------------------------------------------------
 
-def server_args(**flags):
-    base = dict(tp_size=8, nnodes=1, base_gpu_id=0, gpu_id_step=1, enable_flashinfer_allreduce_fusion=True,
-                enable_torch_symm_mem=True)
-    base.update(flags)
-    return types.SimpleNamespace(**base)
+def method_tail(path: Path, cls: str, method: str):
+    """The statements of cls.method from the sm120 gate's import to the method's end, compiled as
+    `call_site(self)`: in both releases the gate and the flag handling it wraps (0.5.11: the
+    auto-enable, the gate's flags, the enforce-disable; 0.5.17: the symm-mem flag and the three
+    resolution passes) end ServerArgs._handle_model_specific_adjustments."""
+    tree = ast.parse(path.read_text())
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    body = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == method).body
+    first = next(i for i, node in enumerate(body) if isinstance(node, ast.ImportFrom)
+                 and node.module == "sglang.srt" and [a.name for a in node.names] == ["sm120_gates"])
+    function = ast.FunctionDef(name="call_site", args=ast.arguments(posonlyargs=[], args=[ast.arg("self")],
+                                                                   kwonlyargs=[], kw_defaults=[], defaults=[]),
+                               body=body[first:], decorator_list=[], returns=None, type_params=[])
+    module = ast.Module(body=[function], type_ignores=[])
+    return compile(ast.fix_missing_locations(module), str(path), "exec")
 
 
-def test_server_start_on_the_reference_host_turns_both_flags_off(patched_rule, fake_machine):
+# The flag a user sets to ask for the fusion, per release (0.5.17 renamed it; its deprecated
+# --enable-flashinfer-allreduce-fusion becomes backend "auto" before this call site).
+FUSION_FLAG = {"0.5.11": "--enable-flashinfer-allreduce-fusion", "0.5.17": "--flashinfer-allreduce-fusion-backend"}
+
+
+class ServerStart:
+    """Runs the patched server-start call site of one release on a stand-in ServerArgs."""
+
+    def __init__(self, release, tree, rule, monkeypatch):
+        self.release, self.tree, self.rule = release, tree, rule
+        srt = stub("sglang.srt", sm120_gates=rule)
+        install(monkeypatch, stub("sglang"), srt, stub("sglang.srt.sm120_gates"))
+        monkeypatch.setitem(sys.modules, "sglang.srt.sm120_gates", rule)
+        self.sm = {"sm90": False, "sm100": False}
+        self.overrides = None
+        if release != "0.5.11":
+            path = tree / OVERRIDES
+            common = stub("sglang.srt.utils.common", imported_names(path, "sglang.srt.utils.common"),
+                          is_sm90_supported=lambda: self.sm["sm90"], is_sm100_supported=lambda: self.sm["sm100"])
+            install(monkeypatch, stub("sglang.srt.utils"), common, stub("sglang.srt.arg_groups"),
+                    stub("sglang.srt.arg_groups.arg_utils", resolvable_fields=lambda cls: frozenset()),
+                    stub("sglang.srt.environ", envs=types.SimpleNamespace()),
+                    stub("sglang.srt.model_executor"), stub("sglang.srt.model_executor.cuda_graph_config",
+                                                             Backend=types.SimpleNamespace()))
+            self.overrides = load_by_path(f"sm120_overrides_{release}", path)
+            monkeypatch.setitem(sys.modules, "sglang.srt.arg_groups.overrides", self.overrides)
+        namespace = {"logger": logging.getLogger(f"sm120-server-args-{release}"),
+                     "is_sm90_supported": lambda: self.sm["sm90"], "is_sm100_supported": lambda: self.sm["sm100"],
+                     "is_h20_device": False}
+        if self.overrides:
+            namespace["run_post_process_pass"] = self.overrides.run_post_process_pass
+        exec(method_tail(tree / SERVER_ARGS, "ServerArgs", "_handle_model_specific_adjustments"), namespace)
+        self.namespace = namespace
+
+    def __call__(self, *, arch="LlamaForCausalLM", fusion=False, symm=False, enforce_disable=False, sm=None, **flags):
+        """Start with the user's flags; returns the flags the server then runs with:
+        (fusion backend or True/False, enable_torch_symm_mem)."""
+        self.sm.update(sm90=sm == 90, sm100=sm == 100)
+        args = types.SimpleNamespace(tp_size=8, nnodes=1, base_gpu_id=0, gpu_id_step=1, enable_dp_attention=False,
+                                     moe_a2a_backend="none", enable_torch_symm_mem=symm,
+                                     enforce_disable_flashinfer_allreduce_fusion=enforce_disable)
+        hf_config = types.SimpleNamespace(architectures=[arch])
+        args.get_model_config = lambda: types.SimpleNamespace(hf_config=hf_config)
+        for key, value in flags.items():
+            setattr(args, key, value)
+        if self.release == "0.5.11":
+            args.enable_flashinfer_allreduce_fusion = bool(fusion)
+        else:
+            args.enable_flashinfer_allreduce_fusion = False   # the deprecated flag, mapped before this point
+            args.flashinfer_allreduce_fusion_backend = "auto" if fusion is True else (fusion or None)
+            args._resolved_overrides = []
+        self.namespace["model_arch"] = arch
+        self.namespace["call_site"](args)
+        if self.release == "0.5.11":
+            return args.enable_flashinfer_allreduce_fusion, args.enable_torch_symm_mem
+        self.overrides.materialize_declarations(args)
+        return args.flashinfer_allreduce_fusion_backend, args.enable_torch_symm_mem
+
+
+@pytest.fixture
+def server_start(release, patched_tree, patched_rule, monkeypatch):
+    return ServerStart(release, patched_tree, patched_rule, monkeypatch)
+
+
+def sm120_lines(caplog):
+    return [m for m in caplog.messages if m.startswith("sm120: ")]
+
+
+def fusion_on(value) -> bool:
+    return value not in (False, None)
+
+
+def test_server_start_on_the_reference_host_turns_both_flags_off(server_start, fake_machine, release, caplog):
+    caplog.set_level(logging.INFO)
     fake_machine(case("reference host"))
-    log, seen = logger_with_lines("sm120-test-start")
-    args = server_args()
-    decisions = patched_rule.server_start(args, log)
-    patched_rule.apply_to_server_args(args, decisions, log)
-    assert not args.enable_flashinfer_allreduce_fusion and not args.enable_torch_symm_mem
-    assert all(text.startswith("sm120: ") for text in seen.lines)
-    probes, decisions, turned_off = seen.lines[0], seen.lines[1:4], seen.lines[4:]
+    fusion, symm = server_start(fusion=True, symm=True, arch="KimiK25ForConditionalGeneration")
+    assert not fusion_on(fusion) and symm is False
+    seen = sm120_lines(caplog)
+    probes, decisions, turned_off = seen[0], seen[1:4], seen[4:]
     assert probes.startswith("sm120: probes: capability 12.0, GPU 0-7; P2P access no (GPU 0-7 (every pair))")
     assert "multicast no; FlashInfer 0.6.8.post1 (trtllm_comm majors [9, 10]); deep_gemm yes (SM120 entry point no)" \
         in probes
     assert [text.split(":")[1].strip() for text in decisions] == [
         "FlashInfer all-reduce fusion", "torch symm-mem two-shot", "DeepGEMM"]
-    assert [text.split(":")[1].strip() for text in turned_off] == [
-        "--enable-flashinfer-allreduce-fusion turned off", "--enable-torch-symm-mem turned off"]
+    assert sorted(text.split(":")[1].strip() for text in turned_off) == sorted([
+        f"{FUSION_FLAG[release]} turned off", "--enable-torch-symm-mem turned off"])
+    assert all("no P2P access: GPU 0-7 (every pair)" in text or "has no SM120 build" in text for text in turned_off)
 
 
-def test_server_start_forced_on_the_h200_sets_the_flags(patched_rule, fake_machine):
+def test_server_start_forced_on_the_h200_sets_the_flags(server_start, fake_machine, release, caplog):
+    caplog.set_level(logging.INFO)
     fake_machine(case("the H200 machine with every gate forced on"))
-    log, seen = logger_with_lines("sm120-test-forced")
-    args = server_args(tp_size=2, enable_flashinfer_allreduce_fusion=False, enable_torch_symm_mem=False)
-    patched_rule.apply_to_server_args(args, patched_rule.server_start(args, log), log)
-    assert args.enable_flashinfer_allreduce_fusion and args.enable_torch_symm_mem
+    fusion, symm = server_start(tp_size=2, sm=90)
+    assert fusion == (True if release == "0.5.11" else "auto") and symm is True
+    seen = sm120_lines(caplog)
     # forced: the probes run on capability 9 too, so a GPU run shows what they read there
-    assert seen.lines[0].startswith("sm120: probes: capability 9.0, GPU 0-1; P2P access yes; P2P atomics yes;"
-                                    " NVLink yes; multicast yes")
-    assert "forced by SGLANG_SM120_FORCE_SYMM_MEM_TWO_SHOT=on" in seen.lines[2]
+    assert seen[0].startswith("sm120: probes: capability 9.0, GPU 0-1; P2P access yes; P2P atomics yes;"
+                              " NVLink yes; multicast yes")
+    assert "forced by SGLANG_SM120_FORCE_SYMM_MEM_TWO_SHOT=on" in seen[2]
 
 
-def test_server_start_without_a_gpu_says_so(patched_rule, fake_machine, monkeypatch):
+def test_enforce_disable_still_wins_over_a_forced_fusion(server_start, fake_machine):
+    fake_machine(case("the H200 machine with every gate forced on"))
+    fusion, symm = server_start(tp_size=2, sm=90, enforce_disable=True)
+    assert not fusion_on(fusion) and symm is True
+
+
+def test_server_start_without_a_gpu_says_so(server_start, fake_machine, caplog):
+    caplog.set_level(logging.INFO)
     fake_machine(case("reference host"))
     sys.modules["torch"].cuda.device_count = lambda: 0
-    log, seen = logger_with_lines("sm120-test-nogpu")
-    args = server_args()
-    patched_rule.apply_to_server_args(args, patched_rule.server_start(args, log), log)
-    assert seen.lines[:3] == [f"sm120: {t}: off (no NVIDIA GPU)" for t in
-                              ("FlashInfer all-reduce fusion", "torch symm-mem two-shot", "DeepGEMM")]
+    fusion, symm = server_start(fusion=True, symm=True)
+    assert sm120_lines(caplog)[:3] == [f"sm120: {t}: off (no NVIDIA GPU)" for t in
+                                       ("FlashInfer all-reduce fusion", "torch symm-mem two-shot", "DeepGEMM")]
+    assert not fusion_on(fusion) and symm is False
 
 
-def test_stock_capability_leaves_the_flags_alone(patched_rule, fake_machine):
+def test_stock_capability_leaves_the_flags_alone(server_start, fake_machine, release, caplog):
+    caplog.set_level(logging.INFO)
     fake_machine(case("the H200 machine (capability 9.0"))
-    log, seen = logger_with_lines("sm120-test-stock")
-    args = server_args(tp_size=2, enable_torch_symm_mem=False)
-    patched_rule.apply_to_server_args(args, patched_rule.server_start(args, log), log)
-    assert args.enable_flashinfer_allreduce_fusion is True and args.enable_torch_symm_mem is False
-    assert len(seen.lines) == 3 and all(" stock (capability 9.0 is not 12.x" in text for text in seen.lines)
+    fusion, symm = server_start(tp_size=2, sm=90, fusion="trtllm" if release != "0.5.11" else True)
+    assert fusion == ("trtllm" if release != "0.5.11" else True) and symm is False
+    seen = sm120_lines(caplog)
+    assert len(seen) == 3 and all(" stock (capability 9.0 is not 12.x" in text for text in seen)
+    # SGLang's own auto-enable still decides on capability 9
+    fusion, _ = server_start(tp_size=2, sm=90, arch="Qwen3MoeForCausalLM")
+    assert fusion == (True if release == "0.5.11" else "auto")
+
+
+@pytest.mark.parametrize("arch, auto", [("Qwen3MoeForCausalLM", True), ("LlamaForCausalLM", False)])
+def test_gate_on_auto_enables_the_fusion_for_the_models_upstream_lists(server_start, fake_machine, release, arch,
+                                                                      auto):
+    """Capability 12 with a FlashInfer that builds trtllm_comm for 12 and P2P: the gate says on, and the
+    auto-enable takes SM12x as it takes SM90/SM10X (stock 0.5.11 and 0.5.17 never do on 12.x)."""
+    fake_machine(case("2x RTX PRO 6000 with P2P and atomics, a FlashInfer with an SM12x"))
+    fusion, symm = server_start(tp_size=2, arch=arch)
+    assert fusion == ((True if release == "0.5.11" else "auto") if auto else (False if release == "0.5.11" else None))
+    assert symm is False          # on, not forced: the user's flag stays as it was
 
 
 # -- torch symm-mem -------------------------------------------------------------------------------
 
 @pytest.fixture
-def symm_module(patched_tree, patched_rule, monkeypatch):
+def symm_module(release, patched_tree, patched_rule, monkeypatch):
     """torch_symm_mem.py of the patched tree with the real CPU torch and stand-ins for the rest of
     sglang; torch's symmetric-memory allocator is replaced by a recorder."""
     import torch  # noqa: F401  (the real CPU build)
@@ -112,9 +226,13 @@ def symm_module(patched_tree, patched_rule, monkeypatch):
     for name, module in (("sglang", sglang), ("sglang.srt", srt), ("sglang.srt.sm120_gates", patched_rule),
                          ("sglang.srt.utils", utils)):
         monkeypatch.setitem(sys.modules, name, module)
+    off = types.SimpleNamespace(get=lambda: False)   # 0.5.17: the Inkling buffer sizes stay off
+    install(monkeypatch, stub("sglang.srt.environ", envs=types.SimpleNamespace(
+        SGLANG_OPT_USE_INKLING_CUSTOM_AR=off, SGLANG_OPT_USE_INKLING_FUSED_AR_SCONV=off)),
+        stub("sglang.srt.runtime_context", get_exec=lambda: None))
     monkeypatch.setitem(sys.modules, "sglang.srt.distributed.device_communicators.all_reduce_utils",
-                        load_by_path("sm120_all_reduce_utils", patched_tree / UTILS))
-    module = load_by_path("sm120_torch_symm_mem", patched_tree / SYMM)
+                        load_by_path(f"sm120_all_reduce_utils_{release}", patched_tree / UTILS))
+    module = load_by_path(f"sm120_torch_symm_mem_{release}", patched_tree / SYMM)
     monkeypatch.delenv("SGLANG_SM120_FORCE_SYMM_MEM_TWO_SHOT", raising=False)
     return module
 
@@ -206,6 +324,7 @@ def load_configurer(patched_tree, patched_rule, monkeypatch, *, sm, deep_gemm, e
     utils = types.ModuleType("sglang.srt.utils")
     utils.get_device_sm, utils.is_cuda, utils.is_musa = (lambda: sm), (lambda: True), (lambda: False)
     utils.is_blackwell_supported = lambda: sm // 10 in (10, 11, 12)
+    utils.is_sm100_supported = lambda: sm // 10 == 10                 # 0.5.17's DEEPGEMM_BLACKWELL test
     environ = types.ModuleType("sglang.srt.environ")
     flag = types.SimpleNamespace(get=lambda: os.environ.get("SGLANG_ENABLE_JIT_DEEPGEMM", "1") not in ("0", "false"))
     environ.envs = types.SimpleNamespace(SGLANG_ENABLE_JIT_DEEPGEMM=flag)
@@ -214,7 +333,7 @@ def load_configurer(patched_tree, patched_rule, monkeypatch, *, sm, deep_gemm, e
     for name, module in (("sglang", types.ModuleType("sglang")), ("sglang.srt", srt), ("sglang.srt.utils", utils),
                          ("sglang.srt.environ", environ), ("sglang.srt.sm120_gates", patched_rule)):
         monkeypatch.setitem(sys.modules, name, module)
-    return load_by_path(f"sm120_configurer_{sm}", patched_tree / CONFIGURER)
+    return load_by_path(f"sm120_configurer_{patched_tree.name}_{sm}", patched_tree / CONFIGURER)
 
 
 SGLANG_KERNEL_DEEP_GEMM = ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous")
@@ -223,8 +342,8 @@ SM120_DEEP_GEMM = SGLANG_KERNEL_DEEP_GEMM + ("m_grouped_fp8_fp4_gemm_nt_contiguo
 
 @pytest.mark.parametrize("sm, deep_gemm, env, enabled, blackwell, ue8m0", [
     (120, SGLANG_KERNEL_DEEP_GEMM, {}, False, False, False),     # the pinned stack on the reference host
-    (121, SGLANG_KERNEL_DEEP_GEMM, {}, False, False, False),     # SM121: the same (stock 0.5.11 said yes)
-    (120, SM120_DEEP_GEMM, {}, True, False, True),               # upstream's rule: the SM120 branch
+    (121, SGLANG_KERNEL_DEEP_GEMM, {}, False, False, False),     # SM121: the same (stock 0.5.11/0.5.17: yes)
+    (120, SM120_DEEP_GEMM, {}, True, False, True),               # upstream's rule (stock 0.5.17: no)
     (121, SM120_DEEP_GEMM, {}, True, False, True),
     (122, SM120_DEEP_GEMM, {}, False, False, False),             # other 12.x: off
     (120, SM120_DEEP_GEMM, {"SGLANG_ENABLE_JIT_DEEPGEMM": "0"}, False, False, False),
@@ -240,3 +359,51 @@ def test_deep_gemm_configurer(patched_tree, patched_rule, monkeypatch, sm, deep_
     configurer = load_configurer(patched_tree, patched_rule, monkeypatch, sm=sm, deep_gemm=deep_gemm, env=env)
     assert (configurer.ENABLE_JIT_DEEPGEMM, configurer.DEEPGEMM_BLACKWELL, configurer.DEEPGEMM_SCALE_UE8M0) == \
         (enabled, blackwell, ue8m0)
+
+
+# -- FlashInfer fusion backend (0.5.17: the backend is resolved per SM when the workspace is made) --
+
+@pytest.fixture(scope="module")
+def tree_0517(tmp_path_factory):
+    return tree_for(tmp_path_factory.mktemp("sm120-0.5.17-fusion"), "0.5.17")
+
+
+@pytest.fixture
+def fusion_module(tree_0517, monkeypatch):
+    """0.5.17's patched layers/flashinfer_comm_fusion.py, without FlashInfer (so no workspace code runs
+    at import), the real CPU torch."""
+    path = tree_0517 / FUSION
+    install(monkeypatch, stub("sglang"), stub("sglang.srt"),
+            stub("sglang.srt.distributed", imported_names(path, "sglang.srt.distributed")),
+            stub("sglang.srt.distributed.parallel_state", imported_names(path, "sglang.srt.distributed.parallel_state")),
+            stub("sglang.srt.runtime_context", imported_names(path, "sglang.srt.runtime_context")),
+            stub("sglang.srt.utils", imported_names(path, "sglang.srt.utils")),
+            stub("sglang.srt.utils.custom_op", register_custom_op=lambda *a, **k: (lambda f: f)))
+    return load_by_path("sm120_flashinfer_comm_fusion_0517", path)
+
+
+@pytest.mark.parametrize("sm, backend, multi_node, resolved", [
+    (120, "auto", False, "trtllm"),       # the gate's "on" (or a force): the single-node IPC workspace
+    (120, "trtllm", False, "trtllm"),
+    (120, "mnnvl", False, "single node only"),
+    (120, "auto", True, "single node only"),
+    (90, "auto", False, "trtllm"),        # stock
+    (100, "auto", False, "mnnvl"),        # stock
+    (100, "auto", True, "mnnvl"),         # stock
+    (90, "auto", True, "does not support multi-node"),
+    (80, "auto", False, "requires SM90 or SM10X"),
+], ids=["120-auto", "120-trtllm", "120-mnnvl", "120-multi-node", "90-auto", "100-auto", "100-multi-node",
+        "90-multi-node", "80"])
+def test_fusion_backend_resolution(fusion_module, monkeypatch, sm, backend, multi_node, resolved):
+    """Stock 0.5.17 raises "requires SM90 or SM10X" on 12.x when the workspace is made, so a fusion the
+    gate lets through would stop the server there; with the patch 12.x gets the trtllm backend."""
+    for major, name in ((9, "is_sm90_supported"), (10, "is_sm100_supported"), (12, "is_sm120_supported")):
+        monkeypatch.setattr(fusion_module, name, lambda major=major: sm // 10 == major)
+    server_args = types.SimpleNamespace(flashinfer_allreduce_fusion_backend=backend, nnodes=2 if multi_node else 1)
+    if resolved in ("trtllm", "mnnvl"):
+        assert fusion_module.resolve_flashinfer_allreduce_fusion_backend(server_args) == resolved
+    else:
+        with pytest.raises(ValueError, match=resolved):
+            fusion_module.resolve_flashinfer_allreduce_fusion_backend(server_args)
+    server_args.flashinfer_allreduce_fusion_backend = None   # the gate said off: nothing is resolved
+    assert fusion_module.resolve_flashinfer_allreduce_fusion_backend(server_args) is None
