@@ -95,14 +95,27 @@ class RequestRecord:
         return (self.ok and (self.completion_tokens or 0) >= HELD_BACK_MIN_TOKENS
                 and share is not None and share >= HELD_BACK_SHARE)
 
+    @property
+    def replacement_chars(self) -> int:
+        """U+FFFD in the answer: bytes the server could not decode as UTF-8. SGLang's
+        detokenizer holds text back while it ends in one, so a held-back stream full of them
+        was held back for that reason (random-weight models emit such byte tokens)."""
+        return self.text.count("\ufffd")
+
     def stream_shape(self) -> str:
-        """'T tokens in N content events, A arrivals over S ms' (+ a warning when held back)."""
+        """'T tokens in N content events, A arrivals over S ms' (+ a warning when held back,
+        saying whether invalid UTF-8 can explain it)."""
         tokens = "?" if self.completion_tokens is None else str(self.completion_tokens)
         text = (f"{tokens} tokens in {self.chunks} content event(s), {len(self.arrivals)} arrival(s) "
                 f"over {self.span * 1000:.1f} ms")
         if self.held_back:
             text += (f"; {self.largest_arrival_share:.0%} of the text came in one arrival: "
                      f"the stream was held back and reached the client in one piece")
+            if self.replacement_chars:
+                text += (f" ({self.replacement_chars} of {len(self.text)} characters are U+FFFD: "
+                         f"output that is not valid UTF-8, which the server holds back)")
+            else:
+                text += " (the text is valid UTF-8, so not the server's hold-back of partial characters)"
         return text
 
     def to_dict(self) -> dict:

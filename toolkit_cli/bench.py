@@ -89,8 +89,12 @@ def print_levels(records: list[dict]) -> None:
                         _fmt(m["median_itl_ms"], 2), _fmt(m["median_e2el_ms"], 0),
                         _fmt(m.get("mean_arrivals_per_request")), _fmt(m.get("mean_tokens_per_arrival"), 2)))
         if m.get("held_back_streams"):
+            share = m.get("held_back_replacement_share")
+            why = ("" if share is None else
+                   f"; {share:.0%} of their text is U+FFFD (invalid UTF-8 the server holds back)" if share
+                   else "; their text is valid UTF-8, so not the server's hold-back of partial characters")
             held.append(f"{r['profile']} c={r['concurrency']}: {m['held_back_streams']}/{m['completed']} streams "
-                        f"held back (most of the answer in one arrival); their ITL is the whole decode")
+                        f"held back (most of the answer in one arrival); their ITL is the whole decode{why}")
     report.table("bench: throughput per level", ["profile", "conc", "ok", "in tok", "req/s", "out tok/s",
                                                  "per-req tok/s", "accept len"], throughput)
     report.table("bench: latency per level (ms)", ["profile", "conc", "TTFT p50", "TTFT p99", "TPOT p50",

@@ -72,6 +72,23 @@ def test_stream_shape_metrics_count_events_that_arrived_together_and_held_back_s
     assert m["p99_itl_ms"] == pytest.approx(100.0 + 750.0 * 0.98)
     assert m["median_itl_ms"] == pytest.approx(100.0)
     assert "held back" in records[1].stream_shape() and "held back" not in records[0].stream_shape()
+    assert m["held_back_replacement_share"] == 0.0  # no answer text recorded here: nothing undecodable
+
+
+def test_held_back_streams_say_whether_invalid_utf8_explains_them():
+    # random-weight output: byte tokens that do not form UTF-8 come out as U+FFFD
+    garbled = done(0.05, [0.05, 0.9], 0.9, completion=40, prompt=5, events=2, chars=[1, 19])
+    garbled.text = "ab\ufffd\ufffdcd\ufffd" + "x" * 13
+    # ASCII text held back all the same: something other than the detokenizer's UTF-8 rule
+    ascii_held = done(0.05, [0.05, 0.9], 0.9, completion=40, prompt=5, events=2, chars=[1, 19])
+    ascii_held.text = "<t5><t9>" * 2 + "abcd"
+    assert "3 of 20 characters are U+FFFD" in garbled.stream_shape()
+    assert "valid UTF-8, so not" in ascii_held.stream_shape()
+    assert compute([garbled], 1.0)["held_back_replacement_share"] == pytest.approx(3 / 20)
+    assert compute([ascii_held], 1.0)["held_back_replacement_share"] == 0.0
+    assert compute([garbled, ascii_held], 1.0)["held_back_replacement_share"] == pytest.approx(3 / 40)
+    streamed = done(0.1, [0.1, 0.2, 0.3], 0.3, completion=8, prompt=5, chars=[4, 4, 4])
+    assert compute([streamed], 1.0)["held_back_replacement_share"] is None  # nothing held back
 
 
 def test_single_token_answers_have_no_tpot_and_empty_answers_no_ttft():

@@ -97,6 +97,8 @@ def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
     assert stream.detail.startswith("not streamed: first content at ")
     assert f"{SHORT} tokens in {SHORT} content event(s), 2 arrival(s)" in stream.detail
     assert "held back and reached the client in one piece" in stream.detail
+    # its text is plain ASCII: the detail rules out the server's wait for complete UTF-8 characters
+    assert "valid UTF-8, so not the server's hold-back of partial characters" in stream.detail
     # events written in groups of 4 still stream: 8 arrivals over time, the check passes
     grouped = fake_server(chunks=SHORT, delay=0.005, group=4)
     result = run_smoke(grouped.base_url, burst=2, chat_max_tokens=SHORT)

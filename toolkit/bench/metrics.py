@@ -11,6 +11,8 @@
   content events that arrived together with another (`coalesced_event_share`), and how many
   streams were held back (`held_back_streams`: most of the answer in one arrival, see
   `RequestRecord.held_back`); such a stream's ITL is one gap the size of the whole decode.
+  `held_back_replacement_share` is the share of U+FFFD in their text: high means the server
+  held back bytes that are not valid UTF-8 (random-weight output), near 0 means something else.
 - TPOT: per request (e2e latency - TTFT) / (output tokens - 1), for requests with > 1 token.
 - E2E latency (`e2el`): request start to the end of the stream.
 - Token counts: the server's `usage` (prompt_tokens / completion_tokens). A completed request
@@ -81,6 +83,7 @@ def compute(records: Iterable[RequestRecord], duration_s: float) -> dict:
     itls = [gap for r in good for gap in r.itl]
     per_request_tps = [r.completion_tokens / r.latency for r in good if r.latency]
     streamed = [r for r in good if r.arrivals]
+    held = [r for r in streamed if r.held_back]
     events = sum(r.chunks for r in streamed)
     arrivals = sum(len(r.arrivals) for r in streamed)
     def rate(amount: float) -> float | None:
@@ -111,7 +114,11 @@ def compute(records: Iterable[RequestRecord], duration_s: float) -> dict:
         "mean_tokens_per_arrival": (sum(r.completion_tokens for r in streamed) / arrivals
                                     if arrivals else None),
         "coalesced_event_share": (events - arrivals) / events if events else None,
-        "held_back_streams": sum(1 for r in streamed if r.held_back),
+        "held_back_streams": len(held),
+        # the share of U+FFFD (undecodable bytes) in the held-back answers: near 0 means the
+        # hold-back is not the server waiting for complete UTF-8 characters
+        "held_back_replacement_share": (sum(r.replacement_chars for r in held)
+                                        / max(1, sum(len(r.text) for r in held)) if held else None),
         "errors": errors,
     }
     return metrics

@@ -22,7 +22,7 @@ CSV_METRICS = (["completed", "failed", "duration_s", "total_input_tokens", "tota
                + [f"{stat}_{m}_ms" for m in LATENCY_METRICS for stat in _STATS]
                + [f"{stat}_request_output_throughput_tok_s" for stat in _STATS]
                + ["mean_events_per_request", "mean_arrivals_per_request", "mean_tokens_per_arrival",
-                  "coalesced_event_share", "held_back_streams"])
+                  "coalesced_event_share", "held_back_streams", "held_back_replacement_share"])
 CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests", "dataset", "output_len",
                 "input_len", "seed", "server_kind", "attention_backend", "tp_size", "architecture",
                 "speculative_algorithm", "dyn_threshold", "dyn_hysteresis", "avg_spec_accept_length",
@@ -34,7 +34,7 @@ CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests"
 _CSV_DECIMALS = {"duration_s": 3, "request_throughput": 3, "output_throughput": 1, "total_token_throughput": 1,
                  "mean_input_tokens": 1, "mean_output_tokens": 1, "avg_spec_accept_length": 3,
                  "mean_events_per_request": 1, "mean_arrivals_per_request": 1, "mean_tokens_per_arrival": 2,
-                 "coalesced_event_share": 3,
+                 "coalesced_event_share": 3, "held_back_replacement_share": 3,
                  **{f"{stat}_{m}_ms": 2 for m in LATENCY_METRICS for stat in _STATS},
                  **{f"{stat}_request_output_throughput_tok_s": 2 for stat in _STATS}}
 
