@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import free_port          # noqa: E402
+from benchmarks import figures_file  # noqa: E402
 from toolkit import client as this_client      # noqa: E402
 
 
@@ -124,8 +124,7 @@ def main() -> int:
               f"(server: {args.delay * 1000:.0f} ms), TTFT p50 {real['ttft_p50_ms']:.2f} ms", flush=True)
     figures["load_average_at_end"] = os.getloadavg()
     if args.record:
-        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.record).write_text(json.dumps(figures, indent=2) + "\n")
+        figures_file.write(args.record, figures)
         print(f"recorded: {args.record}")
     return 0
 

@@ -49,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import figures_file  # noqa: E402
 from tests.client.conftest import CpuServer                      # noqa: E402
 from tests.conftest import CPU_REF_REQUIREMENTS, _cached_venv, free_port  # noqa: E402
 from toolkit.bench.metrics import compute                         # noqa: E402
@@ -429,8 +430,7 @@ def main() -> int:
                   f"{rate['vllm_requests_per_s']:.0f} req/s")
     figures["load_average_at_end"] = os.getloadavg()
     if args.record:
-        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.record).write_text(json.dumps(figures, indent=2) + "\n")
+        figures_file.write(args.record, figures)
         print(f"recorded: {args.record}")
     return 0
 

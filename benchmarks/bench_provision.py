@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import figures_file  # noqa: E402
 from toolkit import paths, provision, sandbox, stack, wheelhouse  # noqa: E402
 from toolkit.inventory import resolve_hosts  # noqa: E402
 
@@ -93,8 +93,7 @@ def main() -> None:
         print(f"{mode:10s} re-run    {f['rerun_median_s']:6.3f} s median of {len(f['rerun_s'])}"
               f" (max {max(f['rerun_s']):.3f} s), round trips {f['rerun_round_trips']}, changed {f['rerun_changed']}")
     if options.save:
-        Path(options.save).parent.mkdir(parents=True, exist_ok=True)
-        Path(options.save).write_text(json.dumps(figures, indent=2) + "\n")
+        figures_file.write(options.save, figures)
         print(f"saved {options.save}")
 
 

@@ -62,7 +62,7 @@ def say(*a):
 
 def profile(name, pair, mem):
     """(argv, env, pythonpath) of one server profile; names follow the toolkit's."""
-    t = [f"--model-path", f"{MODELS}/target-{pair}"]
+    t = ["--model-path", f"{MODELS}/target-{pair}"]
     d = ["--speculative-draft-model-path", f"{MODELS}/draft-{pair}"]
     extra = ["--load-format", "dummy"] if pair == "big" else []
     mem_args = ["--mem-fraction-static", str(mem),
@@ -111,11 +111,14 @@ class Server:
         self.proc = None
         self.env_shown = {k: v for k, v in env.items()}
 
+    def describe(self):
+        return f"{self.name}/{self.pair} port {self.port}"
+
     def start(self):
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=self.env, start_new_session=True)
-        say(f"start {self.name}/{self.pair} port {self.port} env={self.env_shown}")
+        say(f"start {self.describe()} env={self.env_shown}")
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -186,6 +189,7 @@ async def wait_health(s, srv, timeout):
 
 
 async def server_info(s, srv):
+    err = "not answering"
     for path in ("/server_info", "/get_server_info"):
         try:
             async with s.get(srv.base + path) as r:
@@ -196,7 +200,7 @@ async def server_info(s, srv):
                             "avg_spec_accept_length": states[0].get("avg_spec_accept_length")}
         except Exception as e:
             err = str(e)
-    return {"error": "no server_info"}
+    return {"error": f"no server_info ({err})"}
 
 
 def lens32():

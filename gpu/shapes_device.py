@@ -77,7 +77,7 @@ def left():
 
 
 class Server(dyn_device.Server):
-    """A server of a plan group (alive/stop are the first rounds' driver's own)."""
+    """A server of a plan group (start/alive/stop are the first rounds' driver's own)."""
 
     def __init__(self, group, spec, index, threshold):  # noqa: D107 (no super().__init__: other profiles)
         self.group = group
@@ -135,11 +135,8 @@ class Server(dyn_device.Server):
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN")}
 
-    def start(self):
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
-        say(f"start {self.name} port {self.port} gpus {self.group['gpus']} env={self.env_shown}")
+    def describe(self):
+        return f"{self.name} port {self.port} gpus {self.group['gpus']}"
 
     def log_lines(self):
         return open(self.log_path, errors="replace").read().splitlines()

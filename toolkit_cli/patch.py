@@ -33,7 +33,7 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
 
 
 @command(positional=["action", "name"], optional=["name"], checked=["action"], usage=USAGE, help={
-    "action": "list | check | apply | verify | revert | edit | refresh",
+    "action": " | ".join(ACTIONS),
     "name": "patchset name (a folder in patchsets/); apply/edit/refresh need it, check/revert take it optionally",
     "host": HOST_HELP,
     "dry_run": "apply/revert: print the plan (which files would change), write nothing",
