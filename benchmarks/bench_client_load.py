@@ -125,7 +125,6 @@ def main() -> int:
     figures["load_average_at_end"] = os.getloadavg()
     if args.record:
         figures_file.write(args.record, figures)
-        print(f"recorded: {args.record}")
     return 0
 
 

@@ -94,7 +94,6 @@ def main() -> None:
               f" (max {max(f['rerun_s']):.3f} s), round trips {f['rerun_round_trips']}, changed {f['rerun_changed']}")
     if options.save:
         figures_file.write(options.save, figures)
-        print(f"saved {options.save}")
 
 
 if __name__ == "__main__":
