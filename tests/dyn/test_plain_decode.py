@@ -278,6 +278,34 @@ def test_the_forward_swaps_in_the_plain_backend_and_graphs_only_for_its_duration
     assert seen["graph_runner"] == "plain-graphs"
     assert out.logits_output == "logits" and out.can_run_cuda_graph is True
     assert runner.attn_backend is stock_backend and runner.graph_runner is stock_graphs
+    assert not hasattr(out, "next_token_ids")  # v1 samples in its own verify
+
+
+def test_the_v2_plain_step_samples_with_the_targets_own_sampler_on_the_decode_batch(runtime):
+    sampled = []
+
+    def sample(logits_output, forward_batch):
+        sampled.append((logits_output, forward_batch.batch.forward_mode, forward_batch.attn_backend))
+        return torch.tensor([7, 8])
+
+    runner = types.SimpleNamespace(
+        attn_backend="stock", graph_runner="stock-graphs", sample=sample,
+        forward=lambda fb: types.SimpleNamespace(logits_output="logits", can_run_graph=True,
+                                                 expert_distribution_metrics=None, routed_experts_output=None))
+    state = runtime.PlainDecodeState("plain-backend", "plain-graphs", "", 0.0)
+    out = runtime.plain_decode_forward(types.SimpleNamespace(model_runner=runner), state, verify_batch(),
+                                       sample=True)
+    # the sampler a server without speculation runs, on the same DECODE forward batch
+    assert sampled == [("logits", Mode.DECODE, "plain-backend")]
+    assert out.next_token_ids.tolist() == [7, 8]
+
+
+def test_request_slots_are_the_slots_of_each_requests_position(runtime):
+    req_to_token = (torch.arange(4 * 32).view(4, 32) + 1000).to(torch.int32)  # SGLang keeps int32
+    rows, positions = torch.tensor([2, 0, 3]), torch.tensor([5, 31, 0])
+    slots = runtime.request_slots(req_to_token, rows, positions)
+    assert slots.dtype == torch.int64
+    assert slots.tolist() == assign_slots(rows, req_to_token, positions, positions + 1, 3, 1, "cpu").tolist()
 
 
 # --- the draft's KV-only update ---------------------------------------------------------------
@@ -363,6 +391,109 @@ def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime):
     assert pool.k[untouched].abs().sum() == 0 and pool.v[untouched].abs().sum() == 0
 
 
+class ReplayingGraph:
+    """Stands for a captured CUDA graph: replay() re-runs what was captured, reading the same
+    static buffers (what the real graph does with its recorded kernels)."""
+
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+
+    def replay(self):
+        self.replays += 1
+        self.out.copy_(self.fn())
+
+
+def kv_only_graphs(runtime, draft, capture_bs=(1, 2, 4)):
+    """runtime.DraftKVOnlyGraphs with its capture replaced by ReplayingGraph (no CUDA here)."""
+    graphs = object.__new__(runtime.DraftKVOnlyGraphs)
+    graphs.draft_runner, graphs.capture_bs = draft, sorted(capture_bs)
+    max_bs = graphs.capture_bs[-1]
+    graphs.tokens = torch.zeros(max_bs, dtype=torch.int64)
+    graphs.hidden = torch.zeros(max_bs, 3 * H)
+    graphs.positions = torch.zeros(max_bs, dtype=torch.int64)
+    graphs.slots = torch.zeros(max_bs, dtype=torch.int64)
+    graphs.graphs, graphs.outputs = {}, {}
+    for bs in graphs.capture_bs:
+        graph = ReplayingGraph(lambda bs=bs: graphs._run_static(bs))
+        graph.out = torch.zeros(bs, H)
+        graphs.graphs[bs], graphs.outputs[bs] = graph, graph.out
+    return graphs
+
+
+@pytest.mark.parametrize("bs, graph_bs", [(3, 4), (4, 4), (1, 1)])
+def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(runtime, bs, graph_bs):
+    tokens, positions = torch.tensor([3, 7, 9, 1])[:bs].to(torch.int32), torch.tensor([5, 11, 2, 8])[:bs]
+    target_hidden, loc = torch.randn(bs, 3 * H), torch.tensor([20, 4, 13, 6])[:bs]
+    eager = eagle3_draft()
+    with torch.no_grad():
+        expected = runtime.draft_kv_only_extend(eager, tokens, target_hidden, positions, loc)
+        draft = eagle3_draft()
+        graphs = kv_only_graphs(runtime, draft)
+        graphs.slots.fill_(17)  # left over from an earlier, larger batch
+        out = graphs.run(tokens, target_hidden, positions, loc)
+    assert graphs.graphs[graph_bs].replays == 1
+    assert torch.allclose(out, expected) and out.shape == (bs, H)
+    pool, ref = draft.token_to_kv_pool, eager.token_to_kv_pool
+    assert torch.allclose(pool.k[loc], ref.k[loc]) and torch.allclose(pool.v[loc], ref.v[loc])
+    written = {0} if graph_bs > bs else set()
+    untouched = [i for i in range(32) if i not in set(loc.tolist()) | written]
+    assert pool.k[untouched].abs().sum() == 0  # padding rows went to slot 0, not to stale slot 17
+    # the result is the caller's: the next replay does not change it
+    kept = out.clone()
+    with torch.no_grad():
+        graphs.run(tokens.flip(0), target_hidden.flip(0), positions, loc)
+    assert torch.equal(out, kept)
+
+
+def test_kv_only_graphs_run_eagerly_above_the_largest_captured_batch(runtime):
+    draft = eagle3_draft()
+    graphs = kv_only_graphs(runtime, draft, capture_bs=(1, 2))
+    with torch.no_grad():
+        out = graphs.run(torch.tensor([3, 7, 9]), torch.randn(3, 3 * H), torch.tensor([5, 11, 2]),
+                         torch.tensor([20, 4, 13]))
+    assert out.shape == (3, H) and all(g.replays == 0 for g in graphs.graphs.values())
+    assert draft.token_to_kv_pool.k[[20, 4, 13]].abs().sum() > 0
+
+
+def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counted_in_memory(runtime, monkeypatch):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(10 * GIB, 9.75 * GIB))
+    built = []
+
+    class Graphs:
+        def __init__(self, draft_runner, capture_bs, hidden_in):
+            built.append((capture_bs, hidden_in))
+            self.capture_bs = sorted(capture_bs)
+
+    monkeypatch.setattr(runtime, "DraftKVOnlyGraphs", Graphs)
+    draft = eagle3_draft()
+    draft.device = "fake"
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "", 0.5)
+    graphs, note = runtime.build_draft_kv_only_graphs(draft, state)
+    assert built == [([1, 2, 4, 8], 3 * H)]  # the draft's fc input: the target's 3 hidden states
+    assert note == "CUDA graphs for batch sizes 1..8"
+    assert state.extra_memory_gib == pytest.approx(0.75)  # the plain path's 0.5 + the graphs' 0.25
+
+
+def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, monkeypatch, caplog):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    draft = eagle3_draft()
+    draft.device = "fake"
+    no_graphs = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
+    assert runtime.build_draft_kv_only_graphs(draft, no_graphs) == (
+        None, "eager (the server runs without CUDA graphs)")
+
+    def capture_fails(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runtime, "DraftKVOnlyGraphs", capture_fails)
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[1, 2]), "", 0.1)
+    with caplog.at_level(logging.WARNING):
+        graphs, note = runtime.build_draft_kv_only_graphs(draft, state)
+    assert graphs is None and note == "eager (graph capture failed: RuntimeError)"
+    assert "not captured" in caplog.text and "stream is capturing" in caplog.text
+    assert state.extra_memory_gib == pytest.approx(0.1)
+
+
 def test_kv_only_update_takes_an_fc_output_as_it_is(runtime):
     draft = eagle3_draft()
     fc_hidden = torch.randn(2, H)
@@ -402,32 +533,28 @@ class DraftInput:
 
 
 @pytest.fixture()
-def worker_v2(patched_tree, monkeypatch):
+def worker_v2(patched_tree, runtime, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
 
-    def plain_decode_forward(target_worker, state, batch):
-        calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist()))
+    def plain_decode_forward(target_worker, state, batch, sample=False):
+        calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist(), sample))
         logits = torch.full((len(batch.seq_lens), 8), -1.0)
         logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0  # argmax = id % 8
         hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)  # "3H" = 6
-        return Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
-                      can_run_cuda_graph=True, routed_experts_output=None)
-
-    def build_trivial_verify_input(verified_id, seq_lens, seq_lens_cpu, seq_lens_sum):
-        def sample(batch, logits_output, vocab_mask):
-            calls.append(("sample",))
-            predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
-            return predict, torch.ones_like(predict), None
-        return types.SimpleNamespace(draft_token=verified_id.to(torch.int64), sample=sample)
+        result = Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
+                        can_run_cuda_graph=True, routed_experts_output=None)
+        if sample:  # the target's own sampler (greedy here)
+            result.next_token_ids = torch.argmax(logits, dim=-1)
+        return result
 
     def draft_kv_only_extend(draft_runner, tokens, target_hidden, positions, out_cache_loc):
         calls.append(("kv_only", tokens.tolist(), positions.tolist(), out_cache_loc.tolist()))
         return target_hidden[:, :2] * 10  # stands for fc(): hidden size 2
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward,
-                                 build_trivial_verify_input=build_trivial_verify_input,
+                                 request_slots=runtime.request_slots,
                                  draft_kv_only_extend=draft_kv_only_extend)
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
@@ -464,6 +591,7 @@ def worker_v2(patched_tree, monkeypatch):
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
     worker = types.SimpleNamespace(
         device="cpu", speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
+        _dyn_kv_only_graphs=None,
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=draft_forward),
@@ -497,19 +625,19 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, cpu_s
     incoming = batch.spec_info
     result = worker._forward_plain_decode(batch)
     slots = [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]  # req_to_token[row, seq_len]
-    assert calls[0] == ("target", [11, 12, 13], slots)
-    assert calls[1] == ("sample",)
+    assert calls[0] == ("target", [11, 12, 13], slots, True)  # sampled by the target's sampler
     # outputs laid out as a verify of 4 tokens with only the root accepted
     assert result.next_token_ids.tolist() == [3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0]
-    assert result.accept_lens.tolist() == [1, 1, 1]
+    assert result.next_token_ids.dtype == torch.int32
+    assert result.accept_lens.tolist() == [1, 1, 1] and result.accept_lens.dtype == torch.int32
     # no request asked for hidden states: none go back to the scheduler (it copies them to the host)
     assert result.logits_output.hidden_states is None
     nxt = result.next_draft_input
     assert nxt.dyn_plain_step is True and nxt.verified_id.tolist() == [3, 4, 5]
     assert nxt.new_seq_lens.tolist() == [6, 10, 18]
     # the draft writes its KV for the new position (its positions are the token's) in the same slots
-    assert calls[2] == ("kv_only", [3, 4, 5], [5, 9, 17], slots)
-    assert len(calls) == 3  # no full draft extend while plain
+    assert calls[1] == ("kv_only", [3, 4, 5], [5, 9, 17], slots)
+    assert len(calls) == 2  # no full draft extend while plain
     assert (nxt.topk_p == -1).all() and nxt.topk_p.shape == incoming.topk_p.shape
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
 
@@ -521,7 +649,7 @@ def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(wor
     result = worker._forward_plain_decode(batch)
     # what the scheduler reads as hidden_states[i] for request i: the target's, unpadded
     assert result.logits_output.hidden_states.tolist() == torch.arange(18.0).view(3, 6).tolist()
-    assert calls[2][0] == "kv_only"  # the draft still gets the same hidden states
+    assert calls[1][0] == "kv_only"  # the draft still gets the same hidden states
 
 
 def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, cpu_streams):
@@ -530,8 +658,8 @@ def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v
     worker._dyn_draft_extend_runner = None  # no graphs: eager
     result = worker._forward_plain_decode(decode_batch())
     kinds = [c[0] for c in calls]
-    assert kinds == ["target", "sample", "draft_extend"] and worker._dyn_resync_pending is False
-    assert calls[2][1] == [3, 4, 5] and calls[2][2] == [5, 9, 17]
+    assert kinds == ["target", "draft_extend"] and worker._dyn_resync_pending is False
+    assert calls[1][1] == [3, 4, 5] and calls[1][2] == [5, 9, 17]
     assert result.next_draft_input.topk_index.tolist() == [[5], [5], [5]]
 
 
