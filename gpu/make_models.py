@@ -1,7 +1,7 @@
 """Make a tiny Llama target model and a matching EAGLE-3 draft model, offline.
 
 Usage: python3 make_models.py OUT_DIR [--corpus DIR] [--no-weights] [--big LAYERS] [--huge]
-                              [--kimi LAYERS] [--tiny-mla]
+                              [--kimi LAYERS] [--kimi-deep LAYERS] [--tiny-mla]
 
 Writes, under OUT_DIR:
   tok/                      byte-level BPE tokenizer (1024 tokens) + chat template
@@ -22,6 +22,11 @@ Writes, under OUT_DIR:
                             the published Kimi drafts' shape (one layer, hidden
                             7168, draft vocabulary 32000); the tokenizer is padded
                             with plain-ASCII tokens "<tN>" to 163840 ids
+  target-kimideep/, draft-kimideep/ with --kimi-deep LAYERS: the same shape
+                            with more layers and KIMI_DEEP_EXPERTS (default 32)
+                            routed experts, so a decode step is GPU-bound the
+                            way the real model's is (more layers, about the
+                            same GPU memory)
   target-tinymla/, draft-tinymla/ with --tiny-mla: config only, a small
                             DeepseekV3 (MLA + MoE) for correctness runs
 Each model folder has config.json, model.safetensors, generation_config.json
@@ -125,6 +130,7 @@ KIMI_VOCAB = 163840
 # Kimi K2.5 has 384 routed experts; fewer keep the layers inside one H200 (KIMI_EXPERTS, default 64:
 # three six-layer servers side by side)
 KIMI_EXPERTS = int(os.environ.get("KIMI_EXPERTS", "64"))
+KIMI_DEEP_EXPERTS = int(os.environ.get("KIMI_DEEP_EXPERTS", "32"))
 
 
 def pad_tokenizer(tok_dir, out, size):
@@ -145,6 +151,17 @@ def pad_tokenizer(tok_dir, out, size):
             vocab[f"<t{i}>"] = i
     with open(path, "w") as f:
         json.dump(spec, f, ensure_ascii=False)
+
+
+def kimi_draft_config(ids, target_layers):
+    """An EAGLE-3 draft of the published Kimi K2.5 drafts' shape for a target of target_layers."""
+    return llama_config(
+        ids, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, vocab_size=KIMI_VOCAB,
+        draft_vocab_size=32000, target_hidden_size=7168, hidden_size=7168,
+        intermediate_size=18432, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+        rope_theta=50000.0, max_position_embeddings=131072,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [1, target_layers // 2, target_layers - 2],
+                      "use_aux_hidden_state": True})
 
 
 def deepseek_v3_config(ids, **over):
@@ -360,19 +377,17 @@ def main():
             draft_vocab_size=VOCAB, target_hidden_size=shape["hidden_size"],
             eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2 - 1, layers - 4],
                           "use_aux_hidden_state": True}, **shape), None, tok_dir, ids)
-    if "--kimi" in sys.argv:
-        layers = int(sys.argv[sys.argv.index("--kimi") + 1])
-        kimi_tok = os.path.join(out, "tok-kimi")
+    kimi_tok = os.path.join(out, "tok-kimi")
+    if "--kimi" in sys.argv or "--kimi-deep" in sys.argv:
         pad_tokenizer(tok_dir, kimi_tok, KIMI_VOCAB)
-        write_model(os.path.join(out, "target-kimi"), deepseek_v3_config(ids, num_hidden_layers=layers),
+    for flag, name, experts in (("--kimi", "kimi", KIMI_EXPERTS), ("--kimi-deep", "kimideep", KIMI_DEEP_EXPERTS)):
+        if flag not in sys.argv:
+            continue
+        layers = int(sys.argv[sys.argv.index(flag) + 1])
+        write_model(os.path.join(out, f"target-{name}"),
+                    deepseek_v3_config(ids, num_hidden_layers=layers, n_routed_experts=experts),
                     None, kimi_tok, ids)
-        write_model(os.path.join(out, "draft-kimi"), llama_config(
-            ids, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, vocab_size=KIMI_VOCAB,
-            draft_vocab_size=32000, target_hidden_size=7168, hidden_size=7168,
-            intermediate_size=18432, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
-            rope_theta=50000.0, max_position_embeddings=131072,
-            eagle_config={"eagle_aux_hidden_state_layer_ids": [1, layers // 2, layers - 2],
-                          "use_aux_hidden_state": True}), None, kimi_tok, ids)
+        write_model(os.path.join(out, f"draft-{name}"), kimi_draft_config(ids, layers), None, kimi_tok, ids)
     if "--tiny-mla" in sys.argv:
         write_model(os.path.join(out, "target-tinymla"), deepseek_v3_config(
             ids, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, moe_intermediate_size=256,

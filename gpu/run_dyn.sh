@@ -8,6 +8,7 @@
 #      DYN_PATCHSETS (default "dyn-disable"): patchsets applied in order, e.g. "sm120 dyn-disable".
 #      HUGE=1: also write the config-only 32B-shape pair (make_models.py --huge).
 #      KIMI_LAYERS=N: also write the config-only Kimi-K2.5-shape pair (make_models.py --kimi N).
+#      KIMI_DEEP_LAYERS=N: also write the deeper one (make_models.py --kimi-deep N, pair "kimideep").
 #      TINY_MLA=1: also write the small DeepseekV3 (MLA + MoE) pair (make_models.py --tiny-mla).
 #      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
 #      FI_COMM_PREWARM=1: build FlashInfer's trtllm all-reduce fusion kernel in the background.
@@ -62,6 +63,7 @@ fi
 models_missing() {  # the tiny pairs, or a pair asked for by HUGE / KIMI_LAYERS / TINY_MLA, not there yet
   [ ! -d /tmp/models/target-sharp ] || { [ "${HUGE:-}" = 1 ] && [ ! -d /tmp/models/target-huge ]; } \
     || { [ -n "${KIMI_LAYERS:-}" ] && [ ! -d /tmp/models/target-kimi ]; } \
+    || { [ -n "${KIMI_DEEP_LAYERS:-}" ] && [ ! -d /tmp/models/target-kimideep ]; } \
     || { [ "${TINY_MLA:-}" = 1 ] && [ ! -d /tmp/models/target-mlasharp ]; }
 }
 if [ "${FI_COMM_PREWARM:-}" = 1 ] && [ ! -f /tmp/fi_comm_ready ]; then
@@ -74,6 +76,7 @@ fi
 if models_missing; then
   PYTHONPATH=/tmp/site:$EXTRA python3 gpu/make_models.py /tmp/models --corpus /tmp/site/sglang/srt --big ${BIG_LAYERS:-16} \
     $([ "${HUGE:-}" = 1 ] && echo --huge) $([ -n "${KIMI_LAYERS:-}" ] && echo --kimi $KIMI_LAYERS) \
+    $([ -n "${KIMI_DEEP_LAYERS:-}" ] && echo --kimi-deep $KIMI_DEEP_LAYERS) \
     $([ "${TINY_MLA:-}" = 1 ] && echo --tiny-mla) 2>&1 | tail -1
 fi
 [ -n "${PREWARM:-}" ] && wait $PREWARM

@@ -34,7 +34,7 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   "checks_first": true.
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
-(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, tinymla)
+(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.
 Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and server logs under
@@ -59,8 +59,8 @@ from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
     server_info, wait_health)
 
-CONFIG_ONLY = {"big", "huge", "kimi", "tinymla"}
-ARCH = {"kimi": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
+CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
+ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
 V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
       "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
 V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
