@@ -4,8 +4,9 @@ Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz]
 
 For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, every
 host-blocking CUDA call (stream/event synchronize, memcpy) with the SGLang functions it was
-called from, and the steps: per CUDA-graph replay (one decode forward), the graph's GPU time,
-the GPU work outside graphs until the next replay, and the GPU's idle gap before it. A gap near
+called from, and the steps: per replay of the decode graph (one decode forward), its GPU time,
+the shorter graphs replayed before the next one (side graphs, e.g. a plain step's draft KV-only
+update), the GPU work outside graphs, and the GPU's idle gap before the next decode graph. A gap near
 zero means the host keeps the GPU fed; a larger one means the host sets the pace (read it from a
 trace taken without Python stacks, `profile_load.py --no-stack`: stacks slow the host several
 times). With a second (baseline) trace: the kernels the first adds per graph launch of the
@@ -78,8 +79,15 @@ def blocking_calls(events):
         print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
 
 
+SIDE_GRAPH_SHARE = 0.25  # a replay under this share of the longest one is a side graph
+
+
 def steps(events):
-    """Per graph replay: (graph GPU ms, other GPU ms until the next replay, idle gap ms)."""
+    """Per step: (main graph ms, side graphs ms, other GPU ms, idle ms) until the next step.
+
+    A step starts at a replay of a main graph (a decode forward). A replay that takes less than
+    SIDE_GRAPH_SHARE of the trace's longest replay (e.g. the draft's KV-only graph in a
+    dyn-disable plain step) is a side graph of the step it falls in, not a step of its own."""
     launches = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "GraphLaunch" in e["name"] and "correlation" in e.get("args", {})}
     kernels = sorted(gpu_events(events), key=lambda e: e["ts"])
@@ -89,13 +97,18 @@ def steps(events):
         if corr in launches:
             span = spans.setdefault(corr, [k["ts"], k["ts"] + k["dur"]])
             span[1] = max(span[1], k["ts"] + k["dur"])
-    ordered = sorted(spans.values())
+    if not spans:
+        return []
+    longest = max(end - start for start, end in spans.values())
+    replays = sorted(spans.values())
+    mains = [r for r in replays if r[1] - r[0] >= SIDE_GRAPH_SHARE * longest]
     rows = []
-    for (start, end), nxt in zip(ordered, ordered[1:]):
+    for (start, end), nxt in zip(mains, mains[1:]):
+        side = busy_us([(a, b) for a, b in replays if end <= a < nxt[0]])
         between = [(k["ts"], k["ts"] + k["dur"]) for k in kernels if end <= k["ts"] < nxt[0]
                    and k.get("args", {}).get("correlation") not in launches]
         other = busy_us(between)
-        rows.append(((end - start) / 1e3, other / 1e3, max(0.0, nxt[0] - end - other) / 1e3))
+        rows.append(((end - start) / 1e3, side / 1e3, other / 1e3, max(0.0, nxt[0] - end - side - other) / 1e3))
     return rows
 
 
@@ -104,16 +117,17 @@ def print_steps(rows):
         print("steps: fewer than two CUDA-graph replays in the trace")
         return
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    graph, other, gap = (med([r[i] for r in rows]) for i in range(3))
-    print(f"steps ({len(rows)} between graph replays, medians): graph {graph:.3f} ms, other GPU work "
-          f"{other:.3f} ms, GPU idle {gap:.3f} ms -> step {graph + other + gap:.3f} ms; "
-          f"{'host-bound' if gap > 0.1 * (graph + other) else 'GPU-bound'}")
-    for i, (g, o, idle) in enumerate(rows):
-        print(f"  step {i}: graph {g:.3f} ms, other {o:.3f} ms, idle {idle:.3f} ms")
+    graph, side, other, gap = (med([r[i] for r in rows]) for i in range(4))
+    busy = graph + side + other
+    print(f"steps ({len(rows)} between decode-graph replays, medians): decode graph {graph:.3f} ms, "
+          f"side graphs {side:.3f} ms, other GPU work {other:.3f} ms, GPU idle {gap:.3f} ms "
+          f"-> step {busy + gap:.3f} ms; {'host-bound' if gap > 0.1 * busy else 'GPU-bound'}")
+    for i, (g, sg, o, idle) in enumerate(rows):
+        print(f"  step {i}: graph {g:.3f} ms, side graphs {sg:.3f} ms, other {o:.3f} ms, idle {idle:.3f} ms")
 
 
 def extra_per_step(events, base_events):
-    steps = max(1, graph_launches(base_events))
+    steps = max(1, graph_launches(base_events))  # the baseline replays one graph per step
     ours, our_counts = kernel_totals(events)
     base, base_counts = kernel_totals(base_events)
     rows = sorted(((ours[k] - base.get(k, 0), k) for k in set(ours) | set(base)), reverse=True)

@@ -33,19 +33,19 @@ def graph(corr, start, kernels=((0, 400), (400, 600))):
 def test_back_to_back_replays_are_gpu_bound(trace_steps):
     events = graph(1, 0) + [kernel(90, 1000, 40)] + graph(2, 1050) + [kernel(91, 2050, 40)] + graph(3, 2100)
     rows = trace_steps.steps(events)
-    assert rows == [(1.0, 0.04, 0.01), (1.0, 0.04, 0.01)]
+    assert rows == [(1.0, 0.0, 0.04, 0.01), (1.0, 0.0, 0.04, 0.01)]
 
 
 def test_idle_gaps_between_replays_are_measured_and_other_work_is_not_counted_as_idle(trace_steps):
     # replay 2 starts 3 ms after replay 1 ends; 0.5 ms of eager kernels ran in between
     events = graph(1, 0) + [kernel(90, 1200, 300), kernel(91, 1600, 200)] + graph(2, 4000)
     rows = trace_steps.steps(events)
-    assert rows == [(1.0, 0.5, 2.5)]
+    assert rows == [(1.0, 0.0, 0.5, 2.5)]
 
 
 def test_overlapping_eager_kernels_count_once(trace_steps):
     events = graph(1, 0) + [kernel(90, 1000, 300), kernel(91, 1100, 300)] + graph(2, 1500)
-    ((_, other, idle),) = trace_steps.steps(events)
+    ((_, _, other, idle),) = trace_steps.steps(events)
     assert (other, idle) == (0.4, 0.1)
 
 
@@ -56,8 +56,24 @@ def test_a_single_replay_gives_no_steps(trace_steps, capsys):
 
 
 def test_the_verdict_reads_the_median_gap(trace_steps, capsys):
-    trace_steps.print_steps([(4.2, 0.2, 1.0), (4.2, 0.2, 0.9), (4.2, 0.2, 0.0)])
+    trace_steps.print_steps([(4.2, 0.0, 0.2, 1.0), (4.2, 0.0, 0.2, 0.9), (4.2, 0.0, 0.2, 0.0)])
     out = capsys.readouterr().out
     assert "GPU idle 0.900 ms" in out and "host-bound" in out
-    trace_steps.print_steps([(4.2, 0.04, 0.03)] * 3)
+    trace_steps.print_steps([(4.2, 0.0, 0.04, 0.03)] * 3)
     assert "GPU-bound" in capsys.readouterr().out
+
+
+def test_a_short_replay_is_a_side_graph_of_the_step_it_falls_in(trace_steps):
+    # each step: the 1 ms decode graph, then a 0.13 ms graph (a plain step's draft KV-only update)
+    # and 0.6 ms of idle before the next decode graph
+    short = ((0, 130),)
+    events = (graph(1, 0) + graph(2, 1000, short) + graph(3, 1730)
+              + graph(4, 2730, short) + graph(5, 3460))
+    rows = trace_steps.steps(events)
+    assert rows == [(1.0, 0.13, 0.0, 0.6), (1.0, 0.13, 0.0, 0.6)]
+
+
+def test_side_graph_time_is_not_idle_and_the_step_adds_it(trace_steps, capsys):
+    trace_steps.print_steps([(4.2, 0.13, 0.04, 0.03)] * 3)
+    out = capsys.readouterr().out
+    assert "side graphs 0.130 ms" in out and "step 4.400 ms" in out and "GPU-bound" in out

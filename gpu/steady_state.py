@@ -1,0 +1,50 @@
+"""Steady-state decode throughput from SGLang server logs (dev machine, stdlib only).
+
+Usage: python3 gpu/steady_state.py BASELINE.log OTHER.log [OTHER.log ...] [--running 64,32,16]
+
+SGLang logs a "Decode batch, #running-req: N, ... gen throughput (token/s): X" line every
+--decode-log-interval steps (100 in the gpu/ scripts). For each running count N this takes the
+three best intervals logged at exactly N (timed runs ramp up and drain, so most intervals are at
+other counts) and prints their median, and each other log's median over the first log's.
+"""
+import re
+import statistics
+import sys
+
+LINE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+
+
+def best_intervals(text, running, best=3):
+    values = sorted((float(m.group(2)) for m in LINE.finditer(text) if int(m.group(1)) == running),
+                    reverse=True)
+    return values[:best]
+
+
+def table(paths, running_counts):
+    texts = {p: open(p, errors="replace").read() for p in paths}
+    rows = []
+    for n in running_counts:
+        medians = {p: (statistics.median(v) if v else None, v)
+                   for p, v in ((p, best_intervals(t, n)) for p, t in texts.items())}
+        base = medians[paths[0]][0]
+        for p in paths:
+            med, vals = medians[p]
+            ratio = "" if p == paths[0] or not (med and base) else f"{med / base:.3f}"
+            rows.append((n, p, med, vals, ratio))
+    return rows
+
+
+def main(argv):
+    running = [64, 32, 16]
+    if "--running" in argv:
+        i = argv.index("--running")
+        running = [int(x) for x in argv[i + 1].split(",")]
+        argv = argv[:i] + argv[i + 2:]
+    print("| running | log | best three intervals (tok/s) | median | / first log |\n|---|---|---|---|---|")
+    for n, path, med, vals, ratio in table(argv, running):
+        shown = " / ".join(f"{v:,.0f}" for v in vals) or "none logged"
+        print(f"| {n} | {path.rsplit('/', 1)[-1]} | {shown} | {f'{med:,.0f}' if med else '-'} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""gpu/steady_state.py on small synthetic SGLang logs."""
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def steady_state():
+    spec = importlib.util.spec_from_file_location("steady_state", ROOT / "gpu" / "steady_state.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def log_line(running, tok_s):
+    return (f"[2026-11-30 12:46:37] Decode batch, #running-req: {running}, #token: 36640, "
+            f"token usage: 0.56, cuda graph: True, gen throughput (token/s): {tok_s}, #queue-req: 0\n")
+
+
+def test_only_intervals_at_exactly_that_running_count_and_only_the_best_three(steady_state):
+    text = "".join(log_line(r, t) for r, t in [(64, 100.0), (64, 300.0), (640, 999.0), (6, 999.0),
+                                                  (64, 200.0), (64, 250.0), (32, 50.0)])
+    assert steady_state.best_intervals(text, 64) == [300.0, 250.0, 200.0]
+    assert steady_state.best_intervals(text, 16) == []
+
+
+def test_ratios_are_over_the_first_log_and_missing_counts_say_so(steady_state, tmp_path, capsys):
+    base, other = tmp_path / "base.log", tmp_path / "dyn.log"
+    base.write_text(log_line(64, 1000.0) + log_line(64, 1000.0) + log_line(64, 900.0))
+    other.write_text(log_line(64, 960.0) + log_line(64, 950.0) + log_line(64, 100.0) + log_line(32, 5.0))
+    steady_state.main([str(base), str(other), "--running", "64,16"])
+    out = capsys.readouterr().out
+    assert "| 64 | dyn.log | 960 / 950 / 100 | 950 | 0.950 |" in out
+    assert "| 16 | base.log | none logged | - |  |" in out
