@@ -1,18 +1,12 @@
 """gpu/steady_state.py on small synthetic SGLang logs."""
-import importlib.util
-import pathlib
-
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from .conftest import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def steady_state():
-    spec = importlib.util.spec_from_file_location("steady_state", ROOT / "gpu" / "steady_state.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_script("steady_state")
 
 
 def log_line(running, tok_s):

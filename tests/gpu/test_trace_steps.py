@@ -1,19 +1,13 @@
 """gpu/trace_steps.py's step analysis on small synthetic torch-profiler traces (the device's
 traces are too large for the repo; docs/evidence/dyn-disable-5 has the figures it gave)."""
-import importlib.util
-import pathlib
-
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from .conftest import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def trace_steps():
-    spec = importlib.util.spec_from_file_location("trace_steps", ROOT / "gpu" / "trace_steps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_script("trace_steps")
 
 
 def replay(corr, host_ts):
