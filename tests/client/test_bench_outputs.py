@@ -241,3 +241,58 @@ def test_a_writer_makes_its_folder_only_when_it_writes_and_refuses_an_old_run(tm
     writer.append(record("baseline", 1, 10.0))
     with pytest.raises(OutputError, match="already holds a bench run"):
         RunWriter(tmp_path / "new").check_new()
+
+
+KIMI_LEVELS = (1, 4, 16, 32, 64)   # docs/evidence/dyn-disable-5: Kimi shape, TP=1, one call, in128/out160
+KIMI_V1 = {"baseline": [376, 1340, 4802, 7701, 10706], "eagle3": [366, 1101, 2858, 3320, 3630],
+           "eagle3-dyn": [394, 1138, 2387, 4000, 6265]}
+
+
+def with_threshold(records, profile, threshold):
+    for r in records:
+        if r["profile"] == profile:
+            r["server"] = {"kind": "test", "dyn_disable": {"threshold": threshold, "hysteresis": 2}}
+    return records
+
+
+def test_the_threshold_is_placed_where_eagle3_falls_below_the_plain_steps_not_below_baseline():
+    records = with_threshold([record(p, c, v) for p, vs in KIMI_V1.items() for c, v in zip(KIMI_LEVELS, vs)],
+                             "eagle3-dyn", 8)
+    rec = recommend(records)
+    # eagle3-dyn's plain steps (levels >= 16 = 2 x threshold 8): 2387/4802, 4000/7701, 6265/10706
+    share = sorted([2387 / 4802, 4000 / 7701, 6265 / 10706])[1]
+    assert rec.plain_share == pytest.approx(share) and rec.break_even == pytest.approx(share)
+    # eagle3/baseline 0.595 at 16, 0.431 at 32: falls through the share (0.519) at about 22
+    r16, r32 = 2858 / 4802, 3320 / 7701
+    expected = 2 ** (4 + (r16 - share) / (r16 - r32))
+    assert rec.crossover_concurrency == pytest.approx(expected, rel=1e-6)
+    assert rec.threshold == math.floor(expected) == 22
+    # eagle3 loses to baseline already at c=1 (0.97): baseline is named the faster server first
+    assert rec.verdict == "eagle3-never-wins"
+    assert rec.text.startswith("eagle3 does not beat baseline even at concurrency 1")
+    assert "0.52 of baseline, what eagle3-dyn's plain steps reached at concurrency 16, 32, 64" in rec.text
+    assert "SGLANG_SPEC_DISABLE_THRESHOLD=22" in rec.text
+
+
+def test_plain_steps_at_baseline_or_unmeasured_keep_the_baseline_crossover():
+    base = [100, 190, 360, 640, 1000]
+    eagle = [200, 360, 600, 640 * 0.9, 800]
+    # plain steps above baseline (noise) count as baseline: the crossover stays where it was
+    above = recommend(with_threshold(sweep(base, eagle, dyn=[195, 350, 590, 700, 1100]), "eagle3-dyn", 4))
+    assert above.plain_share == pytest.approx((700 / 640 + 1100 / 1000) / 2) and above.break_even == 1.0
+    assert above.threshold == 7
+    # the dyn profile never ran at 2 x its threshold or more: no share, baseline's crossover
+    unmeasured = recommend(with_threshold(sweep(base, eagle, dyn=[195, 350, 590, 630, 990]), "eagle3-dyn", 16))
+    assert unmeasured.plain_share is None and unmeasured.break_even == 1.0 and unmeasured.threshold == 7
+
+
+def test_slightly_slower_plain_steps_move_the_crossover_up_a_little():
+    base = [100, 190, 360, 640, 1000]
+    eagle = [200, 360, 600, 640 * 0.9, 800]
+    rec = recommend(with_threshold(sweep(base, eagle, dyn=[195, 350, 590, 640 * 0.96, 960]), "eagle3-dyn", 4))
+    assert rec.plain_share == pytest.approx(0.96) and rec.verdict == "crossover"
+    # eagle3/baseline 1.667 at 4, 0.9 at 8: through 0.96 instead of 1.0
+    assert rec.crossover_concurrency == pytest.approx(2 ** (2 + (1.6666667 - 0.96) / (1.6666667 - 0.9)), rel=1e-5)
+    baseline_only = recommend(sweep(base, eagle))
+    assert rec.crossover_concurrency > baseline_only.crossover_concurrency
+    assert rec.threshold == 7 and "0.96 of baseline" in rec.text
