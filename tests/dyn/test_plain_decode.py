@@ -520,8 +520,9 @@ def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime, rel
     loc = torch.tensor([20, 4, 13])
     with torch.no_grad():
         hidden = runtime.draft_kv_only_extend(draft, tokens, target_hidden, positions, loc)
-        k_ref, v_ref = full_layer_kv(draft, tokens, target_hidden, positions)
-        assert torch.allclose(hidden, draft_input(draft, target_hidden))
+        reference = eagle3_draft(release, norms=norms)  # the same weights (seeded), untouched by the update
+        k_ref, v_ref = full_layer_kv(reference, tokens, target_hidden, positions)
+        assert torch.allclose(hidden, draft_input(reference, target_hidden))
     pool = draft.token_to_kv_pool
     assert torch.allclose(pool.k[loc], k_ref, atol=1e-6) and torch.allclose(pool.v[loc], v_ref, atol=1e-6)
     untouched = [i for i in range(32) if i not in loc.tolist()]
@@ -576,7 +577,8 @@ def kv_only_graphs(runtime, draft, capture_bs=(1, 2, 4)):
 @pytest.mark.parametrize("bs, graph_bs", [(3, 4), (4, 4), (1, 1)])
 def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(runtime, release, bs, graph_bs):
     tokens, positions = torch.tensor([3, 7, 9, 1])[:bs].to(torch.int32), torch.tensor([5, 11, 2, 8])[:bs]
-    target_hidden, loc = torch.randn(bs, 3 * H), torch.tensor([20, 4, 13, 6])[:bs]
+    target_hidden = torch.randn(bs, 3 * H, generator=torch.Generator().manual_seed(bs))
+    loc = torch.tensor([20, 4, 13, 6])[:bs]
     eager = eagle3_draft(release)
     with torch.no_grad():
         expected = runtime.draft_kv_only_extend(eager, tokens, target_hidden, positions, loc)
@@ -585,9 +587,10 @@ def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(r
         graphs.slots.fill_(17)  # left over from an earlier, larger batch
         out = graphs.run(tokens, target_hidden, positions, loc)
     assert graphs.graphs[graph_bs].replays == 1
-    assert torch.allclose(out, expected) and out.shape == (bs, H)
+    # a padded batch may round in the last bits unlike the unpadded one (another matmul shape)
+    assert torch.allclose(out, expected, atol=1e-6) and out.shape == (bs, H)
     pool, ref = draft.token_to_kv_pool, eager.token_to_kv_pool
-    assert torch.allclose(pool.k[loc], ref.k[loc]) and torch.allclose(pool.v[loc], ref.v[loc])
+    assert torch.allclose(pool.k[loc], ref.k[loc], atol=1e-6) and torch.allclose(pool.v[loc], ref.v[loc], atol=1e-6)
     written = {0} if graph_bs > bs else set()
     untouched = [i for i in range(32) if i not in set(loc.tolist()) | written]
     assert pool.k[untouched].abs().sum() == 0  # padding rows went to slot 0, not to stale slot 17
