@@ -1,5 +1,10 @@
 """Fixtures for the dyn-disable patchset tests: the pristine files it touches, read from the real
-SGLang 0.5.11 wheel (hash-checked against RECORD), and the patched copy of them."""
+SGLang wheels (hash-checked against RECORD), and the patched copy of them.
+
+`patched_tree` is SGLang 0.5.11 with its diff (the v1 worker and the 0.5.11-only hunks are tested
+on it alone); `release_tree` is parametrized over every release patchsets/dyn-disable/ has a diff
+for (0.5.11 and 0.5.17, each from its own wheel with its own diff), for the tests of what both
+releases share: the policy module, the v2 plain step, the refusals."""
 from __future__ import annotations
 
 import ast
@@ -17,7 +22,14 @@ from toolkit import wheels
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHSET = REPO / "patchsets" / "dyn-disable"
-PATCH = PATCHSET / "0.5.11" / "0001-dyn-disable.patch"
+RELEASES = ("0.5.11", "0.5.17")   # every release patchsets/dyn-disable/ has a diff for
+
+
+def patch_for(release: str) -> Path:
+    return PATCHSET / release / "0001-dyn-disable.patch"
+
+
+PATCH = patch_for("0.5.11")
 
 
 def touched_paths(patch_text: str) -> list[tuple[str, bool]]:
@@ -34,9 +46,10 @@ def patch_text() -> str:
     return PATCH.read_text()
 
 
-def tree_with(root: Path, patches: list[Path]) -> Path:
-    """The pristine 0.5.11 files the patches touch, under root, with the patches applied in order."""
-    wheel = wheels.pristine("sglang", "0.5.11")
+def tree_with(root: Path, patches: list[Path], release: str = "0.5.11") -> Path:
+    """The pristine files of SGLang `release` the patches touch, under root, with the patches
+    applied in order."""
+    wheel = wheels.pristine("sglang", release)
     for patch in patches:
         for path, is_new in touched_paths(patch.read_text()):
             target = root / path
@@ -130,7 +143,20 @@ def patched_tree(tmp_path_factory) -> Path:
     return tree_with(tmp_path_factory.mktemp("patched"), [PATCH])
 
 
+@pytest.fixture(scope="session", params=RELEASES)
+def release(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def dyn(patched_tree):
-    """The patch's policy module, loaded by path (it must not need torch or the rest of sglang)."""
-    return load_by_path("dyn_disable_under_test", patched_tree / "sglang/srt/speculative/dyn_disable.py")
+def release_tree(tmp_path_factory, release) -> Path:
+    """The files of SGLang `release` that its dyn-disable diff touches, patched."""
+    return tree_with(tmp_path_factory.mktemp(f"dyn-patched-{release}"), [patch_for(release)], release)
+
+
+@pytest.fixture(scope="session")
+def dyn(release_tree, release):
+    """The patch's policy module of each release, loaded by path (it must not need torch or the
+    rest of sglang)."""
+    return load_by_path(f"dyn_disable_under_test_{release.replace('.', '_')}",
+                        release_tree / "sglang/srt/speculative/dyn_disable.py")

@@ -1,78 +1,147 @@
-"""The dyn-disable patchset against the real SGLang 0.5.11 wheel files: it applies (git and the
-device's stdlib applier agree), the patched files byte-compile, the policy module is torch-free,
-and patchset.toml matches the code."""
+"""The dyn-disable patchset against the real SGLang wheel files of every release it has a diff for
+(0.5.11 and 0.5.17): it applies (git and the device's stdlib applier agree), the patched files
+byte-compile, the policy module is torch-free and the same on both releases, and patchset.toml
+matches the code."""
 from __future__ import annotations
 
 import py_compile
+import shutil
 import subprocess
 import sys
 import tomllib
 
 import pytest
 
-from tests.dyn.conftest import PATCH, PATCHSET, REPO, assert_imports_without_torch, touched_paths
-from toolkit import patchsets
+from tests.dyn.conftest import (
+    PATCHSET,
+    RELEASES,
+    REPO,
+    assert_imports_without_torch,
+    patch_for,
+    touched_paths,
+    tree_with,
+)
+from toolkit import patchsets, wheels
+
+POLICY = "sglang/srt/speculative/dyn_disable.py"
+RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
 
 EXPECTED = {
-    "sglang/srt/speculative/dyn_disable.py": True,
-    "sglang/srt/speculative/dyn_disable_runtime.py": True,
-    "sglang/srt/speculative/eagle_worker.py": False,
-    "sglang/srt/speculative/eagle_worker_v2.py": False,
-    "sglang/srt/speculative/eagle_info_v2.py": False,
-    "sglang/srt/managers/scheduler.py": False,
-    "sglang/srt/managers/schedule_batch.py": False,
-    "sglang/srt/observability/scheduler_metrics_mixin.py": False,
+    "0.5.11": {
+        POLICY: True,
+        RUNTIME: True,
+        "sglang/srt/speculative/eagle_worker.py": False,
+        "sglang/srt/speculative/eagle_worker_v2.py": False,
+        "sglang/srt/speculative/eagle_info_v2.py": False,
+        "sglang/srt/managers/scheduler.py": False,
+        "sglang/srt/managers/schedule_batch.py": False,
+        "sglang/srt/observability/scheduler_metrics_mixin.py": False,
+    },
+    # 0.5.17: no v1 worker, no eagle_info_v2.py / scheduler_metrics_mixin.py; the host seq_lens
+    # hunks of schedule_batch.py are upstream's own future-map publish now (docs/porting.md)
+    "0.5.17": {
+        POLICY: True,
+        RUNTIME: True,
+        "sglang/srt/speculative/eagle_worker_v2.py": False,
+        "sglang/srt/managers/scheduler.py": False,
+        "sglang/srt/managers/scheduler_components/metrics_reporter.py": False,
+    },
 }
 
 
-def test_patch_touches_only_the_expected_files(patch_text):
-    assert dict(touched_paths(patch_text)) == EXPECTED
-    assert "GIT binary patch" not in patch_text and "__pycache__" not in patch_text
+@pytest.fixture(scope="module")
+def release_pristine_tree(tmp_path_factory, release):
+    """The pristine files of SGLang `release` its dyn-disable diff modifies, in a fresh folder."""
+    wheel = wheels.pristine("sglang", release)
+    root = tmp_path_factory.mktemp(f"dyn-pristine-{release}")
+    for path, is_new in touched_paths(patch_for(release).read_text()):
+        if not is_new:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(wheel.read(path))
+    return root
 
 
-def test_git_apply_check_passes_on_pristine_files(pristine_tree):
-    done = subprocess.run(["git", "apply", "--check", "-p1", str(PATCH)], cwd=pristine_tree,
-                          capture_output=True, text=True)
+def test_patch_touches_only_the_expected_files(release):
+    text = patch_for(release).read_text()
+    assert dict(touched_paths(text)) == EXPECTED[release]
+    assert "GIT binary patch" not in text and "__pycache__" not in text
+
+
+def test_git_apply_check_passes_on_pristine_files(release, release_pristine_tree):
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(patch_for(release))],
+                          cwd=release_pristine_tree, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
-def test_patch_does_not_apply_twice(patched_tree):
-    done = subprocess.run(["git", "apply", "--check", "-p1", str(PATCH)], cwd=patched_tree,
+def test_patch_does_not_apply_twice(release, release_tree):
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(patch_for(release))], cwd=release_tree,
                           capture_output=True, text=True)
     assert done.returncode != 0
 
 
-def test_device_applier_matches_git_and_refuses_a_second_run(tmp_path, pristine_tree, patched_tree):
-    import shutil
-    shutil.copytree(pristine_tree, tmp_path, dirs_exist_ok=True)
+def test_the_other_releases_diff_does_not_apply(release, release_pristine_tree, tmp_path):
+    """Each release's diff is for its own files: 0.5.11's does not go onto 0.5.17 (its files are
+    gone or moved) nor 0.5.17's onto 0.5.11 (what `invoke patch apply` relies on to refuse)."""
+    other = next(r for r in RELEASES if r != release)
+    shutil.copytree(release_pristine_tree, tmp_path, dirs_exist_ok=True)
+    done = subprocess.run(["git", "apply", "--check", "-p1", str(patch_for(other))], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+
+
+def test_device_applier_matches_git_and_refuses_a_second_run(tmp_path, release, release_pristine_tree,
+                                                           release_tree):
+    shutil.copytree(release_pristine_tree, tmp_path, dirs_exist_ok=True)
     applier = REPO / "gpu" / "apply_patch.py"
-    first = subprocess.run([sys.executable, str(applier), str(PATCH), str(tmp_path)],
+    patch = patch_for(release)
+    first = subprocess.run([sys.executable, str(applier), str(patch), str(tmp_path)],
                            capture_output=True, text=True)
     assert first.returncode == 0, first.stdout
-    for path in EXPECTED:
-        assert (tmp_path / path).read_bytes() == (patched_tree / path).read_bytes(), path
-    before = {p: (tmp_path / p).read_bytes() for p in EXPECTED}
-    second = subprocess.run([sys.executable, str(applier), str(PATCH), str(tmp_path)],
+    for path in EXPECTED[release]:
+        assert (tmp_path / path).read_bytes() == (release_tree / path).read_bytes(), path
+    before = {p: (tmp_path / p).read_bytes() for p in EXPECTED[release]}
+    second = subprocess.run([sys.executable, str(applier), str(patch), str(tmp_path)],
                             capture_output=True, text=True)
     assert second.returncode == 1 and "nothing written" in second.stdout
-    assert {p: (tmp_path / p).read_bytes() for p in EXPECTED} == before
+    assert {p: (tmp_path / p).read_bytes() for p in EXPECTED[release]} == before
 
 
-@pytest.mark.parametrize("path", sorted(EXPECTED))
-def test_patched_file_byte_compiles(patched_tree, tmp_path, path):
+@pytest.mark.parametrize("path", sorted(EXPECTED["0.5.11"]))
+def test_patched_0511_file_byte_compiles(patched_tree, tmp_path, path):
     py_compile.compile(str(patched_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
-def test_policy_module_imports_without_torch(patched_tree):
-    assert_imports_without_torch(patched_tree / "sglang/srt/speculative/dyn_disable.py",
-                                 "assert m.config_from_env({}) is None")
+@pytest.fixture(scope="module")
+def patched_0517_tree(tmp_path_factory):
+    return tree_with(tmp_path_factory.mktemp("dyn-0517-compile"), [patch_for("0.5.17")], "0.5.17")
+
+
+@pytest.mark.parametrize("path", sorted(EXPECTED["0.5.17"]))
+def test_patched_0517_file_byte_compiles(patched_0517_tree, tmp_path, path):
+    py_compile.compile(str(patched_0517_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def test_policy_module_imports_without_torch(release_tree):
+    assert_imports_without_torch(release_tree / POLICY, "assert m.config_from_env({}) is None")
+
+
+def test_the_policy_module_is_the_same_on_both_releases():
+    """The switch, its knobs and its log lines are one file for both releases, so profiles, smoke
+    and bench parse the same lines whichever release a host runs."""
+    added = []
+    for release in RELEASES:
+        text = patch_for(release).read_text()
+        block = text.split(f"diff --git a/{POLICY} b/{POLICY}\n")[1].split("\ndiff --git ")[0]
+        added.append(block)
+    assert added[0] == added[1]
 
 
 def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):
     """The toolkit waits for [logs] startup and prints the lines [logs] print names: both must
     match what the patched code logs, or `server start` would wait forever / stay silent."""
     meta = tomllib.loads((PATCHSET / "patchset.toml").read_text())
-    assert patchsets.load_all(REPO / "patchsets")["dyn-disable"].releases == {"0.5.11": [PATCH.name]}
+    assert patchsets.load_all(REPO / "patchsets")["dyn-disable"].releases == {
+        release: [patch_for(release).name] for release in RELEASES}
     startup = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"})).startup_message()
     assert meta["logs"]["startup"] and all(startup.startswith(line) for line in meta["logs"]["startup"])
     switch = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"}))
@@ -87,6 +156,5 @@ def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):
 
 
 def test_toolkit_loader_accepts_the_patchset():
-    from toolkit import patchsets
     known = patchsets.load_all(REPO / "patchsets")
     assert "dyn-disable" in known

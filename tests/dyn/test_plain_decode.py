@@ -1,4 +1,8 @@
-"""The plain step of the patched workers, run on the CPU.
+"""The plain step of the patched workers, run on the CPU, on the patched files of every release
+dyn-disable has a diff for (0.5.11 and 0.5.17, each from its own wheel): what both share runs on
+both (tests parametrized by `release`); what only one has (0.5.11: the one-node verify input and
+ModelWorkerBatch; 0.5.17: the ScheduleBatch decode view, the publish of the new lengths, the
+plain backend in the seq_lens_cpu decision) runs on that one.
 
 A plain step's target forward is a DECODE forward on a second instance of the server's own
 attention backend with DECODE CUDA graphs, built as for a server without speculation; the v2
@@ -25,12 +29,22 @@ import pytest
 from tests.dyn.conftest import PATCHSET, function_source, load_by_path, method_source, stub_modules
 from toolkit import wheels
 
+
+def only(release):
+    """Run a test on one release's patched files (the `release` fixture, indirectly)."""
+    return pytest.mark.parametrize("release", [release], indirect=True)
+
 torch = pytest.importorskip("torch")
 
 RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
 POLICY = "sglang/srt/speculative/dyn_disable.py"
 WORKER_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
+OVERLAP_UTILS = "sglang/srt/managers/overlap_utils.py"
+# where the model runner keeps its DECODE graph runner
+GRAPH_ATTR = {"0.5.11": "graph_runner", "0.5.17": "decode_cuda_graph_runner"}
+# what a worker's step gets: 0.5.11 a ModelWorkerBatch, 0.5.17 the ScheduleBatch itself
+BATCH_CLASS = {"0.5.11": "ModelWorkerBatch", "0.5.17": "ScheduleBatch"}
 FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 GIB = 1 << 30
 
@@ -83,78 +97,128 @@ class ForwardBatch:
     built = []
 
     @classmethod
-    def init_new(cls, batch, model_runner):
-        fb = types.SimpleNamespace(batch=batch, attn_backend=model_runner.attn_backend)
+    def init_new(cls, batch, model_runner, **kwargs):
+        # what the batch holds at this moment (0.5.17 builds from a ScheduleBatch it restores after)
+        seen = types.SimpleNamespace(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)})
+        fb = types.SimpleNamespace(batch=seen, attn_backend=model_runner.attn_backend, kwargs=kwargs)
         cls.built.append(fb)
         return fb
 
 
-@pytest.fixture(scope="module")
-def runtime(patched_tree):
-    policy = load_by_path("dyn_disable_policy_for_runtime", patched_tree / POLICY)
-    with stub_modules({
+def runtime_stubs(release, policy) -> dict:
+    """The sglang modules dyn_disable_runtime.py of `release` imports, as stand-ins."""
+    stubs = {
         "sglang.srt.model_executor.forward_batch_info": dict(
             CaptureHiddenMode=Capture, ForwardBatch=ForwardBatch, ForwardMode=Mode),
         "sglang.srt.speculative.dyn_disable": dict(SpecSwitch=policy.SpecSwitch,
                                                    config_from_env=policy.config_from_env),
-        "sglang.srt.speculative.eagle_info": dict(EagleVerifyInput=VerifyInput),
         "sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=Algo),
-        "sglang.srt.model_executor.cuda_graph_runner": dict(CudaGraphRunner=StockGraphRunner),
         "sglang.srt.managers.utils": dict(GenerationBatchResult=Result),
-    }):
-        yield load_by_path("dyn_disable_runtime_under_test", patched_tree / RUNTIME)
+    }
+    if release == "0.5.11":
+        stubs["sglang.srt.speculative.eagle_info"] = dict(EagleVerifyInput=VerifyInput)
+        stubs["sglang.srt.model_executor.cuda_graph_runner"] = dict(CudaGraphRunner=StockGraphRunner)
+    else:
+        stubs["sglang.srt.model_executor.runner.decode_cuda_graph_runner"] = dict(
+            DecodeCudaGraphRunner=StockGraphRunner)
+    return stubs
+
+
+@pytest.fixture(scope="module")
+def policy(release_tree, release):
+    return load_by_path(f"dyn_disable_policy_for_runtime_{release.replace('.', '_')}", release_tree / POLICY)
+
+
+@pytest.fixture(scope="module")
+def runtime(release_tree, release, policy):
+    with stub_modules(runtime_stubs(release, policy)):
+        yield load_by_path(f"dyn_disable_runtime_under_test_{release.replace('.', '_')}",
+                           release_tree / RUNTIME)
 
 
 # --- the decode batch ---------------------------------------------------------------------
 
-def model_worker_batch_class():
-    """A dataclass with exactly the fields of SGLang 0.5.11's ModelWorkerBatch (read from the
-    wheel), so dataclasses.replace in the patch meets the real field set."""
-    tree = ast.parse(wheels.pristine("sglang", "0.5.11").read(SCHEDULE_BATCH))
-    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ModelWorkerBatch")
+def batch_class(release):
+    """A dataclass with exactly the fields of the batch a worker's step gets in `release` (read
+    from its wheel: 0.5.11's ModelWorkerBatch, 0.5.17's ScheduleBatch), so what the patch
+    replaces or sets meets the real field set."""
+    tree = ast.parse(wheels.pristine("sglang", release).read(SCHEDULE_BATCH))
+    name = BATCH_CLASS[release]
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
     names = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
-    assert {"forward_mode", "seq_lens", "seq_lens_cpu", "spec_info", "capture_hidden_mode"} <= set(names)
-    return dataclasses.make_dataclass("ModelWorkerBatch", [(n, object, dataclasses.field(default=None)) for n in names])
+    assert {"forward_mode", "seq_lens", "seq_lens_cpu", "spec_info"} <= set(names)
+    return dataclasses.make_dataclass(name, [(n, object, dataclasses.field(default=None)) for n in names])
 
 
-def verify_batch():
+def verify_batch(release):
     seq_lens = torch.tensor([5, 9, 17])
-    return model_worker_batch_class()(
-        forward_mode=Mode.TARGET_VERIFY, input_ids=torch.tensor([11, 12, 13]),
-        req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
-        seq_lens_sum=31, out_cache_loc=torch.tensor([40, 41, 42]), spec_info=object(),
-        capture_hidden_mode=Capture.NULL, sampling_info=object())
+    fields = dict(forward_mode=Mode.TARGET_VERIFY, input_ids=torch.tensor([11, 12, 13]),
+                  req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+                  seq_lens_sum=31, out_cache_loc=torch.tensor([40, 41, 42]), spec_info=object(),
+                  capture_hidden_mode=Capture.NULL, sampling_info=object())
+    if release == "0.5.17":
+        del fields["capture_hidden_mode"]  # a ForwardBatch argument on 0.5.17, not a batch field
+        fields["orig_seq_lens"] = seq_lens.to(torch.int32)
+    return batch_class(release)(**fields)
 
 
-def test_the_decode_batch_counts_the_new_token_and_carries_no_spec_info(runtime):
-    batch = verify_batch()
-    decode = runtime.as_decode_batch(batch)
+def decode_of(runtime, release, batch):
+    """What the plain step's decode forward is built from: 0.5.11 a new ModelWorkerBatch;
+    0.5.17 the ScheduleBatch itself, changed for the length of a block."""
+    if release == "0.5.11":
+        return runtime.as_decode_batch(batch)
+    with runtime.decode_view(batch) as viewed:
+        return types.SimpleNamespace(**{f.name: getattr(viewed, f.name) for f in dataclasses.fields(viewed)})
+
+
+def test_the_decode_batch_counts_the_new_token_and_carries_no_spec_info(runtime, release):
+    batch = verify_batch(release)
+    spec_info = batch.spec_info
+    decode = decode_of(runtime, release, batch)
     assert decode.forward_mode == Mode.DECODE and decode.spec_info is None
-    assert decode.capture_hidden_mode == Capture.FULL
     assert decode.seq_lens.tolist() == [6, 10, 18] and decode.seq_lens_cpu.tolist() == [6, 10, 18]
     assert decode.orig_seq_lens.tolist() == [6, 10, 18] and decode.seq_lens_sum == 34
     for kept in ("input_ids", "out_cache_loc", "req_pool_indices", "sampling_info"):
         assert getattr(decode, kept) is getattr(batch, kept)
-    # the verify batch itself is left as it was
+    # the verify batch itself is (again) as it was
     assert batch.seq_lens.tolist() == [5, 9, 17] and batch.forward_mode == Mode.TARGET_VERIFY
+    assert batch.seq_lens_cpu.tolist() == [5, 9, 17] and batch.seq_lens_sum == 31
+    assert batch.spec_info is spec_info
 
 
-def test_decode_positions_are_the_positions_the_token_would_verify_at(runtime, tmp_path):
+@only("0.5.11")
+def test_the_0511_decode_batch_captures_full_hidden_states(runtime, release):
+    assert runtime.as_decode_batch(verify_batch(release)).capture_hidden_mode == Capture.FULL
+
+
+@only("0.5.17")
+def test_the_0517_decode_view_is_restored_when_the_forward_fails(runtime, release):
+    batch = verify_batch(release)
+    with pytest.raises(RuntimeError, match="boom"):
+        with runtime.decode_view(batch):
+            raise RuntimeError("boom")
+    assert batch.forward_mode == Mode.TARGET_VERIFY and batch.seq_lens.tolist() == [5, 9, 17]
+    assert batch.orig_seq_lens.dtype == torch.int32 and batch.spec_info is not None
+
+
+def test_decode_positions_are_the_positions_the_token_would_verify_at(runtime, release, tmp_path):
     """SGLang's own decode positions (clamp_position of seq_lens) for the decode batch equal
     the one-token verify's positions (seq_lens), i.e. the token keeps its place."""
     source = tmp_path / "forward_batch_info.py"
-    source.write_bytes(wheels.pristine("sglang", "0.5.11").read(FORWARD_BATCH_INFO))
+    source.write_bytes(wheels.pristine("sglang", release).read(FORWARD_BATCH_INFO))
     namespace = {"torch": torch}
     exec(function_source(source, "_clamp_position_native"), namespace)
-    batch = verify_batch()
-    decode = runtime.as_decode_batch(batch)
-    verify = runtime.build_trivial_verify_input(batch.input_ids, batch.seq_lens, batch.seq_lens_cpu, 31)
-    assert namespace["_clamp_position_native"](decode.seq_lens).tolist() == verify.positions.tolist()
+    batch = verify_batch(release)
+    decode = decode_of(runtime, release, batch)
+    assert namespace["_clamp_position_native"](decode.seq_lens).tolist() == batch.seq_lens.tolist()
+    if release == "0.5.11":
+        verify = runtime.build_trivial_verify_input(batch.input_ids, batch.seq_lens, batch.seq_lens_cpu, 31)
+        assert verify.positions.tolist() == batch.seq_lens.tolist()
 
 
-def test_missing_host_lengths_stay_missing(runtime):
-    batch = dataclasses.replace(verify_batch(), seq_lens_cpu=None, seq_lens_sum=None)
-    decode = runtime.as_decode_batch(batch)
+def test_missing_host_lengths_stay_missing(runtime, release):
+    batch = dataclasses.replace(verify_batch(release), seq_lens_cpu=None, seq_lens_sum=None)
+    decode = decode_of(runtime, release, batch)
     assert decode.seq_lens_cpu is None and decode.seq_lens_sum is None
 
 
@@ -197,6 +261,32 @@ def test_a_dense_or_mla_target_without_those_features_is_served(runtime, monkeyp
     assert "Dynamic speculation disable enabled: threshold=8 hysteresis=2" in caplog.text
 
 
+@only("0.5.17")
+@pytest.mark.parametrize("args, words", [
+    ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk > 1"),
+    ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling"),
+    ({"speculative_adaptive": True}, "decides drafting per batch size too"),
+])
+def test_0517_refuses_a_tree_config_rejection_sampling_and_adaptive_mode(runtime, release, monkeypatch,
+                                                                          caplog, args, words):
+    """0.5.17 has no v1 worker: a tree configuration (topk > 1), which 0.5.11 served with the v1
+    worker, is refused like every other unsupported case (speculation stays on, the start fails
+    on the [logs] refuse line); so are rejection sampling and upstream's adaptive mode."""
+    server_args = types.SimpleNamespace(pp_size=1, enable_lora=False, **args)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
+    with caplog.at_level(logging.WARNING):
+        assert runtime.make_switch(server_args, "EAGLEWorkerV2", None) is None
+    assert words in caplog.text and "speculation stays always on" in caplog.text
+    refuse = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["refuse"]
+    assert any(record.getMessage().startswith(tuple(refuse)) for record in caplog.records)
+    assert runtime.unsupported_reason(types.SimpleNamespace(speculative_eagle_topk=1)) is None
+
+
+@only("0.5.11")
+def test_0511_serves_a_tree_config_with_its_v1_worker(runtime, release):
+    assert runtime.unsupported_reason(types.SimpleNamespace(speculative_eagle_topk=4)) is None
+
+
 # --- building the plain decode path ---------------------------------------------------------
 
 class FakeDevice:
@@ -211,10 +301,11 @@ class FakeDevice:
         return free, 100 * GIB
 
 
-def model_runner(graphs=True, oom=False):
+def model_runner(release, graphs=True, oom=False):
     runner = types.SimpleNamespace(
         device="fake", spec_algorithm=Algo.EAGLE3, init_new_workspace=False,
-        graph_runner=object() if graphs else None, oom_at_capture=oom, backends=[])
+        oom_at_capture=oom, backends=[])
+    setattr(runner, GRAPH_ATTR[release], object() if graphs else None)
 
     def get_backend(init_new_workspace=False):
         runner.init_new_workspace = init_new_workspace
@@ -227,9 +318,9 @@ def model_runner(graphs=True, oom=False):
     return runner
 
 
-def test_the_plain_path_is_built_as_a_non_speculative_server_builds_it(runtime, monkeypatch):
+def test_the_plain_path_is_built_as_a_non_speculative_server_builds_it(runtime, release, monkeypatch):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(10 * GIB, 9.5 * GIB))
-    runner = model_runner()
+    runner = model_runner(release)
     state = runtime.build_plain_decode_state(runner)
     backend, graphs = state.attn_backend, state.graph_runner
     assert backend.algorithm_at_init == Algo.NONE and backend.new_workspace is True
@@ -246,55 +337,74 @@ def test_the_plain_path_is_built_as_a_non_speculative_server_builds_it(runtime, 
     assert "extra GPU memory 0.50 GiB" in line
 
 
-def test_a_server_without_cuda_graphs_gets_an_eager_plain_path(runtime, monkeypatch):
+def test_a_server_without_cuda_graphs_gets_an_eager_plain_path(runtime, release, monkeypatch):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
-    state = runtime.build_plain_decode_state(model_runner(graphs=False))
+    state = runtime.build_plain_decode_state(model_runner(release, graphs=False))
     assert state.graph_runner is None and "no CUDA graphs" in state.graphs_note
 
 
-def test_out_of_memory_while_capturing_says_what_to_change(runtime, monkeypatch):
+def test_out_of_memory_while_capturing_says_what_to_change(runtime, release, monkeypatch):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
-    runner = model_runner(oom=True)
+    runner = model_runner(release, oom=True)
     with pytest.raises(RuntimeError, match="lower --mem-fraction-static"):
         runtime.build_plain_decode_state(runner)
     assert runner.spec_algorithm == Algo.EAGLE3 and runner.init_new_workspace is False
 
 
-def test_the_forward_swaps_in_the_plain_backend_and_graphs_only_for_its_duration(runtime):
+def model_output(logits="logits"):
+    return types.SimpleNamespace(logits_output=logits, can_run_graph=True, expert_distribution_metrics=None,
+                                 routed_experts_output=None, indexer_topk_output=None)
+
+
+def plain_forward(runtime, release, target, state, batch, sample=False):
+    """runtime.plain_decode_forward; on 0.5.17 it also returns the ForwardBatch (the scheduler
+    keeps it alive for two iterations, as it keeps a verify's)."""
+    out = runtime.plain_decode_forward(target, state, batch, sample=sample)
+    if release == "0.5.11":
+        return out
+    result, forward_batch = out
+    assert forward_batch is ForwardBatch.built[-1]
+    return result
+
+
+def test_the_forward_swaps_in_the_plain_backend_and_graphs_only_for_its_duration(runtime, release):
     stock_backend, stock_graphs = object(), object()
+    graph_attr = GRAPH_ATTR[release]
     seen = {}
 
     def forward(fb):
-        seen["graph_runner"] = runner.graph_runner
-        return types.SimpleNamespace(logits_output="logits", can_run_graph=True,
-                                     expert_distribution_metrics=None, routed_experts_output=None)
+        seen["graph_runner"] = getattr(runner, graph_attr)
+        return model_output()
 
-    runner = types.SimpleNamespace(attn_backend=stock_backend, graph_runner=stock_graphs, forward=forward)
+    runner = types.SimpleNamespace(attn_backend=stock_backend, forward=forward, **{graph_attr: stock_graphs})
     state = runtime.PlainDecodeState("plain-backend", "plain-graphs", "", 0.0)
     ForwardBatch.built.clear()
-    out = runtime.plain_decode_forward(types.SimpleNamespace(model_runner=runner), state, verify_batch())
-    assert ForwardBatch.built[0].attn_backend == "plain-backend"
-    assert ForwardBatch.built[0].batch.forward_mode == Mode.DECODE
+    batch = verify_batch(release)
+    out = plain_forward(runtime, release, types.SimpleNamespace(model_runner=runner), state, batch)
+    built = ForwardBatch.built[0]
+    assert built.attn_backend == "plain-backend"
+    assert built.batch.forward_mode == Mode.DECODE and built.batch.seq_lens.tolist() == [6, 10, 18]
+    if release == "0.5.17":  # the target's hidden states come back from the decode forward
+        assert built.kwargs == {"capture_hidden_mode": Capture.FULL, "return_hidden_states_before_norm": False}
+        assert batch.forward_mode == Mode.TARGET_VERIFY and batch.seq_lens.tolist() == [5, 9, 17]
     assert seen["graph_runner"] == "plain-graphs"
     assert out.logits_output == "logits" and out.can_run_cuda_graph is True
-    assert runner.attn_backend is stock_backend and runner.graph_runner is stock_graphs
+    assert runner.attn_backend is stock_backend and getattr(runner, graph_attr) is stock_graphs
     assert not hasattr(out, "next_token_ids")  # v1 samples in its own verify
 
 
-def test_the_v2_plain_step_samples_with_the_targets_own_sampler_on_the_decode_batch(runtime):
+def test_the_v2_plain_step_samples_with_the_targets_own_sampler_on_the_decode_batch(runtime, release):
     sampled = []
 
     def sample(logits_output, forward_batch):
         sampled.append((logits_output, forward_batch.batch.forward_mode, forward_batch.attn_backend))
         return torch.tensor([7, 8])
 
-    runner = types.SimpleNamespace(
-        attn_backend="stock", graph_runner="stock-graphs", sample=sample,
-        forward=lambda fb: types.SimpleNamespace(logits_output="logits", can_run_graph=True,
-                                                 expert_distribution_metrics=None, routed_experts_output=None))
+    runner = types.SimpleNamespace(attn_backend="stock", sample=sample, forward=lambda fb: model_output(),
+                                   **{GRAPH_ATTR[release]: "stock-graphs"})
     state = runtime.PlainDecodeState("plain-backend", "plain-graphs", "", 0.0)
-    out = runtime.plain_decode_forward(types.SimpleNamespace(model_runner=runner), state, verify_batch(),
-                                       sample=True)
+    out = plain_forward(runtime, release, types.SimpleNamespace(model_runner=runner), state,
+                        verify_batch(release), sample=True)
     # the sampler a server without speculation runs, on the same DECODE forward batch
     assert sampled == [("logits", Mode.DECODE, "plain-backend")]
     assert out.next_token_ids.tolist() == [7, 8]
@@ -347,8 +457,11 @@ class KVPool:
         self.v[loc] = v
 
 
-def eagle3_draft(name="LlamaForCausalLMEagle3", qkv_bias=False, dtype=torch.float32):
-    """A draft runner with LlamaForCausalLMEagle3's attribute layout and real (small) layers."""
+def eagle3_draft(release, name="LlamaForCausalLMEagle3", qkv_bias=False, dtype=torch.float32, layers=1,
+                 norms=False):
+    """A draft runner with LlamaForCausalLMEagle3's attribute layout of `release` and real (small)
+    layers: 0.5.11 keeps its one decoder layer as model.midlayer, 0.5.17 its layers in
+    model.layers, with the optional input_norm (norm_before_fc) and per-chunk fc_norm."""
     torch.manual_seed(0)
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     attn = torch.nn.Module()
@@ -359,36 +472,77 @@ def eagle3_draft(name="LlamaForCausalLMEagle3", qkv_bias=False, dtype=torch.floa
     layer = torch.nn.Module()
     layer.self_attn, layer.input_layernorm, layer.hidden_norm = attn, RMSNorm(H), RMSNorm(H)
     inner = torch.nn.Module()
-    inner.embed_tokens, inner.fc, inner.midlayer = torch.nn.Embedding(64, H), torch.nn.Linear(3 * H, H, bias=False), layer
+    inner.embed_tokens, inner.fc = torch.nn.Embedding(64, H), torch.nn.Linear(3 * H, H, bias=False)
+    if release == "0.5.11":
+        inner.midlayer = layer
+    else:
+        inner.layers = torch.nn.ModuleList([layer] + [torch.nn.Module() for _ in range(layers - 1)])
+        inner.num_aux_hidden_states = 3
+        inner.input_norm = RMSNorm(3 * H) if norms else None
+        inner.fc_norm = torch.nn.ModuleList([RMSNorm(H) for _ in range(3)]) if norms else None
     model = type(name, (torch.nn.Module,), {})()
     model.model = inner
     return types.SimpleNamespace(model=model, token_to_kv_pool=KVPool(32))
 
 
+def draft_input(draft, target_hidden):
+    """The draft's input hidden state as its model prepares it (0.5.17: input_norm over the whole,
+    then fc_norm per aux chunk, then fc)."""
+    inner = draft.model.model
+    if getattr(inner, "input_norm", None) is not None:
+        target_hidden = inner.input_norm(target_hidden)
+    if getattr(inner, "fc_norm", None) is not None:
+        target_hidden = torch.cat([n(c) for n, c in zip(inner.fc_norm, target_hidden.chunk(3, dim=-1))], dim=-1)
+    return inner.fc(target_hidden)
+
+
+def draft_layer(draft):
+    inner = draft.model.model
+    return inner.midlayer if hasattr(inner, "midlayer") else inner.layers[0]
+
+
 def full_layer_kv(draft, tokens, target_hidden, positions):
     """K and V as the draft layer's own attention computes them (the reference)."""
     inner = draft.model.model
-    layer, attn = inner.midlayer, inner.midlayer.self_attn
+    layer = draft_layer(draft)
+    attn = layer.self_attn
     x = torch.cat([layer.input_layernorm(inner.embed_tokens(tokens)),
-                   layer.hidden_norm(inner.fc(target_hidden))], dim=-1)
+                   layer.hidden_norm(draft_input(draft, target_hidden))], dim=-1)
     q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
     q, k = rope(positions, q.clone(), k.clone())
     return k.view(-1, KV_HEADS, HEAD_DIM), v.reshape(-1, KV_HEADS, HEAD_DIM)
 
 
-def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime):
-    draft = eagle3_draft()
+def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime, release, norms=False):
+    draft = eagle3_draft(release, norms=norms)
     tokens, positions = torch.tensor([3, 7, 9]), torch.tensor([5, 11, 2])
     target_hidden = torch.randn(3, 3 * H)
     loc = torch.tensor([20, 4, 13])
     with torch.no_grad():
         hidden = runtime.draft_kv_only_extend(draft, tokens, target_hidden, positions, loc)
-        k_ref, v_ref = full_layer_kv(draft, tokens, target_hidden, positions)
-        assert torch.allclose(hidden, draft.model.model.fc(target_hidden))
+        reference = eagle3_draft(release, norms=norms)  # the same weights (seeded), untouched by the update
+        k_ref, v_ref = full_layer_kv(reference, tokens, target_hidden, positions)
+        assert torch.allclose(hidden, draft_input(reference, target_hidden))
     pool = draft.token_to_kv_pool
     assert torch.allclose(pool.k[loc], k_ref, atol=1e-6) and torch.allclose(pool.v[loc], v_ref, atol=1e-6)
     untouched = [i for i in range(32) if i not in loc.tolist()]
     assert pool.k[untouched].abs().sum() == 0 and pool.v[untouched].abs().sum() == 0
+
+
+@only("0.5.17")
+def test_0517_kv_only_update_normalizes_the_target_hidden_states_as_the_draft_does(runtime, release):
+    """0.5.17's EAGLE-3 draft may normalize the target's hidden states before fc (norm_before_fc:
+    input_norm; fc_norm: per aux chunk); the KV-only update must write the K/V of that input."""
+    test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime, release, norms=True)
+    plain = eagle3_draft(release, norms=False)
+    normed = eagle3_draft(release, norms=True)
+    target_hidden = torch.randn(2, 3 * H) * 5
+    with torch.no_grad():
+        a = runtime.draft_kv_only_extend(plain, torch.tensor([1, 2]), target_hidden, torch.tensor([3, 4]),
+                                         torch.tensor([0, 1]))
+        b = runtime.draft_kv_only_extend(normed, torch.tensor([1, 2]), target_hidden, torch.tensor([3, 4]),
+                                         torch.tensor([0, 1]))
+    assert not torch.allclose(a, b)  # the norms change the draft's input
 
 
 class ReplayingGraph:
@@ -421,20 +575,22 @@ def kv_only_graphs(runtime, draft, capture_bs=(1, 2, 4)):
 
 
 @pytest.mark.parametrize("bs, graph_bs", [(3, 4), (4, 4), (1, 1)])
-def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(runtime, bs, graph_bs):
+def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(runtime, release, bs, graph_bs):
     tokens, positions = torch.tensor([3, 7, 9, 1])[:bs].to(torch.int32), torch.tensor([5, 11, 2, 8])[:bs]
-    target_hidden, loc = torch.randn(bs, 3 * H), torch.tensor([20, 4, 13, 6])[:bs]
-    eager = eagle3_draft()
+    target_hidden = torch.randn(bs, 3 * H, generator=torch.Generator().manual_seed(bs))
+    loc = torch.tensor([20, 4, 13, 6])[:bs]
+    eager = eagle3_draft(release)
     with torch.no_grad():
         expected = runtime.draft_kv_only_extend(eager, tokens, target_hidden, positions, loc)
-        draft = eagle3_draft()
+        draft = eagle3_draft(release)
         graphs = kv_only_graphs(runtime, draft)
         graphs.slots.fill_(17)  # left over from an earlier, larger batch
         out = graphs.run(tokens, target_hidden, positions, loc)
     assert graphs.graphs[graph_bs].replays == 1
-    assert torch.allclose(out, expected) and out.shape == (bs, H)
+    # a padded batch may round in the last bits unlike the unpadded one (another matmul shape)
+    assert torch.allclose(out, expected, atol=1e-6) and out.shape == (bs, H)
     pool, ref = draft.token_to_kv_pool, eager.token_to_kv_pool
-    assert torch.allclose(pool.k[loc], ref.k[loc]) and torch.allclose(pool.v[loc], ref.v[loc])
+    assert torch.allclose(pool.k[loc], ref.k[loc], atol=1e-6) and torch.allclose(pool.v[loc], ref.v[loc], atol=1e-6)
     written = {0} if graph_bs > bs else set()
     untouched = [i for i in range(32) if i not in set(loc.tolist()) | written]
     assert pool.k[untouched].abs().sum() == 0  # padding rows went to slot 0, not to stale slot 17
@@ -445,8 +601,8 @@ def test_kv_only_graphs_write_what_the_eager_update_writes_and_pad_into_slot_0(r
     assert torch.equal(out, kept)
 
 
-def test_kv_only_graphs_run_eagerly_above_the_largest_captured_batch(runtime):
-    draft = eagle3_draft()
+def test_kv_only_graphs_run_eagerly_above_the_largest_captured_batch(runtime, release):
+    draft = eagle3_draft(release)
     graphs = kv_only_graphs(runtime, draft, capture_bs=(1, 2))
     with torch.no_grad():
         out = graphs.run(torch.tensor([3, 7, 9]), torch.randn(3, 3 * H), torch.tensor([5, 11, 2]),
@@ -455,7 +611,7 @@ def test_kv_only_graphs_run_eagerly_above_the_largest_captured_batch(runtime):
     assert draft.token_to_kv_pool.k[[20, 4, 13]].abs().sum() > 0
 
 
-def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counted_in_memory(runtime, monkeypatch):
+def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counted_in_memory(runtime, release, monkeypatch):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(10 * GIB, 9.75 * GIB))
     built = []
 
@@ -465,7 +621,7 @@ def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counte
             self.capture_bs = sorted(capture_bs)
 
     monkeypatch.setattr(runtime, "DraftKVOnlyGraphs", Graphs)
-    draft = eagle3_draft()
+    draft = eagle3_draft(release)
     draft.device = "fake"
     state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "", 0.5)
     graphs, note = runtime.build_draft_kv_only_graphs(draft, state)
@@ -474,9 +630,9 @@ def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counte
     assert state.extra_memory_gib == pytest.approx(0.75)  # the plain path's 0.5 + the graphs' 0.25
 
 
-def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, monkeypatch, caplog):
+def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, release, monkeypatch, caplog):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
-    draft = eagle3_draft()
+    draft = eagle3_draft(release)
     draft.device = "fake"
     no_graphs = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
     assert runtime.build_draft_kv_only_graphs(draft, no_graphs) == (
@@ -494,8 +650,8 @@ def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime
     assert state.extra_memory_gib == pytest.approx(0.1)
 
 
-def test_kv_only_update_takes_an_fc_output_as_it_is(runtime):
-    draft = eagle3_draft()
+def test_kv_only_update_takes_an_fc_output_as_it_is(runtime, release):
+    draft = eagle3_draft(release)
     fc_hidden = torch.randn(2, H)
     with torch.no_grad():
         out = runtime.draft_kv_only_extend(draft, torch.tensor([1, 2]), fc_hidden, torch.tensor([3, 4]),
@@ -504,22 +660,31 @@ def test_kv_only_update_takes_an_fc_output_as_it_is(runtime):
 
 
 @pytest.mark.parametrize("draft, words", [
-    (lambda: eagle3_draft(name="DeepseekV3ForCausalLMNextN"), "DeepseekV3ForCausalLMNextN draft"),
-    (lambda: eagle3_draft(qkv_bias=True), "QKV bias"),
+    (lambda release: eagle3_draft(release, name="DeepseekV3ForCausalLMNextN"), "DeepseekV3ForCausalLMNextN draft"),
+    (lambda release: eagle3_draft(release, qkv_bias=True), "QKV bias"),
 ])
-def test_kv_only_update_is_refused_for_drafts_it_does_not_know(runtime, draft, words):
-    assert words in runtime.draft_kv_only_reason(draft())
+def test_kv_only_update_is_refused_for_drafts_it_does_not_know(runtime, release, draft, words):
+    assert words in runtime.draft_kv_only_reason(draft(release))
 
 
-def test_kv_only_update_is_refused_for_quantized_weights(runtime):
-    draft = eagle3_draft()
-    attn = draft.model.model.midlayer.self_attn
+def test_kv_only_update_is_refused_for_quantized_weights(runtime, release):
+    draft = eagle3_draft(release)
+    attn = draft_layer(draft).self_attn
     attn.qkv_proj.weight = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int8), requires_grad=False)
     assert runtime.draft_kv_only_reason(draft) == "a quantized draft"
-    assert runtime.draft_kv_only_reason(eagle3_draft()) is None
+    assert runtime.draft_kv_only_reason(eagle3_draft(release)) is None
 
 
 # --- the v2 worker's plain step and resume, executed -------------------------------------------
+
+@only("0.5.17")
+def test_0517_kv_only_update_is_refused_for_a_draft_of_several_layers(runtime, release):
+    """SGLang 0.5.17's EAGLE-3 draft may have several layers; only the first one's K/V follow from
+    its input alone, so such a draft runs the one-token extend instead."""
+    assert runtime.draft_kv_only_reason(eagle3_draft(release, layers=2)) == (
+        "a draft of 2 layers (only a one-layer draft's K/V follow from its input alone)")
+    assert runtime.draft_kv_only_reason(eagle3_draft(release, layers=1)) is None
+
 
 def assign_slots(req_pool_indices, req_to_token, start_offset, end_offset, batch_size, draft_token_num, device):
     """Torch reference of SGLang's assign_extend_cache_locs_func."""
@@ -533,7 +698,7 @@ class DraftInput:
 
 
 @pytest.fixture()
-def worker_v2(patched_tree, runtime, monkeypatch):
+def worker_v2(release_tree, runtime, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
@@ -586,7 +751,7 @@ def worker_v2(patched_tree, runtime, monkeypatch):
         "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
     }
     for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
-        source = method_source(patched_tree / WORKER_V2, "EAGLEWorkerV2", name)
+        source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", name)
         exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
     worker = types.SimpleNamespace(
@@ -606,7 +771,7 @@ def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
     spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
                       topk_p=torch.rand(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
                       hidden_states=torch.zeros(len(seq_lens), 2))
-    return model_worker_batch_class()(
+    return batch_class("0.5.11")(
         forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
         seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec)
 
@@ -619,7 +784,8 @@ def cpu_streams(monkeypatch):
         current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None)))
 
 
-def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, cpu_streams):
+@only("0.5.11")
+def test_plain_step_decodes_the_last_token_in_its_reserved_slot(release, worker_v2, cpu_streams):
     worker, calls = worker_v2
     batch = decode_batch()
     incoming = batch.spec_info
@@ -642,7 +808,8 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(worker_v2, cpu_s
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
 
 
-def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(worker_v2, cpu_streams):
+@only("0.5.11")
+def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(release, worker_v2, cpu_streams):
     worker, calls = worker_v2
     batch = decode_batch()
     batch.reqs = [types.SimpleNamespace(return_hidden_states=flag) for flag in (False, True, False)]
@@ -652,7 +819,8 @@ def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(wor
     assert calls[1][0] == "kv_only"  # the draft still gets the same hidden states
 
 
-def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v2, cpu_streams):
+@only("0.5.11")
+def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(release, worker_v2, cpu_streams):
     worker, calls = worker_v2
     worker._dyn_draft_kv_only = False
     worker._dyn_draft_extend_runner = None  # no graphs: eager
@@ -663,7 +831,8 @@ def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(worker_v
     assert result.next_draft_input.topk_index.tolist() == [[5], [5], [5]]
 
 
-def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(worker_v2):
+@only("0.5.11")
+def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(release, worker_v2):
     worker, calls = worker_v2
     worker._dyn_resync_pending = True
     # after plain steps seq_lens count the last token; request 1 was prefilled since (topk valid)
@@ -684,10 +853,11 @@ def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(worke
     assert batch.seq_lens.tolist() == [6, 10, 18]  # the step's own batch is untouched
 
 
-def test_forward_batch_generation_routes_plain_resume_and_stock_steps(patched_tree):
+@only("0.5.11")
+def test_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree):
     """The decode branch of the patched forward_batch_generation, executed: without the switch
     it is the stock draft/verify/extend; with it, plain steps and the resume run in order."""
-    source = method_source(patched_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
+    source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
     namespace = {"torch": torch, "CaptureHiddenMode": Capture, "EagleDraftInput": DraftInput,
                  "speculative_moe_backend_context": nullcontext,
                  "speculative_moe_a2a_backend_context": nullcontext}
@@ -727,3 +897,295 @@ def test_forward_batch_generation_routes_plain_resume_and_stock_steps(patched_tr
     assert results == ["spec-result", "plain-result", "plain-result", "spec-result", "spec-result"]
     assert log == ["draft", "verify", "draft_extend", "plain", "plain",
                    "resync", "draft", "verify", "draft_extend", "draft", "verify", "draft_extend"]
+
+
+# --- SGLang 0.5.17: the v2 worker's plain step and resume, executed ----------------------------
+
+class ExtendInput:
+    """Stands for 0.5.17's EagleDraftExtendInput (a dataclass of keyword fields)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+@pytest.fixture()
+def worker_0517(release_tree, runtime, policy, monkeypatch):
+    """EAGLEWorkerV2's patched plain-step methods of 0.5.17 on a stand-in worker; the ScheduleBatch
+    has 0.5.17's real field set."""
+    calls = []
+    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+
+    def plain_decode_forward(target_worker, state, batch, sample=False):
+        calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist(), sample))
+        logits = torch.full((len(batch.seq_lens), 8), -1.0)
+        logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0  # argmax = id % 8
+        hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)  # "3H" = 6
+        result = Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
+                        can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
+        if sample:  # the target's own sampler (greedy here)
+            result.next_token_ids = torch.argmax(logits, dim=-1)
+        return result, "decode-forward-batch"
+
+    def draft_kv_only_extend(draft_runner, tokens, target_hidden, positions, out_cache_loc):
+        calls.append(("kv_only", tokens.tolist(), positions.tolist(), out_cache_loc.tolist()))
+        return target_hidden[:, :2] * 10  # stands for fc(): hidden size 2
+
+    runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward, request_slots=runtime.request_slots,
+                                 draft_kv_only_extend=draft_kv_only_extend, saved_fields=runtime.saved_fields,
+                                 DRAFT_EXTEND_FIELDS=runtime.DRAFT_EXTEND_FIELDS)
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
+
+    def prepare_for_draft_extend(extend_input, batch, predict, num_draft_tokens, draft_model_runner,
+                                 cuda_graph_runner, *, return_hidden_states_before_norm):
+        """Stands for 0.5.17's prepare_for_draft_extend: it rewrites the ScheduleBatch as the real one does."""
+        calls.append(("draft_extend", predict.tolist(), batch.seq_lens.tolist(), batch.out_cache_loc.tolist(),
+                      num_draft_tokens, cuda_graph_runner, extend_input.num_accept_tokens.tolist()))
+        batch.spec_info, batch.input_ids, batch.forward_mode = extend_input, predict, "DRAFT_EXTEND_V2"
+        batch.prefix_lens, batch.extend_lens = batch.seq_lens.tolist(), [num_draft_tokens] * len(batch.seq_lens)
+        batch.extend_num_tokens = num_draft_tokens * len(batch.seq_lens)
+        return types.SimpleNamespace(spec_info=extend_input, hidden=extend_input.hidden_states)
+
+    def draft_forward(fb):
+        bs = fb.hidden.shape[0]
+        logits = torch.zeros(bs, 8)
+        logits[:, 5] = 1.0
+        return types.SimpleNamespace(logits_output=types.SimpleNamespace(
+            next_token_logits=logits, hidden_states=torch.full((bs, 2), 7.0)))
+
+    namespace = {
+        "torch": torch, "logger": logging.getLogger("eagle_worker_v2_under_test"),
+        "EagleDraftInput": DraftInput, "EagleDraftExtendInput": ExtendInput, "GenerationBatchResult": Result,
+        "prepare_for_draft_extend": prepare_for_draft_extend, "maybe_detect_nan": lambda *a: None,
+        "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim), "_is_hip": False,
+        "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+    }
+    names = ("_dyn_decide", "_forward_plain_decode", "_dyn_draft_topk", "_dyn_draft_extend_one_token",
+             "_dyn_resync_draft", "_dyn_one_token_draft_extend")
+    for name in names:
+        source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", name)
+        exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
+    worker = types.SimpleNamespace(
+        device="cpu", topk=1, speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
+        _dyn_kv_only_graphs=None, _dyn_resync_pending=False, target_worker="target",
+        dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
+        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=draft_forward),
+                                           draft_tp_context=lambda group: nullcontext(), topk=1))
+    for name in names:
+        setattr(worker, name, types.MethodType(namespace[name], worker))
+    return worker, calls
+
+
+def schedule_batch(seq_lens=(5, 9, 17), bonus=(11, 12, 13), **flags):
+    seq_lens = torch.tensor(seq_lens)
+    spec = DraftInput(bonus_tokens=torch.tensor(bonus, dtype=torch.int32),
+                      topk_p=torch.ones(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
+                      hidden_states=torch.zeros(len(seq_lens), 2))
+    fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
+                  seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
+                  return_logprob=False, has_grammar=False, return_hidden_states=False)
+    fields.update(flags)
+    return batch_class("0.5.17")(**fields)
+
+
+@only("0.5.17")
+def test_0517_plain_step_publishes_the_new_lengths_before_the_draft_update(release, worker_0517, cpu_streams):
+    worker, calls = worker_0517
+    batch = schedule_batch()
+    incoming = batch.spec_info
+    result = worker._forward_plain_decode(batch, lambda lens: calls.append(("publish", lens.tolist())))
+    slots = [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]  # req_to_token[row, seq_len]
+    assert calls[0] == ("target", [11, 12, 13], slots, True)  # the bonus tokens, sampled by the target
+    # the schedule stream's next resolve waits for this publish: after the target, before the draft
+    assert calls[1] == ("publish", [6, 10, 18])
+    assert calls[2] == ("kv_only", [3, 4, 5], [5, 9, 17], slots) and len(calls) == 3
+    assert result.next_token_ids.tolist() == [3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0]
+    assert result.accept_lens.tolist() == [1, 1, 1] and result.new_seq_lens.tolist() == [6, 10, 18]
+    assert result.speculative_num_draft_tokens == 4 and result.extra_keep_alive_refs == ["decode-forward-batch"]
+    assert result.logits_output.hidden_states is None  # nothing for the scheduler to copy to the host
+    nxt = result.next_draft_input
+    assert nxt.bonus_tokens.tolist() == [3, 4, 5] and nxt.bonus_tokens.dtype == torch.int32
+    assert (nxt.topk_p == -1).all() and nxt.topk_p.shape == incoming.topk_p.shape
+    assert worker._dyn_resync_pending is True
+
+
+@only("0.5.17")
+def test_0517_without_kv_only_the_plain_step_runs_a_one_token_draft_extend_and_restores_the_batch(
+        release, worker_0517, cpu_streams):
+    worker, calls = worker_0517
+    worker._dyn_draft_kv_only = False
+    batch = schedule_batch()
+    spec = batch.spec_info
+    result = worker._forward_plain_decode(batch)
+    kind, predict, seq_lens, locs, n, runner, accepted = calls[1]
+    assert kind == "draft_extend" and predict == [3, 4, 5] and seq_lens == [5, 9, 17]
+    assert n == 1 and runner is None and accepted == [1, 1, 1]  # one token, eager
+    assert locs == [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]
+    assert result.next_draft_input.topk_index.tolist() == [[5], [5], [5]]
+    assert result.next_draft_input.hidden_states.tolist() == [[7.0, 7.0]] * 3
+    # prepare_for_draft_extend rewrote the batch; the plain step puts it back
+    assert batch.spec_info is spec and batch.forward_mode == Mode.DECODE and batch.prefix_lens is None
+    assert worker._dyn_resync_pending is False
+
+
+@only("0.5.17")
+def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it_was(release, worker_0517):
+    worker, calls = worker_0517
+    worker._dyn_resync_pending = True
+    batch = schedule_batch(seq_lens=(6, 10, 18), bonus=(3, 4, 5))
+    spec = batch.spec_info
+    spec.topk_p = torch.tensor([[-1.0], [0.9], [-1.0]])  # request 1 was prefilled since
+    spec.topk_index = torch.tensor([[0], [42], [0]])
+    spec.hidden_states = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    worker._dyn_resync_draft(batch)
+    kind, predict, seq_lens, locs, n, runner, _ = calls[0]
+    assert kind == "draft_extend" and predict == [3, 4, 5] and n == 1 and runner is None
+    assert seq_lens == [5, 9, 17]  # the last position again: its KV is rewritten, not a new one
+    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
+    assert spec.topk_index.tolist() == [[5], [42], [5]]
+    assert spec.topk_p.tolist() == [[1.0], [pytest.approx(0.9)], [1.0]]  # topk 1: as upstream, p = 1
+    assert spec.hidden_states.tolist() == [[7.0, 7.0], [2.0, 2.0], [7.0, 7.0]]
+    assert worker._dyn_resync_pending is False
+    # the speculative step goes on with the batch it had
+    assert batch.spec_info is spec and batch.seq_lens.tolist() == [6, 10, 18]
+    assert batch.seq_lens_cpu.tolist() == [6, 10, 18] and batch.seq_lens_sum == 34
+    assert batch.forward_mode == Mode.DECODE and batch.input_ids is None and batch.out_cache_loc is None
+
+
+@only("0.5.17")
+@pytest.mark.parametrize("flag", ["return_logprob", "has_grammar", "return_hidden_states"])
+def test_0517_logprob_grammar_and_hidden_state_steps_keep_speculating(release, worker_0517, flag):
+    """Above the threshold a batch with such a request speculates without moving the switch: the
+    plain step does not lay out logprobs, vocab masks or per-token hidden states as 0.5.17's
+    output processor reads them."""
+    worker, _ = worker_0517
+    assert worker._dyn_decide(schedule_batch()) is False  # 3 > threshold 2: plain
+    assert worker._dyn_decide(schedule_batch(**{flag: True})) is True
+    assert worker.dyn_disable.speculating is False and worker.dyn_disable.forced_spec_steps == 1
+
+
+@only("0.5.17")
+def test_0517_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree):
+    """The decode branch of 0.5.17's patched forward_batch_generation, executed: without the switch
+    it is the stock draft/verify/publish/extend; with it, plain steps (handed the publish callback)
+    and the resume run in order."""
+    source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
+    namespace = {"torch": torch, "CaptureHiddenMode": Capture, "spec_stage_span": lambda name: nullcontext(),
+                 "envs": types.SimpleNamespace(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=types.SimpleNamespace(
+                     get=lambda: False)),
+                 "speculative_moe_backend_context": nullcontext,
+                 "speculative_moe_a2a_backend_context": nullcontext}
+    exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    log = []
+
+    class Verify:
+        def is_verify_input(self):
+            return True
+
+    def worker(dyn, decisions):
+        w = types.SimpleNamespace(dyn_disable=dyn, _dyn_resync_pending=False, speculative_num_steps=3,
+                                  activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
+        w.draft_worker = types.SimpleNamespace(
+            draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
+            draft=lambda b: log.append("draft") or Verify(),
+            _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
+        w.verify = lambda b, grammar_barrier=None: log.append("verify") or types.SimpleNamespace(
+            new_seq_lens="verify-lens")
+
+        def plain(b, on_publish):
+            log.append("plain")
+            on_publish("plain-lens")
+            w._dyn_resync_pending = True
+            return "plain-result"
+
+        w._forward_plain_decode = plain
+        w._dyn_resync_draft = lambda b: log.append("resync") or setattr(w, "_dyn_resync_pending", False)
+        w._dyn_decide = lambda b: decisions.pop(0)
+        return w
+
+    batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                                  is_extend_in_batch=False, spec_info=DraftInput(), seq_lens=torch.tensor([5, 9]))
+    publish = lambda lens: log.append(f"publish {lens}")
+    stock = worker(None, [])
+    assert namespace["forward_batch_generation"](stock, batch, publish).new_seq_lens == "verify-lens"
+    assert log == ["bs=2", "draft", "verify", "publish verify-lens", "draft_extend"]
+    log.clear()
+    dyn = worker(object(), [False, False, True])
+    results = [namespace["forward_batch_generation"](dyn, batch, publish) for _ in range(3)]
+    assert results[:2] == ["plain-result", "plain-result"] and results[2].new_seq_lens == "verify-lens"
+    assert log == ["bs=2", "plain", "publish plain-lens", "bs=2", "plain", "publish plain-lens",
+                   "bs=2", "resync", "draft", "verify", "publish verify-lens", "draft_extend"]
+
+
+@only("0.5.17")
+def test_0517_the_plain_backend_counts_in_the_host_seq_lens_decision(release, release_tree, tmp_path):
+    """0.5.17 copies seq_lens to the host only when an attention backend of a spec-v2 step needs
+    them (decide_needs_cpu_seq_lens over spec_v2_attn_backends). The plain decode backend is one
+    of them: without it, a target whose verify backend opts out would hand a decode backend
+    that needs them none."""
+    namespace = {}
+    exec(method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "spec_v2_attn_backends"), namespace)
+    backends_of = namespace["spec_v2_attn_backends"].fget
+    source = tmp_path / "overlap_utils.py"
+    source.write_bytes(wheels.pristine("sglang", "0.5.17").read(OVERLAP_UTILS))
+    decide_ns = {}
+    exec(function_source(source, "decide_needs_cpu_seq_lens"), decide_ns)
+    algo = types.SimpleNamespace(from_string=lambda name: types.SimpleNamespace(is_ngram=lambda: False))
+    opts_out = types.SimpleNamespace(needs_cpu_seq_lens=False)
+    worker = types.SimpleNamespace(
+        _target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=opts_out)),
+        _draft_worker=types.SimpleNamespace(draft_attn_backend=opts_out, draft_extend_attn_backend=opts_out),
+        _dyn_plain_state=None)
+    server_args = types.SimpleNamespace(enable_two_batch_overlap=False, speculative_algorithm="EAGLE3")
+    with stub_modules({"sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=algo)}):
+        assert decide_ns["decide_needs_cpu_seq_lens"](server_args, backends_of(worker)) is False
+        worker._dyn_plain_state = types.SimpleNamespace(attn_backend=types.SimpleNamespace(needs_cpu_seq_lens=True))
+        assert len(backends_of(worker)) == 4
+        assert decide_ns["decide_needs_cpu_seq_lens"](server_args, backends_of(worker)) is True
+
+
+@only("0.5.17")
+@pytest.mark.parametrize("layers, words", [
+    (1, "draft extend: KV cache only in plain steps (CUDA graphs for batch sizes 1..8); one token per "
+        "request, eager (no one-token draft-extend graphs on SGLang 0.5.17) once when drafting resumes"),
+    (2, "draft extend: one token per request, eager (no one-token draft-extend graphs on SGLang 0.5.17) "
+        "(no KV-only update with a draft of 2 layers"),
+])
+def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree, runtime, policy, monkeypatch,
+                                                           caplog, layers, words):
+    """The plain path is built in init_cuda_graphs (0.5.17 captures the target's graphs after the
+    workers are made); its start-up line names the backend, the graphs and the draft update."""
+    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+    state = runtime.PlainDecodeState(types.SimpleNamespace(), None, "CUDA graphs for batch sizes 1..8", 0.25)
+    runtime_stub.__dict__.update(
+        build_plain_decode_state=lambda model_runner: state,
+        draft_kv_only_reason=runtime.draft_kv_only_reason, plain_decode_message=runtime.plain_decode_message,
+        ONE_TOKEN_DRAFT_EXTEND_NOTE=runtime.ONE_TOKEN_DRAFT_EXTEND_NOTE,
+        build_draft_kv_only_graphs=lambda draft_runner, st: ("graphs", "CUDA graphs for batch sizes 1..8"))
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
+    namespace = {"logger": logging.getLogger("eagle_worker_v2_under_test"),
+                 "dyn_disable_draft_kv_only_from_env": policy.draft_kv_only_from_env}
+    exec(method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "_dyn_init_plain_path"), namespace)
+    draft = eagle3_draft(release, layers=layers)
+    draft.tp_group = None
+    worker = types.SimpleNamespace(_target_worker=types.SimpleNamespace(model_runner="target"),
+                                   draft_worker=types.SimpleNamespace(draft_runner=draft,
+                                                                      draft_tp_context=lambda g: nullcontext()))
+    monkeypatch.delenv(policy.DRAFT_KV_ONLY_ENV, raising=False)
+    with caplog.at_level(logging.INFO):
+        namespace["_dyn_init_plain_path"](worker)
+    assert worker._dyn_plain_state is state and worker._dyn_draft_kv_only is (layers == 1)
+    assert worker._dyn_kv_only_graphs == ("graphs" if layers == 1 else None)
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("Dynamic speculation disable: plain step is a decode forward on SimpleNamespace "
+                           "with CUDA graphs for batch sizes 1..8; ")
+    assert words in line and line.endswith("extra GPU memory 0.25 GiB")
+    print_prefixes = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["print"]
+    assert line.startswith(tuple(print_prefixes))
