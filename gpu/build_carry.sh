@@ -7,13 +7,29 @@
 #                      gitdb, smmap, unidiff, at the dev venv's versions) and, in .tkwheels/cache, the
 #                      sglang wheel and the compiled images of every shipped patchset (the device may
 #                      have no git and has no network)
-# Usage: bash gpu/build_carry.sh [--tkwheels-only]
+# Usage: bash gpu/build_carry.sh [--tkwheels-only | --site-only]
+#        SGLANG_RELEASE=0.5.17 bash gpu/build_carry.sh ...: that release's site instead, as
+#        .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md "SGLang 0.5.17 carry")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[build_carry] $*"; }
+REL=${SGLANG_RELEASE:-0.5.11}
+case $REL in 0.5.11) SFX="";; 0.5.17) SFX=-$REL;; *) echo "SGLANG_RELEASE=$REL: only 0.5.11 (default) or 0.5.17" >&2; exit 2;; esac
+sizes() {  # the carried folders and the tracked files (the run tool copies the checkout too), in MiB
+  local folders=$(du -cb "$@" | tail -1 | cut -f1) tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  say "$* = $((folders >> 20)) MiB, tracked files $((tree >> 20)) MiB, total $(((folders + tree) >> 20)) MiB (64 MiB per call at most)"
+}
+if [ "${1:-}" = "--site-only" ]; then
+  say "trimmed SGLang $REL site (.whl1$SFX .whl2 .whl3$SFX)"
+  bash gpu/fetch_wheels.sh
+  bash gpu/pack_site.sh
+  du -sh .whl1$SFX .whl2 .whl3$SFX
+  sizes .whl1$SFX .whl2 .whl3$SFX
+  exit 0
+fi
 [ -x .venv/bin/invoke ] || { echo "needs the dev venv first: python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'" >&2; exit 1; }
 if [ "${1:-}" != "--tkwheels-only" ]; then
-  say "trimmed SGLang site (.whl1 .whl2 .whl3)"
+  say "trimmed SGLang $REL site (.whl1$SFX .whl2 .whl3$SFX)"
   bash gpu/fetch_wheels.sh
   bash gpu/pack_site.sh
 fi
@@ -27,5 +43,6 @@ for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
   say "compiled patch images: ${name:-all patchsets stacked}"
 done
 rm -rf .tkwheels/cache/edit   # a whole sglang tree, only for `invoke patch edit`
-du -sh .whl1 .whl2 .whl3 .tkwheels 2>/dev/null || true
-say "carry: [\".whl1\", \".whl2\", \".whl3\", \".tkwheels\"] (64 MiB per call at most)"
+du -sh .whl1$SFX .whl2 .whl3$SFX .tkwheels 2>/dev/null || true
+say "carry: [\".whl1$SFX\", \".whl2\", \".whl3$SFX\", \".tkwheels\"] (64 MiB per call at most)"
+sizes .whl1$SFX .whl2 .whl3$SFX .tkwheels
