@@ -1,6 +1,6 @@
 #!/bin/bash
 # dyn-disable proof on the H200 machine. Run from the repo root with the carried
-# folders .whl1 .whl2 .whl3 (see gpu/README.md). Usage:
+# folders .whl1 .whl2 .whl3 (see gpu/README.md; SGLANG_RELEASE=0.5.17: .whl1-0.5.17 .whl2 .whl3-0.5.17). Usage:
 #   bash gpu/run_dyn.sh PHASE [PHASE ...]      PHASE: small | big (see gpu/dyn_device.py)
 #   bash gpu/run_dyn.sh setup                  only prepare /tmp/site and /tmp/models
 # Env: BUDGET_S (default 540): the driver skips work that would end past it.
@@ -24,10 +24,13 @@ finish() { tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null; say "done"; }
 trap finish EXIT
 
 . gpu/device_env.sh
+if [ -d /tmp/site/sglang ] && [ ! -d /tmp/site/sglang-$SGLANG_RELEASE.dist-info ]; then
+  say "/tmp/site holds another sglang than SGLANG_RELEASE=$SGLANG_RELEASE: rm -rf /tmp/site /tmp/stock /tmp/naive /tmp/fi_ready first"; exit 1
+fi
 if [ ! -d /tmp/site/sglang ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1/site.tar.xz
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1$CARRY_SFX/site.tar.xz
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl 2>&1 | grep -v WARNING
-  for t in .whl3/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
+  for t in .whl3$CARRY_SFX/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
   rm -rf /tmp/site/typing_extensions.py /tmp/site/typing_extensions-*.dist-info
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive
