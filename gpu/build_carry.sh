@@ -5,8 +5,8 @@
 #   .tkwheels          the toolkit's control side for `--host local` runs on the device (run_toolkit.sh,
 #                      facts_interconnect.sh): the wheels the device image lacks (invoke, GitPython,
 #                      gitdb, smmap, unidiff, at the dev venv's versions) and, in .tkwheels/cache, the
-#                      sglang wheel and the compiled images of every shipped patchset (the device may
-#                      have no git and has no network)
+#                      sglang wheel of the site's release and the compiled images of every shipped
+#                      patchset for it (the device may have no git and has no network)
 # Usage: bash gpu/build_carry.sh [--tkwheels-only | --site-only]
 #        SGLANG_RELEASE=0.5.17 bash gpu/build_carry.sh ...: that release's site instead, as
 #        .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md "SGLang 0.5.17 carry")
@@ -39,8 +39,10 @@ pins=$(.venv/bin/python -m pip freeze | grep -i -E '^(invoke|gitpython|gitdb|smm
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform any -d .tkwheels $pins
 for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
-  TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check $name >/dev/null
-  say "compiled patch images: ${name:-all patchsets stacked}"
+  # only the carried site's release: its sglang wheel alone is what the device needs (0.5.17's is
+  # 22 MB; both together pushed a toolkit call over 64 MiB)
+  TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check $name --release $REL >/dev/null
+  say "compiled patch images: ${name:-all patchsets stacked} ($REL)"
 done
 rm -rf .tkwheels/cache/edit   # a whole sglang tree, only for `invoke patch edit`
 du -sh .whl1$SFX .whl2 .whl3$SFX .tkwheels 2>/dev/null || true
