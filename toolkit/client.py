@@ -24,6 +24,7 @@ Tolerant of the servers it meets:
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import re
 import time
@@ -143,6 +144,15 @@ def _rejected_fields(record: RequestRecord, sent: list[str]) -> list[str]:
     if named:
         return named
     return list(sent) if record.status_code == 422 else []
+
+
+def _stale_connection(exc: BaseException) -> bool:
+    """A send on a kept-alive connection the server had closed: its close, or the reset it
+    answers our bytes with (a connect error is not this: nothing was ever kept alive there)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return (isinstance(exc, aiohttp.ClientOSError) and not isinstance(exc, aiohttp.ClientConnectorError)
+            and exc.errno in (errno.ECONNRESET, errno.EPIPE))
 
 
 def _describe(exc: BaseException) -> str:
@@ -368,9 +378,10 @@ class OpenAIClient:
                         return
                     await (self._read_stream(response, record) if stream else self._read_plain(response, record))
                     return
-            except aiohttp.ServerDisconnectedError as exc:
-                if record.status_code is None and attempt == 1:
-                    # The server closed a kept-alive connection as we sent on it: once more, fresh.
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if record.status_code is None and attempt == 1 and _stale_connection(exc):
+                    # The server closed a kept-alive connection as we sent on it (we see the
+                    # close, or the reset it answers our bytes with): once more, fresh.
                     record.start = time.perf_counter()
                     continue
                 record.error = self._broken(record, exc)

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 
+import aiohttp
 import pytest
 
 from toolkit.bench.metrics import compute
 from toolkit.bench.prompts import BenchRequest, PromptSource
 from toolkit.bench.runner import run_level
-from toolkit.client import OpenAIClient
+from toolkit.client import OpenAIClient, _stale_connection
 
 
 def chat(base_url, content="hello", **kwargs):
@@ -165,3 +167,11 @@ def test_request_timeout_is_a_failed_record(fake_server):
             return await client.chat([{"role": "user", "content": "slow"}], max_tokens=5)
     record = asyncio.run(go())
     assert not record.ok and record.error.startswith("timed out after 2 s")
+
+
+def test_only_a_close_or_reset_of_a_kept_alive_connection_is_retried():
+    reset = aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer")
+    assert _stale_connection(reset) and _stale_connection(aiohttp.ServerDisconnectedError())
+    assert not _stale_connection(aiohttp.ClientOSError(errno.ETIMEDOUT, "timed out"))
+    refused = aiohttp.ClientConnectorError(None, OSError(errno.ECONNREFUSED, "refused"))
+    assert not _stale_connection(refused)
