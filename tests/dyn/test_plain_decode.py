@@ -241,11 +241,16 @@ def test_unsupported_servers_are_refused_with_the_reason(runtime, monkeypatch, c
     server_args = types.SimpleNamespace(**args)
     runner = types.SimpleNamespace(**runner_attrs)
     assert words in runtime.unsupported_reason(server_args, runner)
+    assert_refused(runtime, server_args, runner, words, monkeypatch, caplog)
+
+
+def assert_refused(runtime, server_args, runner, words, monkeypatch, caplog):
+    """make_switch gives no switch, and logs why on the line `invoke server start` stops waiting on
+    (the one the patchset names under [logs] refuse)."""
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
     with caplog.at_level(logging.WARNING):
         assert runtime.make_switch(server_args, "EAGLEWorkerV2", runner) is None
     assert words in caplog.text and "speculation stays always on" in caplog.text
-    # `invoke server start` stops waiting on the line the patchset names under [logs] refuse
     refuse = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["refuse"]
     assert any(record.getMessage().startswith(tuple(refuse)) for record in caplog.records)
 
@@ -273,12 +278,7 @@ def test_0517_refuses_a_tree_config_rejection_sampling_and_adaptive_mode(runtime
     worker, is refused like every other unsupported case (speculation stays on, the start fails
     on the [logs] refuse line); so are rejection sampling and upstream's adaptive mode."""
     server_args = types.SimpleNamespace(pp_size=1, enable_lora=False, **args)
-    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
-    with caplog.at_level(logging.WARNING):
-        assert runtime.make_switch(server_args, "EAGLEWorkerV2", None) is None
-    assert words in caplog.text and "speculation stays always on" in caplog.text
-    refuse = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["refuse"]
-    assert any(record.getMessage().startswith(tuple(refuse)) for record in caplog.records)
+    assert_refused(runtime, server_args, None, words, monkeypatch, caplog)
     assert runtime.unsupported_reason(types.SimpleNamespace(speculative_eagle_topk=1)) is None
 
 
@@ -697,26 +697,44 @@ class DraftInput:
         self.__dict__.update(fields)
 
 
-@pytest.fixture()
-def worker_v2(release_tree, runtime, monkeypatch):
-    """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
-    calls = []
-    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+def fake_draft_forward(fb, skip_attn_backend_init=False):
+    """Stands for the draft runner's forward: top-1 token 5 and hidden state 7.0 for every request."""
+    bs = fb.hidden.shape[0]
+    logits = torch.zeros(bs, 8)
+    logits[:, 5] = 1.0
+    return types.SimpleNamespace(logits_output=types.SimpleNamespace(
+        next_token_logits=logits, hidden_states=torch.full((bs, 2), 7.0)))
+
+
+def fake_runtime_calls(calls, **result_fields):
+    """Stand-ins for dyn_disable_runtime's plain_decode_forward (logits whose argmax is the input
+    id % 8, hidden states 0, 1, ... of width "3H" = 6) and draft_kv_only_extend (fc() of hidden
+    size 2); both log their inputs into `calls`."""
 
     def plain_decode_forward(target_worker, state, batch, sample=False):
         calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist(), sample))
         logits = torch.full((len(batch.seq_lens), 8), -1.0)
-        logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0  # argmax = id % 8
-        hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)  # "3H" = 6
+        logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0
+        hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)
         result = Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
-                        can_run_cuda_graph=True, routed_experts_output=None)
+                        can_run_cuda_graph=True, routed_experts_output=None, **result_fields)
         if sample:  # the target's own sampler (greedy here)
             result.next_token_ids = torch.argmax(logits, dim=-1)
         return result
 
     def draft_kv_only_extend(draft_runner, tokens, target_hidden, positions, out_cache_loc):
         calls.append(("kv_only", tokens.tolist(), positions.tolist(), out_cache_loc.tolist()))
-        return target_hidden[:, :2] * 10  # stands for fc(): hidden size 2
+        return target_hidden[:, :2] * 10
+    return plain_decode_forward, draft_kv_only_extend
+
+
+@pytest.fixture()
+def worker_v2(release_tree, runtime, monkeypatch):
+    """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
+    calls = []
+    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+
+    plain_decode_forward, draft_kv_only_extend = fake_runtime_calls(calls)
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward,
                                  request_slots=runtime.request_slots,
@@ -736,13 +754,6 @@ def worker_v2(release_tree, runtime, monkeypatch):
             self.spec = self
             return types.SimpleNamespace(spec_info=self, hidden=self.hidden_states)
 
-    def draft_forward(fb, skip_attn_backend_init=False):
-        bs = fb.hidden.shape[0]
-        logits = torch.zeros(bs, 8)
-        logits[:, 5] = 1.0
-        return types.SimpleNamespace(logits_output=types.SimpleNamespace(
-            next_token_logits=logits, hidden_states=torch.full((bs, 2), 7.0)))
-
     namespace = {
         "torch": torch, "dataclasses": dataclasses, "assign_extend_cache_locs_func": assign_slots,
         "EagleDraftInput": lambda **kw: PrepareExtend(**kw) if "hidden_states" in kw else DraftInput(**kw),
@@ -759,7 +770,7 @@ def worker_v2(release_tree, runtime, monkeypatch):
         _dyn_kv_only_graphs=None,
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=draft_forward),
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
                                            draft_tp_context=lambda group: nullcontext(), topk=1))
     for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
         setattr(worker, name, types.MethodType(namespace[name], worker))
@@ -853,6 +864,33 @@ def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(relea
     assert batch.seq_lens.tolist() == [6, 10, 18]  # the step's own batch is untouched
 
 
+class RoutingVerify:
+    def is_verify_input(self):
+        return True
+
+
+def routing_worker(log, dyn, decisions, verify, plain, **fields):
+    """A stand-in EAGLEWorkerV2 for the routing tests: each call forward_batch_generation makes is
+    logged; a plain step marks the draft for a resync, as the real one does."""
+    w = types.SimpleNamespace(dyn_disable=dyn, _dyn_resync_pending=False, **fields)
+    w.draft_worker = types.SimpleNamespace(
+        draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
+        draft=lambda b: log.append("draft") or RoutingVerify(),
+        _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
+    w.verify = verify
+
+    def plain_step(*args):
+        log.append("plain")
+        plain(*args)
+        w._dyn_resync_pending = True
+        return "plain-result"
+
+    w._forward_plain_decode = plain_step
+    w._dyn_resync_draft = lambda b: log.append("resync") or setattr(w, "_dyn_resync_pending", False)
+    w._dyn_decide = lambda b: decisions.pop(0)
+    return w
+
+
 @only("0.5.11")
 def test_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree):
     """The decode branch of the patched forward_batch_generation, executed: without the switch
@@ -864,27 +902,9 @@ def test_forward_batch_generation_routes_plain_resume_and_stock_steps(release, r
     exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
     log = []
 
-    class Verify:
-        def is_verify_input(self):
-            return True
-
     def worker(dyn, decisions):
-        w = types.SimpleNamespace(plan_stream=None, dyn_disable=dyn, _dyn_resync_pending=False)
-        w.draft_worker = types.SimpleNamespace(
-            draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
-            draft=lambda b: log.append("draft") or Verify(),
-            _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
-        w.verify = lambda b: log.append("verify") or "spec-result"
-
-        def plain(b):
-            log.append("plain")
-            w._dyn_resync_pending = True
-            return "plain-result"
-
-        w._forward_plain_decode = plain
-        w._dyn_resync_draft = lambda b: log.append("resync") or setattr(w, "_dyn_resync_pending", False)
-        w._dyn_decide = lambda b: decisions.pop(0)
-        return w
+        verify = lambda b: log.append("verify") or "spec-result"  # noqa: E731
+        return routing_worker(log, dyn, decisions, verify, plain=lambda b: None, plan_stream=None)
 
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
                                   is_extend_in_batch=False, spec_info=DraftInput())
@@ -915,20 +935,10 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
 
-    def plain_decode_forward(target_worker, state, batch, sample=False):
-        calls.append(("target", batch.input_ids.tolist(), batch.out_cache_loc.tolist(), sample))
-        logits = torch.full((len(batch.seq_lens), 8), -1.0)
-        logits[torch.arange(len(batch.seq_lens)), batch.input_ids % 8] = 1.0  # argmax = id % 8
-        hidden = torch.arange(len(batch.seq_lens) * 6, dtype=torch.float32).view(-1, 6)  # "3H" = 6
-        result = Result(logits_output=types.SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
-                        can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
-        if sample:  # the target's own sampler (greedy here)
-            result.next_token_ids = torch.argmax(logits, dim=-1)
-        return result, "decode-forward-batch"
+    target_forward, draft_kv_only_extend = fake_runtime_calls(calls, indexer_topk_output=None)
 
-    def draft_kv_only_extend(draft_runner, tokens, target_hidden, positions, out_cache_loc):
-        calls.append(("kv_only", tokens.tolist(), positions.tolist(), out_cache_loc.tolist()))
-        return target_hidden[:, :2] * 10  # stands for fc(): hidden size 2
+    def plain_decode_forward(*args, **kwargs):  # 0.5.17's also returns the decode ForwardBatch
+        return target_forward(*args, **kwargs), "decode-forward-batch"
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward, request_slots=runtime.request_slots,
                                  draft_kv_only_extend=draft_kv_only_extend, saved_fields=runtime.saved_fields,
@@ -948,13 +958,6 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
         batch.extend_num_tokens = num_draft_tokens * len(batch.seq_lens)
         return types.SimpleNamespace(spec_info=extend_input, hidden=extend_input.hidden_states)
 
-    def draft_forward(fb):
-        bs = fb.hidden.shape[0]
-        logits = torch.zeros(bs, 8)
-        logits[:, 5] = 1.0
-        return types.SimpleNamespace(logits_output=types.SimpleNamespace(
-            next_token_logits=logits, hidden_states=torch.full((bs, 2), 7.0)))
-
     namespace = {
         "torch": torch, "logger": logging.getLogger("eagle_worker_v2_under_test"),
         "EagleDraftInput": DraftInput, "EagleDraftExtendInput": ExtendInput, "GenerationBatchResult": Result,
@@ -973,7 +976,7 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
         _dyn_kv_only_graphs=None, _dyn_resync_pending=False, target_worker="target",
         dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=draft_forward),
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
                                            draft_tp_context=lambda group: nullcontext(), topk=1))
     for name in names:
         setattr(worker, name, types.MethodType(namespace[name], worker))
@@ -1082,30 +1085,11 @@ def test_0517_forward_batch_generation_routes_plain_resume_and_stock_steps(relea
     exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
     log = []
 
-    class Verify:
-        def is_verify_input(self):
-            return True
-
     def worker(dyn, decisions):
-        w = types.SimpleNamespace(dyn_disable=dyn, _dyn_resync_pending=False, speculative_num_steps=3,
-                                  activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
-        w.draft_worker = types.SimpleNamespace(
-            draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
-            draft=lambda b: log.append("draft") or Verify(),
-            _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
-        w.verify = lambda b, grammar_barrier=None: log.append("verify") or types.SimpleNamespace(
+        verify = lambda b, grammar_barrier=None: log.append("verify") or types.SimpleNamespace(  # noqa: E731
             new_seq_lens="verify-lens")
-
-        def plain(b, on_publish):
-            log.append("plain")
-            on_publish("plain-lens")
-            w._dyn_resync_pending = True
-            return "plain-result"
-
-        w._forward_plain_decode = plain
-        w._dyn_resync_draft = lambda b: log.append("resync") or setattr(w, "_dyn_resync_pending", False)
-        w._dyn_decide = lambda b: decisions.pop(0)
-        return w
+        return routing_worker(log, dyn, decisions, verify, plain=lambda b, on_publish: on_publish("plain-lens"),
+                              speculative_num_steps=3, activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
 
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
                                   is_extend_in_batch=False, spec_info=DraftInput(), seq_lens=torch.tensor([5, 9]))
