@@ -31,7 +31,10 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   otherwise one server at a time (start, warm up, measure, stop). Each server is warmed up at
   every level and shape first (short outputs), so JIT compiles do not land in a measurement.
   The checks ("bursts", "torch_profile", ...) run after the rounds, or before them with
-  "checks_first": true.
+  "checks_first": true ("profile_after": true then takes the torch profiles again after the
+  rounds). "profile_concurrency" (default 64) sets the load the profiles are taken under;
+  "warmup_levels" (default: the levels) the levels warmed up before anything is measured, e.g.
+  [1] so that a dyn server has never crossed its threshold when the first profile is taken.
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
 (the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
@@ -241,7 +244,7 @@ def profile_spec(entry):
 async def warm_up(s, srv, group):
     await level(s, srv, 1, 2, 64, 8, 1)
     for in_len, _ in group.get("shapes", [[128, 160]]):
-        for c in group["levels"]:
+        for c in group.get("warmup_levels", group["levels"]):
             await level(s, srv, c, c, in_len, 16, 7 + c)
 
 
@@ -282,6 +285,8 @@ async def sweep_side_by_side(s, group, out, threshold):
         rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
         if not group.get("checks_first"):
             await run_checks(s, group, out, rep, live)
+        elif group.get("profile_after"):  # the same torch profiles again, after the rounds
+            await run_profiles(group, out, rep, live, tag="after")
     finally:
         for srv in servers:
             srv.stop()
@@ -292,6 +297,18 @@ async def sweep_side_by_side(s, group, out, threshold):
     print(rep["table"], flush=True)
     save(out, group, rep)
     return rep
+
+
+async def run_profiles(group, out, rep, live, tag=""):
+    """Torch profiles of the servers labelled under "torch_profile", at "profile_concurrency"
+    requests (default 64); a tag ("after") keeps a second set apart from the first."""
+    key = f"profiles_{tag}" if tag else "profiles"
+    for srv in live:
+        if srv.label in group.get("torch_profile", []) and left() > 45:
+            rep.setdefault(key, {})[srv.name] = await asyncio.to_thread(
+                profile_allreduce, srv, group.get("profile_concurrency", 64), tag)
+            say(f"profile {srv.name} {tag}: {rep[key][srv.name]}")
+            save(out, group, rep)
 
 
 async def run_checks(s, group, out, rep, live):
@@ -308,11 +325,7 @@ async def run_checks(s, group, out, rep, live):
                     f"({b['delta']}), err={b['error']}, ranks {b['ranks']} lines "
                     f"{b['switch_lines_per_rank']} agree={b['ranks_agree']}")
                 save(out, group, rep)
-    for srv in live:
-        if srv.label in group.get("torch_profile", []) and left() > 45:
-            rep.setdefault("profiles", {})[srv.name] = await asyncio.to_thread(profile_allreduce, srv)
-            say(f"profile {srv.name}: {rep['profiles'][srv.name]}")
-            save(out, group, rep)
+    await run_profiles(group, out, rep, live)
     if group.get("determinism"):
         rep["determinism"] = {}
         for srv in live:
@@ -465,18 +478,20 @@ async def determinism(s, srv):
             "flushed_vs_first_equal": a == c}
 
 
-def profile_allreduce(srv):
-    """A torch profile of a few decode steps under load; all-reduce kernels counted by name."""
+def profile_allreduce(srv, concurrency=64, tag=""):
+    """A torch profile of a few decode steps under load; all-reduce kernels counted by name.
+    Traces go to traces/NAME/[TAG/][cC/]{nostack,stack}/ (cC unless C is the default 64)."""
     import collections
     import glob
     import gzip
 
-    outdir = f"{LOGS}/traces/{srv.name}"
+    outdir = f"{LOGS}/traces/{srv.name}" + (f"/{tag}" if tag else "") + (
+        f"/c{concurrency}" if concurrency != 64 else "")
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_load.py")
     # first without Python stacks (the host at nearly full speed: step timing), then with them
     # (which SGLang function issued what); both after every prefill is done (settle 2 s)
     for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
-        done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", "64",
+        done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", str(concurrency),
                                "--max-tokens", "900", "--settle", "2", "--steps", "10",
                                "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)
     traces = sorted(glob.glob(f"{outdir}/**/*.json*", recursive=True))
