@@ -243,7 +243,8 @@ def test_a_writer_makes_its_folder_only_when_it_writes_and_refuses_an_old_run(tm
         RunWriter(tmp_path / "new").check_new()
 
 
-KIMI_LEVELS = (1, 4, 16, 32, 64)   # docs/evidence/dyn-disable-5: Kimi shape, TP=1, one call, in128/out160
+KIMI_LEVELS = (1, 4, 16, 32, 64)   # docs/evidence/dyn-disable-5 call 1: Kimi shape, TP=1, in128/out160
+# (baseline on GPU 0, the v1 pair on GPU 1 of the same call)
 KIMI_V1 = {"baseline": [376, 1340, 4802, 7701, 10706], "eagle3": [366, 1101, 2858, 3320, 3630],
            "eagle3-dyn": [394, 1138, 2387, 4000, 6265]}
 
