@@ -16,7 +16,7 @@ say() { echo "[build_carry] $*"; }
 REL=${SGLANG_RELEASE:-0.5.11}
 case $REL in 0.5.11) SFX="";; 0.5.17) SFX=-$REL;; *) echo "SGLANG_RELEASE=$REL: only 0.5.11 (default) or 0.5.17" >&2; exit 2;; esac
 sizes() {  # the carried folders and the tracked files (the run tool copies the checkout too), in MiB
-  local folders=$(du -cb "$@" | tail -1 | cut -f1) tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  local folders=$(du -cb "$@" | tail -1 | cut -f1) tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
   say "$* = $((folders >> 20)) MiB, tracked files $((tree >> 20)) MiB, total $(((folders + tree) >> 20)) MiB (64 MiB per call at most)"
 }
 if [ "${1:-}" = "--site-only" ]; then

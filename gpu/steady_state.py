@@ -7,9 +7,9 @@ SGLang logs a "Decode batch, #running-req: N, ... gen throughput (token/s): X" l
 three best intervals logged at exactly N (timed runs ramp up and drain, so most intervals are at
 other counts) and prints their median, and each other log's median over the first log's.
 """
+import argparse
 import re
 import statistics
-import sys
 
 LINE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
 
@@ -34,17 +34,16 @@ def table(paths, running_counts):
     return rows
 
 
-def main(argv):
-    running = [64, 32, 16]
-    if "--running" in argv:
-        i = argv.index("--running")
-        running = [int(x) for x in argv[i + 1].split(",")]
-        argv = argv[:i] + argv[i + 2:]
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="steady-state decode throughput from SGLang server logs")
+    ap.add_argument("logs", nargs="+", help="server logs, the baseline's first")
+    ap.add_argument("--running", default="64,32,16", help="running-request counts (default 64,32,16)")
+    a = ap.parse_args(argv)
     print("| running | log | best three intervals (tok/s) | median | / first log |\n|---|---|---|---|---|")
-    for n, path, med, vals, ratio in table(argv, running):
+    for n, path, med, vals, ratio in table(a.logs, [int(x) for x in a.running.split(",")]):
         shown = " / ".join(f"{v:,.0f}" for v in vals) or "none logged"
         print(f"| {n} | {path.rsplit('/', 1)[-1]} | {shown} | {f'{med:,.0f}' if med else '-'} | {ratio} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -1,7 +1,7 @@
 """gpu/steady_state.py on small synthetic SGLang logs."""
 import pytest
 
-from .conftest import load_gpu_script
+from .scripts import load_gpu_script
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 traces are too large for the repo; docs/evidence/dyn-disable-5 has the figures it gave)."""
 import pytest
 
-from .conftest import load_gpu_script
+from .scripts import load_gpu_script
 
 
 @pytest.fixture(scope="module")
