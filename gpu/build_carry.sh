@@ -13,8 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[build_carry] $*"; }
-REL=${SGLANG_RELEASE:-0.5.11}
-case $REL in 0.5.11) SFX="";; 0.5.17) SFX=-$REL;; *) echo "SGLANG_RELEASE=$REL: only 0.5.11 (default) or 0.5.17" >&2; exit 2;; esac
+. gpu/release.sh
 sizes() {  # the carried folders and the tracked files (the run tool copies the checkout too), in MiB
   local folders=$(du -cb "$@" | tail -1 | cut -f1) tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
   say "$* = $((folders >> 20)) MiB, tracked files $((tree >> 20)) MiB, total $(((folders + tree) >> 20)) MiB (64 MiB per call at most)"
