@@ -9,6 +9,9 @@ measure how many requests per second a client can drive (benchmarks/bench_client
     python tests/client/fake_openai.py PORT [--chunks N] [--delay S] [--group N] [--mode M]
         [--tokens-per-chunk N]                          (standalone, its own process, for the benchmarks)
 
+`answer`: a callable(n) giving the words of the n-th non-streamed answer (0, 1, ...), e.g. a
+first answer that differs from the later ones, as SGLang's prefix cache can make it.
+
 Stream timing: `delay` seconds before each write; `group` events per write (several events in
 one write reach the client in one read, as transformers serve sends them under load);
 `tokens_per_chunk` tokens in each event's content (as speculative decoding sends them).
@@ -41,11 +44,13 @@ class FakeOpenAI:
     def __init__(self, *, mode: str = "ok", chunks: int = 8, delay: float = 0.0, host: str = "127.0.0.1",
                  port: int = 0, strict: bool = False, close_idle: bool = False, group: int = 1,
                  tokens_per_chunk: int = 1, server_info: dict | None = None, model_info: dict | None = None,
-                 prompt_tokens=None):
+                 prompt_tokens=None, answer=None):
         self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
         self.group, self.tokens_per_chunk = max(1, group), max(1, tokens_per_chunk)
         self.server_info, self.model_info = server_info, model_info   # None: 404 like a non-SGLang server
         self.prompt_tokens = prompt_tokens      # callable(text) -> count; default: words in the last message
+        self.answer = answer                    # callable(n) -> the words of the n-th non-streamed answer
+        self.answers_sent = 0
         self.close_idle = close_idle          # close every connection after one answer, unannounced
         self.connections = 0
         self.host, self.port = host, port
@@ -173,9 +178,13 @@ class FakeOpenAI:
             if not request.get("stream"):
                 if self.delay:
                     await asyncio.sleep(self.delay * chunks)
+                content = "tok " * tokens
+                if self.answer is not None:
+                    content = " ".join(self.answer(self.answers_sent).split()[:tokens])
+                    self.answers_sent += 1
                 self._send(writer, "200 OK", {
                     "id": "x", "object": "chat.completion", "choices": [{
-                        "index": 0, "message": {"role": "assistant", "content": "tok " * tokens},
+                        "index": 0, "message": {"role": "assistant", "content": content},
                         "finish_reason": "length"}],
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                               "total_tokens": prompt_tokens + tokens}})

@@ -55,6 +55,8 @@ def test_smoke_passes_against_the_real_cpu_server(cpu_server):
     assert result.ok, [(c.name, c.detail) for c in result.checks if c.status != "pass"]
     assert all(check.status == "pass" for check in result.checks)
     assert "8 concurrent streams ok" in by_name["burst"].detail
+    # the CPU server computes a repeated prompt exactly as the first time: three equal answers
+    assert by_name["determinism"].detail.endswith("characters three times")
     assert "no [DONE] (tolerated)" in by_name["stream"].detail
     # transformers serve sends one token per event: as many events as tokens, over a span
     assert f"{SHORT} tokens in {SHORT} content event(s)" in by_name["stream"].detail
@@ -105,3 +107,37 @@ def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
     stream = next(check for check in result.checks if check.name == "stream")
     assert stream.status == "pass", stream.detail
     assert f"{SHORT} tokens in {SHORT} content event(s), 8 arrival(s)" in stream.detail
+
+
+def _determinism(result):
+    return next(check for check in result.checks if check.name == "determinism")
+
+
+def test_a_first_answer_that_parts_from_the_cached_repeats_is_reported_not_failed(fake_server):
+    # what SGLang's prefix cache did on the GPU: the first answer parts from the later two,
+    # which match each other
+    words = [f"w{i}" for i in range(SHORT)]
+    cold = " ".join(words[:20] + ["other"] * (SHORT - 20))
+    server = fake_server(chunks=SHORT, answer=lambda n: cold if n == 0 else " ".join(words))
+    result = run_smoke(server.base_url, burst=2, chat_max_tokens=SHORT)
+    check = _determinism(result)
+    assert check.status == "pass", check.detail
+    split = len(" ".join(words[:20])) + 1
+    assert check.detail.startswith(f"same {len(' '.join(words))} characters twice; the first answer")
+    assert f"parts from them at character {split}" in check.detail
+    assert "'other other" in check.detail and "'w20 w21" in check.detail
+    assert len(server.requests) >= 3
+
+
+def test_repeats_that_differ_fail_the_determinism_check(fake_server):
+    # a server that changes outputs (the noisy greedy sampler of gpu/smoke_determinism.sh):
+    # every answer differs; the first 5 words are common to all of them
+    server = fake_server(chunks=SHORT, answer=lambda n: " ".join(["same"] * 5 + [chr(ord("p") + n) * 2] * (SHORT - 5)))
+    result = run_smoke(server.base_url, burst=2, chat_max_tokens=SHORT)
+    check = _determinism(result)
+    assert check.status == "fail" and not result.ok
+    assert check.detail.startswith("the same request twice in a row (prompt cached both times) "
+                                   "gave different text at temperature 0, from character 25 on: 'qq qq")
+    assert "vs 'rr rr" in check.detail
+    # only the one check fails
+    assert [c.name for c in result.checks if c.status == "fail"] == ["determinism"]
