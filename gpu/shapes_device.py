@@ -35,6 +35,14 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   rounds). "profile_concurrency" (default 64) sets the load the profiles are taken under;
   "warmup_levels" (default: the levels) the levels warmed up before anything is measured, e.g.
   [1] so that a dyn server has never crossed its threshold when the first profile is taken.
+  "start_after_healthy": NAME starts a group's servers once group NAME's are healthy (each sizes
+  its KV pool from what is really free); "measure_after": NAME holds a sweep's warm-up and
+  rounds until group NAME has finished (e.g. a check group on the same GPU).
+  "smoke": true runs the toolkit's smoke (toolkit/smoke.py, as `invoke smoke` does) on every
+  server with the checks, its burst sized for the server's threshold.
+  A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
+  "flags": [...], "env": {...}} (a stock profile with extra server flags, e.g. upstream's
+  --speculative-adaptive).
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
 (the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
@@ -56,11 +64,13 @@ import time
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
 import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
     server_info, wait_health)
+from toolkit.smoke import burst_size, run_smoke_async  # noqa: E402  (the engine of `invoke smoke`)
 
 CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
 ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
@@ -73,6 +83,7 @@ SWITCH_RE = re.compile(r"^\[[^\]]*?(?: TP(\d+))?\] Dynamic speculation disable: 
 RECORDS = None
 BUDGET = 520.0
 HEALTHY = {}  # group name -> asyncio.Event set once its (check) servers are healthy
+DONE = {}  # group name -> asyncio.Event set once the group has finished
 
 
 def left():
@@ -126,7 +137,8 @@ class Server(dyn_device.Server):
         self.env["CUDA_VISIBLE_DEVICES"] = spec.get("gpus", group["gpus"])
         extra = os.environ.get("EXTRA_PYTHONPATH", "")
         self.env["PYTHONPATH"] = "/tmp/site" + (":" + extra if extra else "")
-        self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + spec.get("flags", [])
+        self.flags = spec.get("flags", [])
+        self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + self.flags
         self.log_path = f"{LOGS}/{self.name}.log"
         self.proc = None
 
@@ -136,7 +148,8 @@ class Server(dyn_device.Server):
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
-                "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN")}
+                "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
+                "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags)}
 
     def describe(self):
         return f"{self.name} port {self.port} gpus {self.group['gpus']}"
@@ -269,6 +282,8 @@ async def sweep_side_by_side(s, group, out, threshold):
         await start_servers(servers, group.get("wait_kv", True), group.get("stagger_s", 1))
         rep["health_s"] = await wait_up(s, servers, min(360, left() - 30))
         live = [srv for srv in servers if rep["health_s"][srv.name] is not None]
+        if group.get("measure_after"):  # another group on the same GPU: measure once it is done
+            await DONE[group["measure_after"]].wait()
         for srv in live:
             await warm_up(s, srv, group)
         say(f"{group['name']}: warmed up ({left():.0f} s left)")
@@ -326,6 +341,20 @@ async def run_checks(s, group, out, rep, live):
                     f"{b['switch_lines_per_rank']} agree={b['ranks_agree']}")
                 save(out, group, rep)
     await run_profiles(group, out, rep, live)
+    if group.get("smoke"):
+        rep["smoke"] = {}
+        for srv in live:
+            if left() < 40:
+                break
+            dyn = srv.profile.endswith("-dyn") or srv.profile.endswith("-dyn-full")
+            result = await run_smoke_async(srv.base, read_log=lambda path=srv.log_path: open(path, errors="replace").read(),
+                                           burst=burst_size(srv.threshold if dyn else None))
+            rep["smoke"][srv.name] = {"ok": result.ok, "checks": [
+                {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
+                for c in result.checks]}
+            for c in result.checks:
+                say(f"smoke {srv.name}: {c.name:12s} {c.status:7s} {c.detail[:240]}")
+            save(out, group, rep)
     if group.get("determinism"):
         rep["determinism"] = {}
         for srv in live:
@@ -491,8 +520,10 @@ def profile_allreduce(srv, concurrency=64, tag=""):
     # first without Python stacks (the host at nearly full speed: step timing), then with them
     # (which SGLang function issued what); both after every prefill is done (settle 2 s)
     for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
+        # at low load the steps are short: longer answers, so the profiled steps come before they end
+        max_tokens = "900" if concurrency >= 16 else "6000"
         done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", str(concurrency),
-                               "--max-tokens", "900", "--settle", "2", "--steps", "10",
+                               "--max-tokens", max_tokens, "--settle", "2", "--steps", "10",
                                "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)
     traces = sorted(glob.glob(f"{outdir}/**/*.json*", recursive=True))
     counts = collections.Counter()
@@ -572,7 +603,8 @@ async def main():
     threshold = int(plan.get("threshold", 8))
     tasks = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=240)) as s:
-        done = {g["name"]: asyncio.Event() for g in plan["groups"]}
+        DONE.update({g["name"]: asyncio.Event() for g in plan["groups"]})
+        done = DONE
         HEALTHY.update({g["name"]: asyncio.Event() for g in plan["groups"]})
 
         async def run(group):

@@ -14,4 +14,4 @@ SAMPLER=/tmp/noisy/sglang/srt/layers/sampler.py
 sed -i 's/batch_next_token_ids = torch.argmax(logits, -1)$/batch_next_token_ids = torch.argmax(logits + torch.randn_like(logits) * logits.std(-1, keepdim=True), -1)/' $SAMPLER
 grep -c "torch.randn_like(logits)" $SAMPLER | sed 's/^/noisy greedy sampler lines: /'
 PYTHONPATH=/tmp/site${STUBS:+:$STUBS} python3 gpu/smoke_device.py $OUT/smoke_determinism.json
-tar -C /tmp/dyn-logs -czf $OUT/logs.tgz clean.log noisy.log
+(cd /tmp/dyn-logs && tar -czf $OUT/logs.tgz *.log)

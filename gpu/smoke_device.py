@@ -1,12 +1,17 @@
-"""The toolkit's smoke checks (toolkit/smoke.py, the engine of `invoke smoke`) on two tiny
-"sharp" baseline servers side by side: one on the site as provisioned (/tmp/site), one on a copy
-whose greedy sampler was broken to change outputs (/tmp/noisy, made by smoke_determinism.sh).
-The determinism check should pass on the first and fail on the second.
+"""The toolkit's smoke checks (toolkit/smoke.py, the engine of `invoke smoke`) on tiny "sharp"
+servers side by side: by default one baseline on the site as provisioned (/tmp/site, "clean")
+and one whose greedy sampler was broken to change outputs (/tmp/noisy, made by
+smoke_determinism.sh, "noisy"). The determinism check should pass on the first and fail on the
+second.
 
 Usage (device, after gpu/run_dyn.sh setup): python3 gpu/smoke_device.py OUT.json
+Env: SMOKE_SERVERS (default "clean=baseline,noisy=baseline"): LABEL=PROFILE pairs (profiles as
+     in dyn_device.py; the label "noisy" runs on /tmp/noisy); SMOKE_TP (default 1): TP size,
+     on GPUs 0..TP-1.
 """
 import asyncio
 import json
+import os
 import pathlib
 import sys
 
@@ -20,10 +25,17 @@ from toolkit.smoke import run_smoke_async  # noqa: E402
 
 
 async def main(out):
-    servers = {"clean": dyn_device.Server("baseline", "sharp", 30000, 0.15),
-               "noisy": dyn_device.Server("baseline", "sharp", 30010, 0.15)}
-    noisy = servers["noisy"]
-    noisy.env["PYTHONPATH"] = "/tmp/noisy:" + noisy.env["PYTHONPATH"]
+    tp = int(os.environ.get("SMOKE_TP", "1"))
+    spec = os.environ.get("SMOKE_SERVERS", "clean=baseline,noisy=baseline")
+    servers = {}
+    for k, item in enumerate(spec.split(",")):
+        label, _, profile = item.partition("=")
+        srv = dyn_device.Server(profile, "sharp", 30000 + 10 * k, 0.15)
+        srv.cmd += ["--tp-size", str(tp), "--nccl-port", str(35000 + 10 * k)]
+        srv.env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(tp))
+        if label == "noisy":
+            srv.env["PYTHONPATH"] = "/tmp/noisy:" + srv.env["PYTHONPATH"]
+        servers[label] = srv
     results = {}
     try:
         for name, srv in servers.items():
