@@ -9,6 +9,8 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 SGLANG_RELEASE=${SGLANG_RELEASE:-0.5.11}; CARRY_SFX=""; [ "$SGLANG_RELEASE" = 0.5.11 ] || CARRY_SFX=-$SGLANG_RELEASE
 STUBS=""; python3 -c "import IPython.display" 2>/dev/null || STUBS=/tmp/site/_stubs   # sglang imports it
 if [ -n "$CARRY_SFX" ] && ! python3 -c "import xgrammar" 2>/dev/null; then STUBS=/tmp/site/_stubs; fi  # 0.5.17: StructuralTag
+# 0.5.17: the deep_gemm stand-in (run_dyn.sh) must not pass for DeepGEMM
+if [ -n "$CARRY_SFX" ]; then export SGLANG_ENABLE_JIT_DEEPGEMM=0; STUBS=/tmp/site/_stubs; fi
 export EXTRA_PYTHONPATH=$STUBS
 NUMA_DIR=""; [ -n "$CARRY_SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}

@@ -32,6 +32,16 @@ if [ ! -d /tmp/site/sglang ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl 2>&1 | grep -v WARNING
   for t in .whl3$CARRY_SFX/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
   rm -rf /tmp/site/typing_extensions.py /tmp/site/typing_extensions-*.dist-info
+  if [ -n "$CARRY_SFX" ] && ! python3 -c "import deep_gemm" 2>/dev/null; then
+    # 0.5.17's v2 EAGLE worker imports the DSA attention backend while it captures its draft
+    # graphs, and that module imports deep_gemm (sgl-deep-gemm, not carried: its JIT headers are
+    # 28 MB) at module level; nothing calls into it on the triton path. An empty package stands
+    # in, and SGLANG_ENABLE_JIT_DEEPGEMM=0 (device_env.sh) keeps sglang from taking it for the
+    # real one (DeepGEMM serves only fp8 GEMMs, which these bf16 models do not run).
+    mkdir -p /tmp/site/_stubs/deep_gemm
+    printf '"""Stand-in for sgl-deep-gemm (gpu/run_dyn.sh): importable, with nothing in it."""\n' \
+      > /tmp/site/_stubs/deep_gemm/__init__.py
+  fi
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/

@@ -41,8 +41,8 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   "smoke": true runs the toolkit's smoke (toolkit/smoke.py, as `invoke smoke` does) on every
   server with the checks, its burst sized for the server's threshold.
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
-  "flags": [...], "env": {...}} (a stock profile with extra server flags, e.g. upstream's
-  --speculative-adaptive).
+  "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server
+  flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
 (the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
@@ -137,6 +137,9 @@ class Server(dyn_device.Server):
         self.env["CUDA_VISIBLE_DEVICES"] = spec.get("gpus", group["gpus"])
         extra = os.environ.get("EXTRA_PYTHONPATH", "")
         self.env["PYTHONPATH"] = "/tmp/site" + (":" + extra if extra else "")
+        if spec.get("site_first"):  # e.g. /tmp/noisy (gpu/make_noisy_site.sh): a changed sglang
+            self.env["PYTHONPATH"] = spec["site_first"] + ":" + self.env["PYTHONPATH"]
+            self.env_shown = dict(env, PYTHONPATH_FIRST=spec["site_first"])
         self.flags = spec.get("flags", [])
         self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + self.flags
         self.log_path = f"{LOGS}/{self.name}.log"

@@ -9,9 +9,6 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/dyn-logs
 OUT=/tmp/dyn-setup bash gpu/run_dyn.sh setup 2>&1 | tail -n 2
 . gpu/device_env.sh
-rm -rf /tmp/noisy && mkdir -p /tmp/noisy && cp -r /tmp/site/sglang /tmp/noisy/
-SAMPLER=/tmp/noisy/sglang/srt/layers/sampler.py
-sed -i 's/batch_next_token_ids = torch.argmax(logits, -1)$/batch_next_token_ids = torch.argmax(logits + torch.randn_like(logits) * logits.std(-1, keepdim=True), -1)/' $SAMPLER
-grep -c "torch.randn_like(logits)" $SAMPLER | sed 's/^/noisy greedy sampler lines: /'
+bash gpu/make_noisy_site.sh
 PYTHONPATH=/tmp/site${STUBS:+:$STUBS} python3 gpu/smoke_device.py $OUT/smoke_determinism.json
 (cd /tmp/dyn-logs && tar -czf $OUT/logs.tgz *.log)
