@@ -168,7 +168,8 @@ class Server(dyn_device.Server):
                               and "drafting" not in l][:8],
                 "graph_lines": [l for l in lines if "Capture cuda graph end" in l
                                 or "Capture draft" in l][:6],
-                "kv_lines": [l for l in lines if "KV Cache is allocated" in l][:2]}
+                "kv_lines": [l for l in lines if "KV Cache is allocated" in l][:2],
+                "sm120_lines": [l for l in lines if "sm120: " in l][:8]}
 
     def switch_sequences(self):
         """Per TP rank: the switch log lines (kind, running requests, counters) in order."""
