@@ -1,0 +1,74 @@
+"""gpu/shapes_device.py's plan options that need no GPU: the servers a plan entry describes, and
+the toolkit's smoke run on a group's servers (against the loopback stand-in of tests/client,
+since no SGLang server runs here)."""
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.client.fake_openai import FakeOpenAI
+
+from .scripts import load_gpu_script
+
+GROUP = {"name": "g", "index": 1, "gpus": "0", "pair": "huge", "tp": 1}
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return load_gpu_script("shapes_device")
+
+
+def test_a_profile_entry_adds_flags_and_puts_a_changed_site_first(shapes, monkeypatch):
+    monkeypatch.setenv("EXTRA_PYTHONPATH", "/tmp/site/_stubs")
+    monkeypatch.setenv("SGLANG_RELEASE", "0.5.17")
+    adaptive = shapes.Server(GROUP, shapes.profile_spec(
+        {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
+         "flags": ["--speculative-adaptive", "--speculative-adaptive-config", "a.json"]}), 2, 8)
+    assert adaptive.name == "g-eagle3-v2-adaptive-huge-triton"
+    assert adaptive.cmd[-3:] == ["--speculative-adaptive", "--speculative-adaptive-config", "a.json"]
+    meta = adaptive.meta()
+    assert (meta["profile"], meta["label"], meta["threshold"]) == ("eagle3-v2", "eagle3-v2-adaptive", None)
+    assert meta["sglang"] == "0.5.17" and meta["extra_flags"][0] == "--speculative-adaptive"
+    assert adaptive.env["PYTHONPATH"] == "/tmp/site:/tmp/site/_stubs"
+
+    noisy = shapes.Server(GROUP, {"profile": "baseline", "label": "baseline-noisy",
+                                  "site_first": "/tmp/noisy"}, 1, 8)
+    assert noisy.env["PYTHONPATH"] == "/tmp/noisy:/tmp/site:/tmp/site/_stubs"
+    assert "--speculative-draft-model-path" not in noisy.cmd and noisy.meta()["extra_flags"] == []
+    # a dyn profile carries its threshold to the server and into every record
+    dyn = shapes.Server(GROUP, shapes.profile_spec("eagle3-v2-dyn"), 3, 8)
+    assert dyn.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "8" and dyn.meta()["threshold"] == 8
+
+
+def test_the_smoke_runs_on_every_server_and_sizes_the_dyn_burst(shapes, tmp_path):
+    words = " ".join(f"w{i}" for i in range(16))
+    steady = FakeOpenAI(chunks=16).start()
+    noisy = FakeOpenAI(chunks=16, answer=lambda n: f"{n} {words}").start()
+    try:
+        servers = []
+        for k, (spec, fake) in enumerate(((shapes.profile_spec("eagle3-v2-dyn"), steady),
+                                          ({"profile": "baseline", "label": "baseline-noisy"}, noisy))):
+            srv = shapes.Server(GROUP, spec, k, 4)
+            srv.base = fake.base_url
+            srv.log_path = tmp_path / f"{srv.name}.log"
+            srv.log_path.write_text("[2026-11-30 10:00:00] INFO ready\n")
+            servers.append(srv)
+
+        async def run():
+            rep = {}
+            async with aiohttp.ClientSession() as s:
+                await shapes.run_checks(s, {"name": "g", "smoke": True}, str(tmp_path), rep, servers)
+            return rep
+
+        rep = asyncio.run(run())
+    finally:
+        steady.stop()
+        noisy.stop()
+    dyn, bad = (rep["smoke"][srv.name] for srv in servers)
+    assert dyn["ok"] and all(c["status"] == "pass" for c in dyn["checks"])
+    burst = next(c for c in dyn["checks"] if c["check"] == "burst")
+    assert burst["detail"].startswith("10 concurrent streams ok")     # 2 x threshold 4 + 2
+    assert not bad["ok"]
+    assert [c["check"] for c in bad["checks"] if c["status"] == "fail"] == ["determinism"]
+    # the report is saved as the group's JSON as it goes
+    assert (tmp_path / "shapes_g.json").exists()
