@@ -4,9 +4,10 @@ Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz]
 
 For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, every
 host-blocking CUDA call (stream/event synchronize, memcpy) with the SGLang functions it was
-called from, and the steps: per replay of the decode graph (one decode forward), its GPU time,
-the shorter graphs replayed before the next one (side graphs, e.g. a plain step's draft KV-only
-update), the GPU work outside graphs, and the GPU's idle gap before the next decode graph. A gap near
+called from, and the steps: per replay of the target's graph (one decode forward, or a
+speculative step's verify), its GPU time, the other graphs replayed before the next one (side
+graphs: a plain step's draft KV-only update, or the draft's decode and extend graphs around a
+verify), the GPU work outside graphs, and the GPU's idle gap before the next replay of it. A gap near
 zero means the host keeps the GPU fed; a larger one means the host sets the pace (read it from a
 trace taken without Python stacks, `profile_load.py --no-stack`: stacks slow the host several
 times). With a second (baseline) trace: the kernels the first adds per graph launch of the
@@ -79,29 +80,34 @@ def blocking_calls(events):
         print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
 
 
-SIDE_GRAPH_SHARE = 0.25  # a replay under this share of the longest one is a side graph
+SAME_GRAPH_KERNELS = 0.1  # replays within 10 % of the longest one's kernel count are that graph
 
 
 def steps(events):
     """Per step: (main graph ms, side graphs ms, other GPU ms, idle ms) until the next step.
 
-    A step starts at a replay of a main graph (a decode forward). A replay that takes less than
-    SIDE_GRAPH_SHARE of the trace's longest replay (e.g. the draft's KV-only graph in a
-    dyn-disable plain step) is a side graph of the step it falls in, not a step of its own."""
+    A step starts at a replay of the main graph: the graph of the trace's longest replay, told
+    apart by its kernel count (within SAME_GRAPH_KERNELS of it), which is the target's forward: a
+    decode graph without speculation, the TARGET_VERIFY graph in a speculative step. Every other
+    replay (a plain step's draft KV-only update, the draft's multi-step decode and its extend
+    around a verify) is a side graph of the step it falls in, however long it runs."""
     launches = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
                 and "GraphLaunch" in e["name"] and "correlation" in e.get("args", {})}
     kernels = sorted(gpu_events(events), key=lambda e: e["ts"])
-    spans = {}
+    spans, counts = {}, collections.Counter()
     for k in kernels:
         corr = k.get("args", {}).get("correlation")
         if corr in launches:
             span = spans.setdefault(corr, [k["ts"], k["ts"] + k["dur"]])
             span[1] = max(span[1], k["ts"] + k["dur"])
+            counts[corr] += 1
     if not spans:
         return []
-    longest = max(end - start for start, end in spans.values())
+    longest = max(spans, key=lambda c: spans[c][1] - spans[c][0])
+    main_kernels = counts[longest]
     replays = sorted(spans.values())
-    mains = [r for r in replays if r[1] - r[0] >= SIDE_GRAPH_SHARE * longest]
+    mains = sorted(span for corr, span in spans.items()
+                   if abs(counts[corr] - main_kernels) <= SAME_GRAPH_KERNELS * main_kernels)
     rows = []
     for (start, end), nxt in zip(mains, mains[1:]):
         side = busy_us([(a, b) for a, b in replays if end <= a < nxt[0]])
@@ -119,7 +125,8 @@ def print_steps(rows):
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     graph, side, other, gap = (med([r[i] for r in rows]) for i in range(4))
     busy = graph + side + other
-    print(f"steps ({len(rows)} between decode-graph replays, medians): decode graph {graph:.3f} ms, "
+    print(f"steps ({len(rows)} between replays of the target's graph, decode or verify; medians): "
+          f"target graph {graph:.3f} ms, "
           f"side graphs {side:.3f} ms, other GPU work {other:.3f} ms, GPU idle {gap:.3f} ms "
           f"-> step {busy + gap:.3f} ms; {'host-bound' if gap > 0.1 * busy else 'GPU-bound'}")
     for i, (g, sg, o, idle) in enumerate(rows):

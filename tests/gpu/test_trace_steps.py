@@ -71,3 +71,21 @@ def test_side_graph_time_is_not_idle_and_the_step_adds_it(trace_steps, capsys):
     trace_steps.print_steps([(4.2, 0.13, 0.04, 0.03)] * 3)
     out = capsys.readouterr().out
     assert "side graphs 0.130 ms" in out and "step 4.400 ms" in out and "GPU-bound" in out
+
+
+def test_a_speculative_step_runs_from_one_verify_graph_to_the_next(trace_steps):
+    # each step: the draft's multi-step decode graph (6 kernels, 0.6 ms), the target's verify
+    # graph (20 kernels, 2 ms) and the draft's extend graph (4 kernels, 1 ms: half the verify's
+    # time, yet a side graph, since it is another graph), then 0.4 ms idle
+    draft = tuple((100 * i, 100) for i in range(6))
+    verify = tuple((100 * i, 100) for i in range(20))
+    extend = tuple((250 * i, 250) for i in range(4))
+    events, t, corr = [], 0, 1
+    for _ in range(3):
+        for kernels, length in ((draft, 600), (verify, 2000), (extend, 1000)):
+            events += graph(corr, t, kernels)
+            corr, t = corr + 1, t + length
+        t += 400
+    rows = trace_steps.steps(events)
+    # from one verify to the next: extend and the next step's draft decode are its side graphs
+    assert rows == [(2.0, 1.6, 0.0, 0.4), (2.0, 1.6, 0.0, 0.4)]
