@@ -145,8 +145,12 @@ class Server(dyn_device.Server):
         self.log_path = f"{LOGS}/{self.name}.log"
         self.proc = None
 
+    @property
+    def dyn(self):
+        return self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+
     def meta(self):
-        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+        dyn = self.dyn
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
@@ -350,9 +354,8 @@ async def run_checks(s, group, out, rep, live):
         for srv in live:
             if left() < 40:
                 break
-            dyn = srv.profile.endswith("-dyn") or srv.profile.endswith("-dyn-full")
             result = await run_smoke_async(srv.base, read_log=lambda path=srv.log_path: open(path, errors="replace").read(),
-                                           burst=burst_size(srv.threshold if dyn else None))
+                                           burst=burst_size(srv.threshold if srv.dyn else None))
             rep["smoke"][srv.name] = {"ok": result.ok, "checks": [
                 {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
                 for c in result.checks]}

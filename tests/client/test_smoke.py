@@ -118,7 +118,7 @@ def test_a_first_answer_that_parts_from_the_cached_repeats_is_reported_not_faile
     # which match each other
     words = [f"w{i}" for i in range(SHORT)]
     cold = " ".join(words[:20] + ["other"] * (SHORT - 20))
-    server = fake_server(chunks=SHORT, answer=lambda n: cold if n == 0 else " ".join(words))
+    server = fake_server(chunks=SHORT, delay=0.003, answer=lambda n: cold if n == 0 else " ".join(words))
     result = run_smoke(server.base_url, burst=2, chat_max_tokens=SHORT)
     check = _determinism(result)
     assert check.status == "pass", check.detail
@@ -132,7 +132,7 @@ def test_a_first_answer_that_parts_from_the_cached_repeats_is_reported_not_faile
 def test_repeats_that_differ_fail_the_determinism_check(fake_server):
     # a server that changes outputs (the noisy greedy sampler of gpu/smoke_determinism.sh):
     # every answer differs; the first 5 words are common to all of them
-    server = fake_server(chunks=SHORT, answer=lambda n: " ".join(["same"] * 5 + [chr(ord("p") + n) * 2] * (SHORT - 5)))
+    server = fake_server(chunks=SHORT, delay=0.003, answer=lambda n: " ".join(["same"] * 5 + [chr(ord("p") + n) * 2] * (SHORT - 5)))
     result = run_smoke(server.base_url, burst=2, chat_max_tokens=SHORT)
     check = _determinism(result)
     assert check.status == "fail" and not result.ok

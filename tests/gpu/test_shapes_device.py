@@ -42,8 +42,9 @@ def test_a_profile_entry_adds_flags_and_puts_a_changed_site_first(shapes, monkey
 
 def test_the_smoke_runs_on_every_server_and_sizes_the_dyn_burst(shapes, tmp_path):
     words = " ".join(f"w{i}" for i in range(16))
-    steady = FakeOpenAI(chunks=16).start()
-    noisy = FakeOpenAI(chunks=16, answer=lambda n: f"{n} {words}").start()
+    # events 3 ms apart, so that the stream check sees them arrive one by one
+    steady = FakeOpenAI(chunks=16, delay=0.003).start()
+    noisy = FakeOpenAI(chunks=16, delay=0.003, answer=lambda n: f"{n} {words}").start()
     try:
         servers = []
         for k, (spec, fake) in enumerate(((shapes.profile_spec("eagle3-v2-dyn"), steady),
