@@ -58,7 +58,9 @@ def test_an_sglang_dyn_server_reports_its_own_config(fake_server):
     assert got["config_source"] == {"attention_backend": "server_info", "tp_size": "server_info",
                                     "architecture": "model_info", "speculative_algorithm": "server_info",
                                     "speculative_num_steps": "server_info", "speculative_eagle_topk": "server_info",
-                                    "speculative_num_draft_tokens": "server_info", "dyn_disable": "server_info"}
+                                    "speculative_num_draft_tokens": "server_info",
+                                    "speculative_adaptive": "server_info", "dyn_disable": "server_info"}
+    assert got["speculative_adaptive"] is False
     assert got["avg_spec_accept_length"] == 2.4 and got["version"] == "0.5.11"
 
 
@@ -115,3 +117,21 @@ def test_the_launch_plan_fallback_reads_the_shipped_profiles():
     baseline = resolve(host, "baseline")
     plain = serverconfig.from_launch(baseline.argv, tp_size=2, dyn_threshold=None, dyn_hysteresis=None)
     assert "speculative_algorithm" not in plain and plain["dyn_disable"] == "off"
+
+
+def test_upstream_adaptive_mode_is_recorded_from_the_server_and_from_the_launch_plan(fake_server):
+    # SGLang's own --speculative-adaptive (zero draft steps above a batch size on 0.5.14+, the
+    # peer of dyn-disable): a record says whether the server ran it
+    info = sglang_info.server_info({"attention_backend": "triton", "tp_size": 1, "speculative_algorithm": "EAGLE3",
+                                    "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                    "speculative_num_draft_tokens": 4, "speculative_adaptive": True})
+    server = fake_server(chunks=4, server_info=info)
+    got = bench_once(server.base_url, "eagle3-v2-adaptive", {"speculative_adaptive": None})
+    assert got["speculative_adaptive"] is True and got["config_source"]["speculative_adaptive"] == "server_info"
+    assert got["dyn_disable"] == "off"
+    argv = ["--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+            "--speculative-adaptive-config", "adaptive.json"]
+    plan = serverconfig.from_launch(argv, tp_size=1, dyn_threshold=None, dyn_hysteresis=None)
+    assert plan["speculative_adaptive"] is True and plan["speculative_algorithm"] == "EAGLE3"
+    assert "speculative_adaptive" not in serverconfig.from_launch(argv[:2], tp_size=1, dyn_threshold=None,
+                                                                  dyn_hysteresis=None)

@@ -2,7 +2,8 @@
 
 Every record's `server` carries: `attention_backend`, `tp_size`, `architecture`, the
 speculative settings (`speculative_algorithm`, `speculative_num_steps`,
-`speculative_eagle_topk`, `speculative_num_draft_tokens`) and `dyn_disable`
+`speculative_eagle_topk`, `speculative_num_draft_tokens`, `speculative_adaptive`: SGLang's own
+per-batch-size step choice, `--speculative-adaptive`) and `dyn_disable`
 (`{"threshold": T, "hysteresis": H}` while the dyn-disable patch is active, "off" when it is
 known not to be, null when unknown), and `config_source`: where each value came from.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 SPECULATIVE_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                    "speculative_num_draft_tokens")
+                    "speculative_num_draft_tokens", "speculative_adaptive")
 CONFIG_KEYS = ("attention_backend", "tp_size", "architecture", *SPECULATIVE_KEYS, "dyn_disable")
 
 # profile flag -> key (values as SGLang's CLI takes them)
@@ -30,6 +31,7 @@ _FLAG_KEYS = {"--attention-backend": "attention_backend", "--tp-size": "tp_size"
               "--speculative-eagle-topk": "speculative_eagle_topk",
               "--speculative-num-draft-tokens": "speculative_num_draft_tokens"}
 _INT_KEYS = {"tp_size", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"}
+_SWITCH_KEYS = {"--speculative-adaptive": "speculative_adaptive"}  # flags without a value
 
 
 def from_launch(argv: list[str], *, tp_size: int | None, dyn_threshold: int | None,
@@ -39,6 +41,9 @@ def from_launch(argv: list[str], *, tp_size: int | None, dyn_threshold: int | No
     config: dict[str, Any] = {}
     for i, arg in enumerate(argv):
         flag, _, inline = arg.partition("=")
+        if flag in _SWITCH_KEYS:
+            config[_SWITCH_KEYS[flag]] = True
+            continue
         key = _FLAG_KEYS.get(flag)
         if key is None:
             continue
