@@ -378,15 +378,12 @@ class OpenAIClient:
                         return
                     await (self._read_stream(response, record) if stream else self._read_plain(response, record))
                     return
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                 if record.status_code is None and attempt == 1 and _stale_connection(exc):
                     # The server closed a kept-alive connection as we sent on it (we see the
                     # close, or the reset it answers our bytes with): once more, fresh.
                     record.start = time.perf_counter()
                     continue
-                record.error = self._broken(record, exc)
-                return
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                 record.error = self._broken(record, exc)
                 return
 
