@@ -18,19 +18,17 @@ sizes() {  # the carried folders and the tracked files (the run tool copies the 
   local folders=$(du -cb "$@" | tail -1 | cut -f1) tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
   say "$* = $((folders >> 20)) MiB, tracked files $((tree >> 20)) MiB, total $(((folders + tree) >> 20)) MiB (64 MiB per call at most)"
 }
-if [ "${1:-}" = "--site-only" ]; then
-  say "trimmed SGLang $REL site (.whl1$SFX .whl2 .whl3$SFX)"
-  bash gpu/fetch_wheels.sh
-  bash gpu/pack_site.sh
-  du -sh .whl1$SFX .whl2 .whl3$SFX
-  sizes .whl1$SFX .whl2 .whl3$SFX
-  exit 0
-fi
-[ -x .venv/bin/invoke ] || { echo "needs the dev venv first: python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'" >&2; exit 1; }
+[ "${1:-}" = "--site-only" ] || [ -x .venv/bin/invoke ] || {
+  echo "needs the dev venv first: python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'" >&2; exit 1; }
 if [ "${1:-}" != "--tkwheels-only" ]; then
   say "trimmed SGLang $REL site (.whl1$SFX .whl2 .whl3$SFX)"
   bash gpu/fetch_wheels.sh
   bash gpu/pack_site.sh
+fi
+if [ "${1:-}" = "--site-only" ]; then
+  du -sh .whl1$SFX .whl2 .whl3$SFX
+  sizes .whl1$SFX .whl2 .whl3$SFX
+  exit 0
 fi
 say "toolkit control side (.tkwheels)"
 rm -rf .tkwheels && mkdir -p .tkwheels/cache

@@ -6,13 +6,14 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MAX_JOBS=16
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # NVLink multicast stays off
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 # SGLANG_RELEASE=0.5.17: the site carried as .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md)
-SGLANG_RELEASE=${SGLANG_RELEASE:-0.5.11}; CARRY_SFX=""; [ "$SGLANG_RELEASE" = 0.5.11 ] || CARRY_SFX=-$SGLANG_RELEASE
+. gpu/release.sh
+export SGLANG_RELEASE=$REL
 STUBS=""; python3 -c "import IPython.display" 2>/dev/null || STUBS=/tmp/site/_stubs   # sglang imports it
-if [ -n "$CARRY_SFX" ] && ! python3 -c "import xgrammar" 2>/dev/null; then STUBS=/tmp/site/_stubs; fi  # 0.5.17: StructuralTag
-# 0.5.17: the deep_gemm stand-in (run_dyn.sh) must not pass for DeepGEMM
-if [ -n "$CARRY_SFX" ]; then export SGLANG_ENABLE_JIT_DEEPGEMM=0; STUBS=/tmp/site/_stubs; fi
+# 0.5.17: the site's stand-ins for xgrammar.StructuralTag (pack_site.sh) and deep_gemm (run_dyn.sh);
+# SGLANG_ENABLE_JIT_DEEPGEMM=0 so that sglang does not take the deep_gemm one for DeepGEMM
+if [ -n "$SFX" ]; then export SGLANG_ENABLE_JIT_DEEPGEMM=0; STUBS=/tmp/site/_stubs; fi
 export EXTRA_PYTHONPATH=$STUBS
-NUMA_DIR=""; [ -n "$CARRY_SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
+NUMA_DIR=""; [ -n "$SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}
 
 server_env_toml() {  # the [HOST.server.env] lines of every server in a toolkit inventory written here

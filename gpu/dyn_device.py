@@ -30,6 +30,7 @@ import time
 
 import aiohttp
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # toolkit/, for run_smoke
 T0 = time.time()
 LOGS = "/tmp/dyn-logs"
 MODELS = "/tmp/models"
@@ -141,8 +142,12 @@ class Server:
         self.proc.wait()
         self.log.close()
 
+    def read_log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
     def scan_log(self):
-        lines = open(self.log_path, errors="replace").read().splitlines()
+        lines = self.read_log().splitlines()
         errors = [l for l in lines if ERROR_RE.search(l) and not HARMLESS.search(l)]
         return {
             "lines": len(lines),
@@ -153,6 +158,16 @@ class Server:
             "cuda_graph_lines": [l for l in lines if "Capture cuda graph end" in l][:4],
         }
 
+
+
+async def run_smoke(srv, dyn_threshold=None):
+    """The toolkit's smoke (toolkit/smoke.py, the engine of `invoke smoke`) on a running server,
+    its burst sized for a dyn-disable threshold as `invoke smoke` sizes it: {"ok", "checks"}."""
+    from toolkit.smoke import burst_size, run_smoke_async
+    result = await run_smoke_async(srv.base, read_log=srv.read_log, burst=burst_size(dyn_threshold))
+    return {"ok": result.ok, "checks": [
+        {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
+        for c in result.checks]}
 
 PROMPTS = [
     f"Request {i}: please write a short note about {w} and why it matters to {v}."

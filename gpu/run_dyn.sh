@@ -28,11 +28,11 @@ if [ -d /tmp/site/sglang ] && [ ! -d /tmp/site/sglang-$SGLANG_RELEASE.dist-info 
   say "/tmp/site holds another sglang than SGLANG_RELEASE=$SGLANG_RELEASE: rm -rf /tmp/site /tmp/stock /tmp/naive /tmp/fi_ready first"; exit 1
 fi
 if [ ! -d /tmp/site/sglang ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1$CARRY_SFX/site.tar.xz
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .whl1$SFX/site.tar.xz
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl 2>&1 | grep -v WARNING
-  for t in .whl3$CARRY_SFX/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
+  for t in .whl3$SFX/*.tar.xz; do tar -C /tmp/site -xJf "$t"; done
   rm -rf /tmp/site/typing_extensions.py /tmp/site/typing_extensions-*.dist-info
-  if [ -n "$CARRY_SFX" ] && ! python3 -c "import deep_gemm" 2>/dev/null; then
+  if [ -n "$SFX" ] && ! python3 -c "import deep_gemm" 2>/dev/null; then
     # 0.5.17's v2 EAGLE worker imports the DSA attention backend while it captures its draft
     # graphs, and that module imports deep_gemm (sgl-deep-gemm, not carried: its JIT headers are
     # 28 MB) at module level; nothing calls into it on the triton path. An empty package stands

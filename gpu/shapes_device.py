@@ -64,13 +64,11 @@ import time
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
 import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
-    ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, say,
-    server_info, wait_health)
-from toolkit.smoke import burst_size, run_smoke_async  # noqa: E402  (the engine of `invoke smoke`)
+    ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, run_smoke,
+    say, server_info, wait_health)
 
 CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
 ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
@@ -162,7 +160,7 @@ class Server(dyn_device.Server):
         return f"{self.name} port {self.port} gpus {self.group['gpus']}"
 
     def log_lines(self):
-        return open(self.log_path, errors="replace").read().splitlines()
+        return self.read_log().splitlines()
 
     def scan_log(self):
         lines = self.log_lines()
@@ -354,13 +352,9 @@ async def run_checks(s, group, out, rep, live):
         for srv in live:
             if left() < 40:
                 break
-            result = await run_smoke_async(srv.base, read_log=lambda path=srv.log_path: open(path, errors="replace").read(),
-                                           burst=burst_size(srv.threshold if srv.dyn else None))
-            rep["smoke"][srv.name] = {"ok": result.ok, "checks": [
-                {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
-                for c in result.checks]}
-            for c in result.checks:
-                say(f"smoke {srv.name}: {c.name:12s} {c.status:7s} {c.detail[:240]}")
+            rep["smoke"][srv.name] = await run_smoke(srv, srv.threshold if srv.dyn else None)
+            for c in rep["smoke"][srv.name]["checks"]:
+                say(f"smoke {srv.name}: {c['check']:12s} {c['status']:7s} {c['detail'][:240]}")
             save(out, group, rep)
     if group.get("determinism"):
         rep["determinism"] = {}
@@ -611,25 +605,24 @@ async def main():
     tasks = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=240)) as s:
         DONE.update({g["name"]: asyncio.Event() for g in plan["groups"]})
-        done = DONE
         HEALTHY.update({g["name"]: asyncio.Event() for g in plan["groups"]})
 
         async def run(group):
             try:
                 if group.get("after"):  # another group's GPUs: wait until it has finished
-                    await done[group["after"]].wait()
+                    await DONE[group["after"]].wait()
                 if group.get("start_after_healthy"):
                     # servers sharing a GPU start after the others have taken their memory, so
                     # each sizes its KV pool from what is really free
                     other = group["start_after_healthy"]
                     await asyncio.wait([asyncio.ensure_future(HEALTHY[other].wait()),
-                                        asyncio.ensure_future(done[other].wait())],
+                                        asyncio.ensure_future(DONE[other].wait())],
                                        return_when=asyncio.FIRST_COMPLETED)
                 body = check_group if group["mode"] == "check" else sweep_group
                 return await body(s, group, a.out, threshold)
             finally:
                 HEALTHY[group["name"]].set()
-                done[group["name"]].set()
+                DONE[group["name"]].set()
 
         for i, group in enumerate(plan["groups"]):
             group["index"] = i

@@ -17,11 +17,8 @@ import sys
 
 import aiohttp
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dyn_device  # noqa: E402
-from toolkit.smoke import run_smoke_async  # noqa: E402
 
 
 async def main(out):
@@ -46,14 +43,15 @@ async def main(out):
                 up = await dyn_device.wait_health(s, srv, 180)
                 dyn_device.say(f"{name}: healthy after {up} s")
         for name, srv in servers.items():
-            result = await run_smoke_async(srv.base, read_log=lambda path=srv.log_path: open(path).read())
-            results[name] = [{"check": c.name, "status": c.status, "detail": c.detail} for c in result.checks]
-            for c in result.checks:
-                print(f"{name}: {c.name:12s} {c.status:7s} {c.detail}", flush=True)
+            dyn = srv.name.endswith("-dyn")
+            results[name] = (await dyn_device.run_smoke(srv, dyn_device.THRESHOLD if dyn else None))["checks"]
+            for c in results[name]:
+                print(f"{name}: {c['check']:12s} {c['status']:7s} {c['detail']}", flush=True)
     finally:
         for srv in servers.values():
             srv.stop()
         pathlib.Path(out).write_text(json.dumps(results, indent=1))
 
 
-asyncio.run(main(sys.argv[1]))
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
