@@ -777,6 +777,15 @@ def worker_v2(release_tree, runtime, monkeypatch):
     return worker, calls
 
 
+def with_stale_draft_state(spec):
+    """The draft state after plain steps: requests 0 and 2 went plain (top-k probability -1: their
+    hidden state and top-k are stale), request 1 was prefilled since (its state is complete)."""
+    spec.topk_p = torch.tensor([[-1.0], [0.9], [-1.0]])
+    spec.topk_index = torch.tensor([[0], [42], [0]])
+    spec.hidden_states = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    return spec
+
+
 def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
     seq_lens = torch.tensor(seq_lens)
     spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
@@ -848,10 +857,7 @@ def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(relea
     worker._dyn_resync_pending = True
     # after plain steps seq_lens count the last token; request 1 was prefilled since (topk valid)
     batch = decode_batch(seq_lens=(6, 10, 18), verified=(3, 4, 5))
-    spec = batch.spec_info
-    spec.topk_p = torch.tensor([[-1.0], [0.9], [-1.0]])
-    spec.topk_index = torch.tensor([[0], [42], [0]])
-    spec.hidden_states = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    spec = with_stale_draft_state(batch.spec_info)
     worker._dyn_resync_draft(batch)
     kind, predict, seq_lens, locs, runner = calls[0]
     assert kind == "draft_extend" and predict == [3, 4, 5] and runner is None  # eager, once
@@ -1040,10 +1046,7 @@ def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it
     worker, calls = worker_0517
     worker._dyn_resync_pending = True
     batch = schedule_batch(seq_lens=(6, 10, 18), bonus=(3, 4, 5))
-    spec = batch.spec_info
-    spec.topk_p = torch.tensor([[-1.0], [0.9], [-1.0]])  # request 1 was prefilled since
-    spec.topk_index = torch.tensor([[0], [42], [0]])
-    spec.hidden_states = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    spec = with_stale_draft_state(batch.spec_info)
     worker._dyn_resync_draft(batch)
     kind, predict, seq_lens, locs, n, runner, _ = calls[0]
     assert kind == "draft_extend" and predict == [3, 4, 5] and n == 1 and runner is None
