@@ -786,6 +786,13 @@ def with_stale_draft_state(spec):
     return spec
 
 
+def assert_stale_requests_resynced(predict, seq_lens, locs, spec):
+    """The one-token draft extend of a resume from with_stale_draft_state, as both releases run it."""
+    assert predict == [3, 4, 5]
+    assert seq_lens == [5, 9, 17]  # the last position again: its KV is rewritten, not a new one
+    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
+    assert spec.topk_index.tolist() == [[5], [42], [5]]  # request 1 keeps its own top-k
+
 def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
     seq_lens = torch.tensor(seq_lens)
     spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
@@ -860,10 +867,8 @@ def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(relea
     spec = with_stale_draft_state(batch.spec_info)
     worker._dyn_resync_draft(batch)
     kind, predict, seq_lens, locs, runner = calls[0]
-    assert kind == "draft_extend" and predict == [3, 4, 5] and runner is None  # eager, once
-    assert seq_lens == [5, 9, 17]  # the last position again: its KV is rewritten, not a new one
-    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
-    assert spec.topk_index.tolist() == [[5], [42], [5]]
+    assert kind == "draft_extend" and runner is None  # eager, once
+    assert_stale_requests_resynced(predict, seq_lens, locs, spec)
     assert spec.topk_p[1].item() == pytest.approx(0.9) and (spec.topk_p[[0, 2]] > 0).all()
     assert spec.hidden_states.tolist() == [[7.0, 7.0], [2.0, 2.0], [7.0, 7.0]]
     assert worker._dyn_resync_pending is False
@@ -1049,10 +1054,8 @@ def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it
     spec = with_stale_draft_state(batch.spec_info)
     worker._dyn_resync_draft(batch)
     kind, predict, seq_lens, locs, n, runner, _ = calls[0]
-    assert kind == "draft_extend" and predict == [3, 4, 5] and n == 1 and runner is None
-    assert seq_lens == [5, 9, 17]  # the last position again: its KV is rewritten, not a new one
-    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
-    assert spec.topk_index.tolist() == [[5], [42], [5]]
+    assert kind == "draft_extend" and n == 1 and runner is None
+    assert_stale_requests_resynced(predict, seq_lens, locs, spec)
     assert spec.topk_p.tolist() == [[1.0], [pytest.approx(0.9)], [1.0]]  # topk 1: as upstream, p = 1
     assert spec.hidden_states.tolist() == [[7.0, 7.0], [2.0, 2.0], [7.0, 7.0]]
     assert worker._dyn_resync_pending is False
