@@ -32,7 +32,9 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   every level and shape first (short outputs), so JIT compiles do not land in a measurement.
   The checks ("bursts", "torch_profile", ...) run after the rounds, or before them with
   "checks_first": true ("profile_after": true then takes the torch profiles again after the
-  rounds). "profile_concurrency" (default 64) sets the load the profiles are taken under;
+  rounds; "profile_after_round": N takes them between round N and round N+1 instead, so the
+  rounds before and after show what a profile leaves behind). "profile_concurrency" (default
+  64) sets the load the profiles are taken under;
   "warmup_levels" (default: the levels) the levels warmed up before anything is measured, e.g.
   [1] so that a dyn server has never crossed its threshold when the first profile is taken.
   "start_after_healthy": NAME starts a group's servers once group NAME's are healthy (each sizes
@@ -303,6 +305,8 @@ async def sweep_side_by_side(s, group, out, threshold):
                         if left() < group.get("stop_left_s", 20):
                             break
                         await measure(s, srv, group, out, rep, c, in_len, out_len, round_no)
+            if round_no == group.get("profile_after_round"):  # e.g. an A/A pair, one profiled
+                await run_profiles(group, out, rep, live, tag=f"after-round-{round_no}")
         rep["server_info"] = {srv.name: await server_info(s, srv) for srv in live}
         if not group.get("checks_first"):
             await run_checks(s, group, out, rep, live)
@@ -346,7 +350,8 @@ async def run_checks(s, group, out, rep, live):
                     f"({b['delta']}), err={b['error']}, ranks {b['ranks']} lines "
                     f"{b['switch_lines_per_rank']} agree={b['ranks_agree']}")
                 save(out, group, rep)
-    await run_profiles(group, out, rep, live)
+    if not group.get("profile_after_round"):
+        await run_profiles(group, out, rep, live)
     if group.get("smoke"):
         rep["smoke"] = {}
         for srv in live:
@@ -508,6 +513,17 @@ async def determinism(s, srv):
             "flushed_vs_first_equal": a == c}
 
 
+def profile_answer_tokens(srv, concurrency):
+    """How long the profiled requests' answers are. At low load the steps are short, so longer
+    answers keep the load up until the profiled steps have run; never longer than the target's
+    context leaves after a prompt (the tiny pairs have 4,096 positions: a 6,000-token answer
+    is refused with 400 and no trace is taken)."""
+    wanted = 900 if concurrency >= 16 else 6000
+    with open(f"{MODELS}/target-{srv.pair}/config.json") as f:
+        context = json.load(f).get("max_position_embeddings", wanted + 1024)
+    return max(64, min(wanted, context - 1024))
+
+
 def profile_allreduce(srv, concurrency=64, tag=""):
     """A torch profile of a few decode steps under load; all-reduce kernels counted by name.
     Traces go to traces/NAME/[TAG/][cC/]{nostack,stack}/ (cC unless C is the default 64)."""
@@ -521,8 +537,7 @@ def profile_allreduce(srv, concurrency=64, tag=""):
     # first without Python stacks (the host at nearly full speed: step timing), then with them
     # (which SGLang function issued what); both after every prefill is done (settle 2 s)
     for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
-        # at low load the steps are short: longer answers, so the profiled steps come before they end
-        max_tokens = "900" if concurrency >= 16 else "6000"
+        max_tokens = str(profile_answer_tokens(srv, concurrency))
         done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", str(concurrency),
                                "--max-tokens", max_tokens, "--settle", "2", "--steps", "10",
                                "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)

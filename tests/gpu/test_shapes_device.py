@@ -73,3 +73,50 @@ def test_the_smoke_runs_on_every_server_and_sizes_the_dyn_burst(shapes, tmp_path
     assert [c["check"] for c in bad["checks"] if c["status"] == "fail"] == ["determinism"]
     # the report is saved as the group's JSON as it goes
     assert (tmp_path / "shapes_g.json").exists()
+
+
+@pytest.mark.parametrize("context, concurrency, expected", [
+    (4096, 1, 3072),      # the tiny pairs: a 6,000-token answer would be refused (400, no trace)
+    (131072, 1, 6000),    # Kimi shape: long answers at low load
+    (131072, 64, 900),
+    (4096, 64, 900),
+])
+def test_profiled_answers_fit_the_target_context(shapes, monkeypatch, tmp_path, context, concurrency, expected):
+    (tmp_path / "target-huge").mkdir()
+    (tmp_path / "target-huge" / "config.json").write_text(f'{{"max_position_embeddings": {context}}}')
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    srv = shapes.Server(GROUP, {"profile": "baseline"}, 0, 8)
+    assert shapes.profile_answer_tokens(srv, concurrency) == expected
+
+
+def test_profile_after_round_profiles_between_rounds_and_not_again(shapes, monkeypatch, tmp_path):
+    """An A/A pair with one server profiled between round 2 and 3: the rounds before and after
+    the profile are what shows whether a profile leaves a server slower."""
+    events = []
+
+    async def nothing(*a, **k):
+        return None
+
+    async def healthy(s, servers, timeout):
+        return {srv.name: 1.0 for srv in servers}
+
+    async def measure(s, srv, group, out, rep, c, in_len, out_len, round_no):
+        events.append(("measure", round_no, srv.label))
+
+    async def profiles(group, out, rep, live, tag=""):
+        events.append(("profile", tag))
+
+    for name, fn in (("start_servers", nothing), ("wait_up", healthy), ("warm_up", nothing),
+                     ("server_info", nothing), ("measure", measure), ("run_profiles", profiles)):
+        monkeypatch.setattr(shapes, name, fn)
+    monkeypatch.setattr(shapes.Server, "stop", lambda self: None)
+    monkeypatch.setattr(shapes.Server, "read_log", lambda self: "")
+    group = dict(GROUP, mode="sweep", side_by_side=True, levels=[1], rounds=4,
+                 profiles=["eagle3-v2", {"profile": "eagle3-v2", "label": "eagle3-v2-b"}],
+                 torch_profile=["eagle3-v2"], profile_after_round=2)
+    asyncio.run(shapes.sweep_side_by_side(None, group, str(tmp_path), 8))
+    profiled_at = events.index(("profile", "after-round-2"))
+    assert [e for e in events if e[0] == "profile"] == [("profile", "after-round-2")]
+    assert {e[1] for e in events[:profiled_at]} == {1, 2}
+    assert {e[1] for e in events[profiled_at + 1:]} == {3, 4}
+    assert sum(e[0] == "measure" for e in events) == 8    # both servers, every round
