@@ -144,6 +144,9 @@ class Server(dyn_device.Server):
         self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + self.flags
         self.log_path = f"{LOGS}/{self.name}.log"
         self.proc = None
+        # set once a torch profile has been asked of this server: in round eight two identical
+        # servers differed by 26-28 % at c=1, the profiled one the slower (docs/evidence/dyn-disable-8)
+        self.profiled = False
 
     @property
     def dyn(self):
@@ -156,7 +159,8 @@ class Server(dyn_device.Server):
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
-                "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags)}
+                "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
+                "profiled_before": self.profiled}
 
     def describe(self):
         return f"{self.name} port {self.port} gpus {self.group['gpus']}"
@@ -534,6 +538,7 @@ def profile_allreduce(srv, concurrency=64, tag=""):
     outdir = f"{LOGS}/traces/{srv.name}" + (f"/{tag}" if tag else "") + (
         f"/c{concurrency}" if concurrency != 64 else "")
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_load.py")
+    srv.profiled = True   # even if no trace comes back, /start_profile may have run
     # first without Python stacks (the host at nearly full speed: step timing), then with them
     # (which SGLang function issued what); both after every prefill is done (settle 2 s)
     for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):

@@ -5,7 +5,9 @@ Usage: python3 gpu/steady_state.py BASELINE.log OTHER.log [OTHER.log ...] [--run
 SGLang logs a "Decode batch, #running-req: N, ... gen throughput (token/s): X" line every
 --decode-log-interval steps (100 in the gpu/ scripts). For each running count N this takes the
 three best intervals logged at exactly N (timed runs ramp up and drain, so most intervals are at
-other counts) and prints their median, and each other log's median over the first log's.
+other counts) and prints their median, and each other log's median over the first log's. A ratio
+is marked "unsettled" when either log has fewer than three intervals at N or its three are more
+than 10 % apart: the load only passed through N there, and the ratio says little.
 """
 import argparse
 import re
@@ -20,16 +22,22 @@ def best_intervals(text, running, best=3):
     return values[:best]
 
 
+def settled(values, limit=0.10):
+    return len(values) == 3 and (max(values) - min(values)) / min(values) <= limit
+
+
 def table(paths, running_counts):
     texts = {p: open(p, errors="replace").read() for p in paths}
     rows = []
     for n in running_counts:
         medians = {p: (statistics.median(v) if v else None, v)
                    for p, v in ((p, best_intervals(t, n)) for p, t in texts.items())}
-        base = medians[paths[0]][0]
+        base, base_vals = medians[paths[0]]
         for p in paths:
             med, vals = medians[p]
             ratio = "" if p == paths[0] or not (med and base) else f"{med / base:.3f}"
+            if ratio and not (settled(vals) and settled(base_vals)):
+                ratio += " unsettled"
             rows.append((n, p, med, vals, ratio))
     return rows
 

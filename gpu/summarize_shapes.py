@@ -5,7 +5,10 @@ Usage: python3 gpu/summarize_shapes.py RECORDS.jsonl [RECORDS.jsonl ...]
 One table per (group, input/output shape): output tok/s per profile and concurrency as the
 median over rounds with the spread (max-min)/min when a level ran more than once, the ratio of
 each speculative profile to the faster baseline measured in the same group (triton or
-FlashInfer), and of each dyn profile to its own stock worker on the same backend.
+FlashInfer), and of each dyn profile to its own stock worker on the same backend. A ratio whose
+two servers differ in whether a torch profile had been taken of them before (records'
+"profiled_before") is marked with a dagger: round eight found two identical servers 26-28 %
+apart at c=1 that way (docs/evidence/dyn-disable-8/README.md).
 """
 import json
 import statistics
@@ -26,13 +29,20 @@ def stock_of(n):
 
 def tables(records):
     by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    profiled = defaultdict(set)   # (key, c, name) -> the profiled_before values seen
     meta = {}
     for r in records:
         if "out_tok_per_s" not in r:
             continue
         key = (r["group"], r["input_len"], r["output_len"])
         by[key][r["conc"]][name(r)].append(r["out_tok_per_s"])
+        profiled[key, r["conc"], name(r)].add(r.get("profiled_before"))
         meta[key] = (r["arch"], r["tp_size"], r.get("threshold"))
+
+    def mark(key, c, a, b):
+        seen = profiled[key, c, a] | profiled[key, c, b]
+        return "†" if {True, False} <= seen else ""
+
     out = []
     for key in sorted(by):
         levels = by[key]
@@ -43,6 +53,7 @@ def tables(records):
                    f"dyn threshold {thresholds or '-'}\n")
         out.append("| c | " + " | ".join(names) + " | dyn / faster baseline | dyn / own stock |")
         out.append("|---" * (len(names) + 3) + "|")
+        daggers = False
         for c in sorted(levels):
             med = {n: statistics.median(v) for n, v in levels[c].items()}
             cells = []
@@ -53,12 +64,19 @@ def tables(records):
                     continue
                 spread = f" ±{(max(v) - min(v)) / min(v) * 100:.0f}%" if len(v) > 1 else ""
                 cells.append(f"{med[n]:.0f}{spread}")
-            bases = [med[n] for n in med if n.split("@")[0] == "baseline"]
-            best = max(bases) if bases else None
+            bases = [n for n in med if n.split("@")[0] == "baseline"]
+            best = max(bases, key=med.get) if bases else None
             dyn = [n for n in names if "-dyn" in n and n in med]
-            vs_base = ", ".join(f"{n}: {med[n] / best:.3f}" for n in dyn) if best else "-"
-            vs_stock = ", ".join(f"{n}: {med[n] / med[stock_of(n)]:.3f}" for n in dyn if stock_of(n) in med)
+            vs_base = ", ".join(f"{n}: {med[n] / med[best]:.3f}{mark(key, c, n, best)}"
+                                for n in dyn) if best else "-"
+            vs_stock = ", ".join(f"{n}: {med[n] / med[stock_of(n)]:.3f}{mark(key, c, n, stock_of(n))}"
+                                 for n in dyn if stock_of(n) in med)
             out.append(f"| {c} | " + " | ".join(cells) + f" | {vs_base} | {vs_stock or '-'} |")
+            daggers = daggers or "†" in vs_base + vs_stock
+        if daggers:
+            out.append("\n† the two servers of this ratio differ in whether a torch profile was "
+                       "taken of them before the run (`profiled_before`); in round eight identical "
+                       "servers were 26-28 % apart at c=1, the profiled ones slower.")
         out.append("")
     return "\n".join(out)
 

@@ -120,3 +120,26 @@ def test_profile_after_round_profiles_between_rounds_and_not_again(shapes, monke
     assert {e[1] for e in events[:profiled_at]} == {1, 2}
     assert {e[1] for e in events[profiled_at + 1:]} == {3, 4}
     assert sum(e[0] == "measure" for e in events) == 8    # both servers, every round
+
+
+def test_a_profiled_server_says_so_in_its_records_and_gets_answers_its_context_allows(shapes, monkeypatch, tmp_path):
+    import subprocess
+
+    (tmp_path / "target-huge").mkdir()
+    (tmp_path / "target-huge" / "config.json").write_text('{"max_position_embeddings": 4096}')
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    monkeypatch.setattr(shapes, "LOGS", str(tmp_path / "logs"))
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "HTTPError 400")   # no trace came back
+
+    monkeypatch.setattr(shapes.subprocess, "run", fake_run)
+    srv = shapes.Server(GROUP, shapes.profile_spec("eagle3-v2"), 0, 8)
+    assert srv.meta()["profiled_before"] is False
+    result = shapes.profile_allreduce(srv, concurrency=1)
+    assert result["traces"] == 0 and result["driver_rc"] == 1
+    # asked for, though no trace came back: the server's later records say it was profiled
+    assert srv.meta()["profiled_before"] is True
+    assert [cmd[cmd.index("--max-tokens") + 1] for cmd in calls] == ["3072", "3072"]

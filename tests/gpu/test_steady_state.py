@@ -27,5 +27,19 @@ def test_ratios_are_over_the_first_log_and_missing_counts_say_so(steady_state, t
     other.write_text(log_line(64, 960.0) + log_line(64, 950.0) + log_line(64, 100.0) + log_line(32, 5.0))
     steady_state.main([str(base), str(other), "--running", "64,16"])
     out = capsys.readouterr().out
-    assert "| 64 | dyn.log | 960 / 950 / 100 | 950 | 0.950 |" in out
+    assert "| 64 | dyn.log | 960 / 950 / 100 | 950 | 0.950 unsettled |" in out
     assert "| 16 | base.log | none logged | - |  |" in out
+
+
+def test_a_ratio_is_unsettled_when_either_log_passed_through_that_count(steady_state, tmp_path, capsys):
+    """Round eight's 16-running row: the baseline's best three were 2,327 / 1,380 / 1,252."""
+    base, dyn = tmp_path / "base.log", tmp_path / "dyn.log"
+    base.write_text("".join(log_line(64, t) for t in (3949, 3921, 3900))
+                    + "".join(log_line(16, t) for t in (2327, 1380, 1252)))
+    dyn.write_text("".join(log_line(64, t) for t in (3909, 3867, 3851))
+                   + "".join(log_line(16, t) for t in (1342, 1236, 1226)))
+    steady_state.main([str(base), str(dyn), "--running", "64,16,32"])
+    out = capsys.readouterr().out
+    assert "| 64 | dyn.log | 3,909 / 3,867 / 3,851 | 3,867 | 0.986 |" in out     # both within 10 %
+    assert "| 16 | dyn.log | 1,342 / 1,236 / 1,226 | 1,236 | 0.896 unsettled |" in out
+    assert "| 32 | dyn.log | none logged | - |  |" in out
