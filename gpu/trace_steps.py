@@ -14,6 +14,7 @@ times). With a second (baseline) trace: the kernels the first adds per graph lau
 baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
 """
 import collections
+import statistics
 import gzip
 import json
 import sys
@@ -86,9 +87,11 @@ SAME_GRAPH_KERNELS = 0.1  # replays within 10 % of the longest one's kernel coun
 def steps(events):
     """Per step: (main graph ms, side graphs ms, other GPU ms, idle ms) until the next step.
 
-    A step starts at a replay of the main graph: the graph of the trace's longest replay, told
-    apart by its kernel count (within SAME_GRAPH_KERNELS of it), which is the target's forward: a
-    decode graph without speculation, the TARGET_VERIFY graph in a speculative step. Every other
+    A step starts at a replay of the main graph: the graph whose replays take longest by their
+    median, graphs told apart by their kernel count (replays within SAME_GRAPH_KERNELS of it are
+    that graph), which is the target's forward: a decode graph without speculation, the
+    TARGET_VERIFY graph in a speculative step. The median, not the single longest replay: at
+    TP>1 one replay of a short graph can wait many ms in an all-reduce for the other rank. Every other
     replay (a plain step's draft KV-only update, the draft's multi-step decode and its extend
     around a verify) is a side graph of the step it falls in, however long it runs."""
     launches = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
@@ -103,8 +106,10 @@ def steps(events):
             counts[corr] += 1
     if not spans:
         return []
-    longest = max(spans, key=lambda c: spans[c][1] - spans[c][0])
-    main_kernels = counts[longest]
+    durations = collections.defaultdict(list)
+    for corr, (start, end) in spans.items():
+        durations[counts[corr]].append(end - start)
+    main_kernels = max(durations, key=lambda n: statistics.median(durations[n]))
     replays = sorted(spans.values())
     mains = sorted(span for corr, span in spans.items()
                    if abs(counts[corr] - main_kernels) <= SAME_GRAPH_KERNELS * main_kernels)

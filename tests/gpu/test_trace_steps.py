@@ -89,3 +89,21 @@ def test_a_speculative_step_runs_from_one_verify_graph_to_the_next(trace_steps):
     rows = trace_steps.steps(events)
     # from one verify to the next: extend and the next step's draft decode are its side graphs
     assert rows == [(2.0, 1.6, 0.0, 0.4), (2.0, 1.6, 0.0, 0.4)]
+
+
+def test_one_long_replay_of_a_short_graph_does_not_make_it_the_main_graph(trace_steps):
+    # round eight's TP=2 c=1 trace: one replay of the draft's decode graph waited 19.6 ms in an
+    # all-reduce for the other rank; the verify graph is still the step's main graph by its median
+    draft = tuple((100 * i, 100) for i in range(6))
+    stalled = draft[:-1] + ((500, 19000),)
+    verify = tuple((100 * i, 100) for i in range(20))
+    events, t, corr = [], 0, 1
+    for step in range(3):
+        for kernels, length in ((stalled if step == 0 else draft, 19500 if step == 0 else 600),
+                                (verify, 2000)):
+            events += graph(corr, t, kernels)
+            corr, t = corr + 1, t + length
+        t += 400
+    rows = trace_steps.steps(events)
+    assert [main for main, _, _, _ in rows] == [2.0, 2.0]
+    assert rows[0] == (2.0, 0.6, 0.0, 0.4)
