@@ -11,7 +11,10 @@ export SGLANG_RELEASE=$REL
 STUBS=""; python3 -c "import IPython.display" 2>/dev/null || STUBS=/tmp/site/_stubs   # sglang imports it
 # 0.5.17: the site's stand-ins for xgrammar.StructuralTag (pack_site.sh) and deep_gemm (run_dyn.sh);
 # SGLANG_ENABLE_JIT_DEEPGEMM=0 so that sglang does not take the deep_gemm one for DeepGEMM
-if [ -n "$SFX" ]; then export SGLANG_ENABLE_JIT_DEEPGEMM=0; STUBS=/tmp/site/_stubs; fi
+if [ -n "$SFX" ]; then
+  export SGLANG_ENABLE_JIT_DEEPGEMM=0
+  python3 -c "import xgrammar, deep_gemm" 2>/dev/null || STUBS=/tmp/site/_stubs
+fi
 export EXTRA_PYTHONPATH=$STUBS
 NUMA_DIR=""; [ -n "$SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}

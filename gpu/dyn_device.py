@@ -160,11 +160,14 @@ class Server:
 
 
 
-async def run_smoke(srv, dyn_threshold=None):
+async def run_smoke(srv):
     """The toolkit's smoke (toolkit/smoke.py, the engine of `invoke smoke`) on a running server,
-    its burst sized for a dyn-disable threshold as `invoke smoke` sizes it: {"ok", "checks"}."""
+    its burst sized as `invoke smoke` sizes it for the dyn-disable threshold the server was
+    started with (none for a server without one): {"ok", "checks"}."""
     from toolkit.smoke import burst_size, run_smoke_async
-    result = await run_smoke_async(srv.base, read_log=srv.read_log, burst=burst_size(dyn_threshold))
+    threshold = srv.env_shown.get("SGLANG_SPEC_DISABLE_THRESHOLD")
+    result = await run_smoke_async(srv.base, read_log=srv.read_log,
+                                   burst=burst_size(int(threshold) if threshold else None))
     return {"ok": result.ok, "checks": [
         {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
         for c in result.checks]}

@@ -148,12 +148,8 @@ class Server(dyn_device.Server):
         # servers differed by 26-28 % at c=1, the profiled one the slower (docs/evidence/dyn-disable-8)
         self.profiled = False
 
-    @property
-    def dyn(self):
-        return self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
-
     def meta(self):
-        dyn = self.dyn
+        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
@@ -361,7 +357,7 @@ async def run_checks(s, group, out, rep, live):
         for srv in live:
             if left() < 40:
                 break
-            rep["smoke"][srv.name] = await run_smoke(srv, srv.threshold if srv.dyn else None)
+            rep["smoke"][srv.name] = await run_smoke(srv)
             for c in rep["smoke"][srv.name]["checks"]:
                 say(f"smoke {srv.name}: {c['check']:12s} {c['status']:7s} {c['detail'][:240]}")
             save(out, group, rep)
@@ -539,10 +535,10 @@ def profile_allreduce(srv, concurrency=64, tag=""):
         f"/c{concurrency}" if concurrency != 64 else "")
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_load.py")
     srv.profiled = True   # even if no trace comes back, /start_profile may have run
+    max_tokens = str(profile_answer_tokens(srv, concurrency))
     # first without Python stacks (the host at nearly full speed: step timing), then with them
     # (which SGLang function issued what); both after every prefill is done (settle 2 s)
     for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
-        max_tokens = str(profile_answer_tokens(srv, concurrency))
         done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", str(concurrency),
                                "--max-tokens", max_tokens, "--settle", "2", "--steps", "10",
                                "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)

@@ -14,9 +14,9 @@ times). With a second (baseline) trace: the kernels the first adds per graph lau
 baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
 """
 import collections
-import statistics
 import gzip
 import json
+import statistics
 import sys
 
 
@@ -81,7 +81,7 @@ def blocking_calls(events):
         print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
 
 
-SAME_GRAPH_KERNELS = 0.1  # replays within 10 % of the longest one's kernel count are that graph
+SAME_GRAPH_KERNELS = 0.1  # replays within 10 % of the main graph's kernel count are that graph
 
 
 def steps(events):
