@@ -71,6 +71,11 @@ def load_by_path(name: str, path: Path):
     return module
 
 
+def public_attrs(module) -> dict:
+    """A module's names without the dunders, for stub_modules (a real module stood in whole)."""
+    return {k: v for k, v in vars(module).items() if not k.startswith("__")}
+
+
 def method_source(path: Path, class_name: str, func_name: str) -> str:
     """The source of one method of a class in a (patched) file, for exec or inspection."""
     tree = ast.parse(path.read_text())

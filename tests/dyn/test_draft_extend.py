@@ -14,9 +14,10 @@ import types
 
 import pytest
 
-from tests.dyn.conftest import load_by_path, stub_modules
+from tests.dyn.conftest import load_by_path, public_attrs, stub_modules
 
 RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
+POLICY = "sglang/srt/speculative/dyn_disable.py"
 
 
 class TritonAttnBackend:
@@ -56,7 +57,8 @@ def runtime(patched_tree):
     with stub_modules({
         "sglang.srt.model_executor.forward_batch_info": dict(
             CaptureHiddenMode=types.SimpleNamespace(FULL=2), ForwardBatch=object, ForwardMode=object),
-        "sglang.srt.speculative.dyn_disable": dict(SpecSwitch=object, config_from_env=lambda: None),
+        "sglang.srt.speculative.dyn_disable": public_attrs(
+            load_by_path("dyn_disable_policy_for_draft_extend", patched_tree / POLICY)),
         "sglang.srt.speculative.eagle_info": dict(EagleVerifyInput=object),
         "sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=object),
         "sglang.srt.layers.attention.triton_backend": dict(TritonAttnBackend=TritonAttnBackend),

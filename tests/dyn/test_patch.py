@@ -148,7 +148,8 @@ def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):
     switch.decide(9)
     assert any(switch.switch_message(9).startswith(p) for p in meta["logs"]["print"])
     documented = set(meta["env"])
-    assert {dyn.THRESHOLD_ENV, dyn.HYSTERESIS_ENV, dyn.DRAFT_KV_ONLY_ENV} <= documented
+    read = {value for name, value in vars(dyn).items() if name.endswith("_ENV")}  # every knob the patch reads
+    assert {dyn.THRESHOLD_ENV, dyn.HYSTERESIS_ENV, dyn.DRAFT_KV_ONLY_ENV} <= read <= documented
     for claim in meta["verified"]:
         assert {"date", "where", "what"} <= set(claim)
         if "evidence" in claim:

@@ -26,7 +26,8 @@ from contextlib import nullcontext
 
 import pytest
 
-from tests.dyn.conftest import PATCHSET, function_source, load_by_path, method_source, stub_modules
+from tests.dyn.conftest import (PATCHSET, function_source, load_by_path, method_source, public_attrs,
+                                stub_modules)
 from toolkit import wheels
 
 
@@ -110,8 +111,7 @@ def runtime_stubs(release, policy) -> dict:
     stubs = {
         "sglang.srt.model_executor.forward_batch_info": dict(
             CaptureHiddenMode=Capture, ForwardBatch=ForwardBatch, ForwardMode=Mode),
-        "sglang.srt.speculative.dyn_disable": dict(SpecSwitch=policy.SpecSwitch,
-                                                   config_from_env=policy.config_from_env),
+        "sglang.srt.speculative.dyn_disable": public_attrs(policy),  # the real policy module
         "sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=Algo),
         "sglang.srt.managers.utils": dict(GenerationBatchResult=Result),
     }
@@ -767,7 +767,7 @@ def worker_v2(release_tree, runtime, monkeypatch):
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
     worker = types.SimpleNamespace(
         device="cpu", speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
-        _dyn_kv_only_graphs=None,
+        _dyn_kv_only_graphs=None, _dyn_debug_skip_draft_kv=False,
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
@@ -858,6 +858,91 @@ def test_without_kv_only_the_plain_step_runs_the_one_token_draft_extend(release,
     assert result.next_draft_input.topk_index.tolist() == [[5], [5], [5]]
 
 
+def plain_step_on_a_real_draft_layer(runtime, release, worker, skip, kv_only):
+    """One v2 plain step of `worker` (worker_v2 / worker_0517) with the debug switch `skip`, whose
+    draft is a real (small) EAGLE-3 layer writing into a KV pool and whose target hidden states
+    have the draft's fc width; returns (result, the draft's KV pool, the draft, target hidden)."""
+    stub = sys.modules["sglang.srt.speculative.dyn_disable_runtime"]
+    target_hidden = torch.randn(3, 3 * H, generator=torch.Generator().manual_seed(3))
+    target_forward = stub.plain_decode_forward
+
+    def plain_decode_forward(*args, **kwargs):
+        out = target_forward(*args, **kwargs)
+        result = out[0] if isinstance(out, tuple) else out
+        result.logits_output.hidden_states = target_hidden.clone()
+        return out
+
+    stub.plain_decode_forward = plain_decode_forward
+    stub.draft_kv_only_extend = runtime.draft_kv_only_extend
+    stub.draft_input_hidden = runtime.draft_input_hidden
+    draft = eagle3_draft(release)
+    draft.token_to_kv_pool = KVPool(1200)  # req_to_token's slots are 1000 + row * 32 + position
+    draft.tp_group, draft.forward = None, fake_draft_forward
+    worker.draft_worker.draft_runner = draft
+    worker._dyn_debug_skip_draft_kv, worker._dyn_draft_kv_only = skip, kv_only
+    batch = decode_batch() if release == "0.5.11" else schedule_batch()
+    with torch.no_grad():
+        result = worker._forward_plain_decode(batch)
+    return result, draft.token_to_kv_pool, draft, target_hidden
+
+
+@pytest.fixture()
+def v2_worker(release, request):
+    """The v2 worker stand-in of `release` (worker_v2 on 0.5.11, worker_0517 on 0.5.17)."""
+    return request.getfixturevalue("worker_v2" if release == "0.5.11" else "worker_0517")
+
+
+@pytest.mark.parametrize("kv_only", [True, False])
+def test_debug_switch_leaves_the_draft_kv_cache_unwritten_in_plain_steps(release, runtime, v2_worker, cpu_streams,
+                                                                         kv_only):
+    """SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV=1, the negative control: the plain step writes no
+    draft K/V (neither the KV-only update nor the one-token extend) and leaves the draft state
+    marked for the resume, whose input is what the draft's forward makes of the target hidden
+    states (fc, and 0.5.17's optional norms)."""
+    worker, calls = v2_worker
+    result, pool, draft, target_hidden = plain_step_on_a_real_draft_layer(runtime, release, worker, True, kv_only)
+    assert pool.k.abs().sum() == 0 and pool.v.abs().sum() == 0
+    assert [c[0] for c in calls if c[0] != "publish"] == ["target"]
+    nxt = result.next_draft_input
+    assert (nxt.topk_p == -1).all() and worker._dyn_resync_pending is True
+    with torch.no_grad():
+        assert torch.allclose(nxt.hidden_states, draft_input(draft, target_hidden))
+
+
+def test_without_the_debug_switch_the_same_plain_step_writes_the_draft_kv(release, runtime, v2_worker, cpu_streams):
+    worker, calls = v2_worker
+    _, pool, _, _ = plain_step_on_a_real_draft_layer(runtime, release, worker, False, True)
+    slots = [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]
+    assert (pool.k[slots].abs().sum(dim=(1, 2)) > 0).all() and pool.k.abs().sum() == pool.k[slots].abs().sum()
+
+
+def test_the_debug_switch_is_read_at_start_and_said_loudly(runtime, monkeypatch, caplog):
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV", raising=False)
+    with caplog.at_level(logging.INFO):
+        assert runtime.debug_skip_draft_kv("EAGLEWorkerV2") is False
+    assert caplog.records == []
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV", "1")
+    with caplog.at_level(logging.INFO):
+        assert runtime.debug_skip_draft_kv("EAGLEWorkerV2") is True
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith(
+        "Dynamic speculation disable: DEBUG SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV=1 [EAGLEWorkerV2]: plain steps "
+        "do NOT write the draft's KV cache")
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV", "on")
+    with pytest.raises(ValueError, match="SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV='on' must be 0 or 1"):
+        runtime.debug_skip_draft_kv("EAGLEWorkerV2")
+
+
+def test_the_draft_input_hidden_state_is_fc_for_eagle3_and_as_is_otherwise(runtime, release):
+    draft = eagle3_draft(release, norms=release == "0.5.17")  # 0.5.17's draft may normalize before fc
+    target_hidden = torch.randn(2, 3 * H) * 5
+    with torch.no_grad():
+        assert torch.allclose(runtime.draft_input_hidden(draft, target_hidden), draft_input(draft, target_hidden))
+    already = torch.randn(2, H)
+    assert runtime.draft_input_hidden(draft, already) is already
+
+
 @only("0.5.11")
 def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(release, worker_v2):
     worker, calls = worker_v2
@@ -873,6 +958,53 @@ def test_resume_recomputes_the_draft_state_of_the_requests_that_went_plain(relea
     assert spec.hidden_states.tolist() == [[7.0, 7.0], [2.0, 2.0], [7.0, 7.0]]
     assert worker._dyn_resync_pending is False
     assert batch.seq_lens.tolist() == [6, 10, 18]  # the step's own batch is untouched
+
+
+WORKER_V1 = "sglang/srt/speculative/eagle_worker.py"
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("skip", [False, True])
+def test_v1_debug_switch_sends_the_drafts_kv_of_a_plain_step_to_the_padding_slot(release, release_tree, monkeypatch,
+                                                                               skip):
+    """v1's plain step (EAGLEWorker._forward_plain_decode, executed): its draft extend after the
+    decode writes its K/V to the slots of the accepted tokens; with the debug switch it still runs
+    (the next step drafts from its hidden state and top-k) but writes to the padding slot 0, and
+    the batch gets its own slots back afterwards."""
+    log = []
+    runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
+    runtime_stub.build_trivial_verify_input = lambda *args: "one-node tree"
+    runtime_stub.plain_decode_forward = lambda *args: "decode"
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
+    monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
+    namespace = {"torch": torch, "EagleDraftInput": DraftInput, "GenerationBatchResult": Result,
+                 "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext}
+    source = method_source(release_tree / WORKER_V1, "EAGLEWorker", "_forward_plain_decode")
+    exec(compile("from __future__ import annotations\n" + source, WORKER_V1, "exec"), namespace)
+    accepted = torch.tensor([105, 209, 317])
+
+    def verify(batch, spec_info, target_forward=None):
+        assert spec_info == "one-node tree" and target_forward(batch) == "decode"
+        batch.out_cache_loc = accepted.clone()  # the stock verify leaves the accepted tokens' slots here
+        batch.spec_info = DraftInput(verified_id=torch.tensor([3, 4, 5]))
+        out = types.SimpleNamespace(verified_id=torch.tensor([3, 4, 5]), num_accepted_drafts_per_req_cpu=[0, 0, 0])
+        return "logits", out, None, True
+
+    worker = types.SimpleNamespace(
+        verify=verify, target_worker="target", _dyn_plain_state="state", _dyn_debug_skip_draft_kv=skip,
+        draft_model_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda group: nullcontext(),
+        forward_draft_extend_after_decode=lambda batch: log.append(batch.out_cache_loc.tolist()))
+    batch = types.SimpleNamespace(
+        maybe_evict_swa=lambda: None, reqs=[types.SimpleNamespace(decode_batch_idx=0) for _ in range(3)],
+        spec_info=DraftInput(verified_id=torch.tensor([11, 12, 13])), seq_lens=torch.tensor([5, 9, 17]),
+        seq_lens_cpu=torch.tensor([5, 9, 17]), out_cache_loc=None,
+        sampling_info=types.SimpleNamespace(penalizer_orchestrator=types.SimpleNamespace(is_required=False)))
+    result = namespace["_forward_plain_decode"](worker, batch)
+    assert log == ([[0, 0, 0]] if skip else [[105, 209, 317]])  # the one draft extend, and where it writes
+    assert batch.out_cache_loc.tolist() == [105, 209, 317]
+    assert result.next_token_ids.tolist() == [3, 4, 5]
 
 
 class RoutingVerify:
@@ -984,7 +1116,7 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
     worker = types.SimpleNamespace(
         device="cpu", topk=1, speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
-        _dyn_kv_only_graphs=None, _dyn_resync_pending=False, target_worker="target",
+        _dyn_kv_only_graphs=None, _dyn_debug_skip_draft_kv=False, _dyn_resync_pending=False, target_worker="target",
         dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
@@ -1155,6 +1287,7 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
         build_plain_decode_state=lambda model_runner: state,
         draft_kv_only_reason=runtime.draft_kv_only_reason, plain_decode_message=runtime.plain_decode_message,
         ONE_TOKEN_DRAFT_EXTEND_NOTE=runtime.ONE_TOKEN_DRAFT_EXTEND_NOTE,
+        debug_skip_draft_kv=runtime.debug_skip_draft_kv,
         build_draft_kv_only_graphs=lambda draft_runner, st: ("graphs", "CUDA graphs for batch sizes 1..8"))
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))

@@ -109,6 +109,18 @@ def test_draft_kv_only_bad_value_names_the_variable(dyn, raw):
         dyn.draft_kv_only_from_env({dyn.DRAFT_KV_ONLY_ENV: raw})
 
 
+@pytest.mark.parametrize("raw, expected", [(None, False), ("", False), ("0", False), (" 1 ", True)])
+def test_debug_skip_draft_kv_defaults_off(dyn, raw, expected):
+    env = {} if raw is None else {dyn.DEBUG_SKIP_DRAFT_KV_ENV: raw}
+    assert dyn.debug_skip_draft_kv_from_env(env) is expected
+
+
+@pytest.mark.parametrize("raw", ["yes", "2", "true"])
+def test_debug_skip_draft_kv_bad_value_names_the_variable(dyn, raw):
+    with pytest.raises(dyn.DynDisableConfigError, match=dyn.DEBUG_SKIP_DRAFT_KV_ENV):
+        dyn.debug_skip_draft_kv_from_env({dyn.DEBUG_SKIP_DRAFT_KV_ENV: raw})
+
+
 def test_forced_spec_steps_do_not_move_the_switch(dyn):
     s = dyn.SpecSwitch(cfg(dyn, 5))
     assert s.decide(9) is False
