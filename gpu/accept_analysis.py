@@ -13,6 +13,7 @@ import statistics
 
 SWITCH_LINE = re.compile(r"Dynamic speculation disable: drafting (stopped|resumed) at (\d+)")
 COUNTERS = re.compile(r"spec off/on switches: (\d+)/(\d+)")
+DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+).*?accept len: ([\d.]+)")
 
 
 def ok(records):
@@ -176,29 +177,77 @@ def log_transitions(lines):
     return {"stopped_lines": stopped, "resumed_lines": resumed, "decode_line_counters": counters}
 
 
+def log_accept(lines, tokens=32):
+    """Server-side acceptance from a log written at --decode-log-interval 1: each Decode batch
+    line is one step, its "accept len" the step's accepted tokens per running request (a plain
+    step counts as one). steady: the mean over steps with one running request before the first
+    "drafting stopped"; after_resume: per "drafting resumed" line, the mean over the steps that
+    follow it until they add up to `tokens` tokens per request (the requests that lived through
+    the plain steps are the ones a stale draft would hurt; a request prefilled after the resume
+    gets its draft KV written by its own prefill)."""
+    steady, after, cur, stopped = [], [], None, False
+    for line in lines:
+        m = SWITCH_LINE.search(line)
+        if m:
+            if cur is not None:
+                after.append(cur)
+                cur = None
+            if m.group(1) == "stopped":
+                stopped = True
+            else:
+                cur = []
+            continue
+        d = DECODE_LINE.search(line)
+        if not d:
+            continue
+        running, acc = int(d.group(1)), float(d.group(2))
+        if not stopped and running == 1:
+            steady.append(acc)
+        elif cur is not None and sum(cur) < tokens:
+            cur.append(acc)
+    if cur is not None:
+        after.append(cur)
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+    return {"steady": mean(steady), "steady_steps": len(steady),
+            "after_resume": [mean(a) for a in after], "steps_after_resume": [len(a) for a in after]}
+
+
 def new_entries(before, after):
     """Names present after and not before (JIT cache snapshots)."""
     return sorted(set(after) - set(before))
 
 
-def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None):
-    """Issue #24's per-worker figures for one dyn server (recs), against the baseline's and the
-    stock speculative server's records of the same protocol, and its negative control."""
+def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None):
+    """Issue #24's per-worker figures for one dyn server (recs, its log lines), against the
+    baseline's and the stock speculative server's records of the same protocol, and its negative
+    control. With a log, the headline after/before is the server-side one (log_accept: the
+    requests that lived through the plain steps); the fresh c=1 requests' figures stay beside it."""
     before = accept_len(phase(recs, "before"))
-    after_list = accept_after_resumes(recs)
+    fresh = accept_after_resumes(recs)
     res = {
-        "accept_len_before": round(before, 4) if before is not None else None,
+        "accept_len_before_client": round(before, 4) if before is not None else None,
         "accept_len_before_per_request": [round(x, 3) for x in per_request_accept(phase(recs, "before"))],
         "accept_len_spec_eq": ratio(accept_len(phase(recs, "spec_eq")), 1),
-        "accept_len_after_resume": [round(x, 4) if x is not None else None for x in after_list],
-        "accept_len_after_resume_per_request": {
+        "accept_len_after_resume_fresh": [round(x, 4) if x is not None else None for x in fresh],
+        "accept_len_after_resume_fresh_per_request": {
             c: [round(x, 3) for x in per_request_accept(phase(recs, "resume", c))] for c in crossings(recs)},
-        "after_over_before": ratio(median_or_none(after_list), before),
-        "min_after_over_before": ratio(min([x for x in after_list if x is not None], default=None), before),
+        "fresh_after_over_before": ratio(median_or_none(fresh), before),
+        "fresh_min_after_over_before": ratio(min([x for x in fresh if x is not None], default=None), before),
         "accept_len_steady_after_bursts": ratio(accept_len(phase(recs, "after")), 1),
         "c1_tok_s_before": throughput(phase(recs, "before")),
         "c1_tok_s_after": throughput(phase(recs, "after")),
     }
+    if log is not None:
+        la = log_accept(log)
+        after = la["after_resume"]
+        res.update(accept_len_before=la["steady"], accept_len_after_resume=after,
+                   steps_after_resume=la["steps_after_resume"], accept_source="server log")
+        res["after_over_before"] = ratio(median_or_none(after), la["steady"])
+        res["min_after_over_before"] = ratio(min([x for x in after if x is not None], default=None), la["steady"])
+    else:
+        res.update(accept_len_before=res["accept_len_before_client"], accept_len_after_resume=res[
+            "accept_len_after_resume_fresh"], accept_source="client (fresh c=1 requests)",
+            after_over_before=res["fresh_after_over_before"], min_after_over_before=res["fresh_min_after_over_before"])
     res["c1_after_over_before"] = ratio(res["c1_tok_s_after"], res["c1_tok_s_before"])
     eq_plain = greedy_equality(recs, ref_baseline, {"burst"})
     eq_spec = greedy_equality(recs, ref_stock, {"before", "spec_eq", "after"})
@@ -213,11 +262,18 @@ def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None):
                          "spec_vs_stock": eq_spec["mismatches"],
                          "across_crossing_vs_baseline": eq_span["mismatches"]}
     if nc_recs is not None:
+        nfresh = accept_after_resumes(nc_recs)
         nb = accept_len(phase(nc_recs, "before"))
-        nl = accept_after_resumes(nc_recs)
-        res["negative_control_accept_len_before"] = ratio(nb, 1)
-        res["negative_control_accept_len_after_resume"] = [ratio(x, 1) for x in nl]
-        res["negative_control_after_over_before"] = ratio(median_or_none(nl), nb)
+        res["negative_control_fresh_after_over_before"] = ratio(median_or_none(nfresh), nb)
+        if nc_log is not None:
+            nl = log_accept(nc_log)
+            res["negative_control_accept_len_before"] = nl["steady"]
+            res["negative_control_accept_len_after_resume"] = nl["after_resume"]
+            res["negative_control_after_over_before"] = ratio(median_or_none(nl["after_resume"]), nl["steady"])
+        else:
+            res["negative_control_accept_len_before"] = ratio(nb, 1)
+            res["negative_control_accept_len_after_resume"] = [ratio(x, 1) for x in nfresh]
+            res["negative_control_after_over_before"] = res["negative_control_fresh_after_over_before"]
         res["negative_control_greedy_equal_plain_vs_baseline"] = greedy_equality(
             nc_recs, ref_baseline, {"burst"})["fraction"]
     return res

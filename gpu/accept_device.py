@@ -66,7 +66,7 @@ class Plan:
     """The protocol's sizes (tests shrink them)."""
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
-                 eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=48, span_tokens=96,
+                 eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=48, span_tokens=128,
                  span_lead=8, resume_n=3, resume_tokens=32):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
@@ -258,16 +258,20 @@ def jit_snapshot(srv):
     return sorted(names)
 
 
+def per_worker(run, by):
+    logs = {srv.label: srv.read_log().splitlines() for srv in run.servers}
+    return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
+                                 log=logs.get(d), nc_log=logs.get(nc) if nc in by else None)
+            for w, (d, st, nc) in WORKERS.items() if d in by}
+
+
 def summarize(run, pair_report, threshold, tp=1):
     """(summary.json, first_crossing.json) from a finished run."""
     by = {}
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     base = by.get("baseline", [])
-    per = {}
-    for w, (dyn, stock, nc) in WORKERS.items():
-        if dyn in by:
-            per[w] = an.worker_summary(by[dyn], base, by.get(stock, []), by.get(nc))
+    per = per_worker(run, by)
     stock_eq = {w: an.greedy_equality(by.get(stock, []), base, {"before", "spec_eq", "after"})
                 for w, (_, stock, _) in WORKERS.items() if stock in by}
     v = per.get("v2", {})
@@ -329,8 +333,7 @@ async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     base = next((srv for srv in servers if srv.label == "baseline"), None)
-    per = {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc))
-           for w, (d, st, nc) in WORKERS.items() if d in by}
+    per = per_worker(run, by)
     mism = all_mismatches(per)
     if base is not None and base.alive() and mism:
         await run.margins(base, mism)

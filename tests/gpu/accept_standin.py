@@ -33,9 +33,9 @@ class StandIn:
         self.log.write(line + "\n")
         self.log.flush()
 
-    async def step(self):
-        """One decode step of one request: returns how many tokens it yields and whether it
-        was a verify step."""
+    async def step(self, k):
+        """One decode step of one request (its k-th verify so far): how many tokens it yields
+        and whether it was a verify step."""
         if self.threshold is not None:
             if not self.off and self.running > self.threshold:
                 self.off = True
@@ -52,15 +52,19 @@ class StandIn:
                 self.collapse_left = self.collapse_steps
                 self.write(f"[TP0] Dynamic speculation disable: drafting resumed at {self.running} "
                            f"running decode requests (x)")
-            self.write(f"Decode batch, #running-req: {self.running}, spec off/on switches: "
-                       f"{self.switches[0]}/{self.switches[1]}")
         await asyncio.sleep(max(self.step_s, self.stall_until - asyncio.get_running_loop().time()))
-        if self.accept is None or self.off:
+        if self.accept is None:
             return 1, False
-        if self.collapse_left > 0:
+        if self.off:
+            n = 1
+        elif self.collapse_left > 0:
             self.collapse_left -= 1
-            return 1, True
-        return None, True
+            n = 1
+        else:  # a fixed pattern averaging `accept` tokens per verify
+            n = int((k + 1) * self.accept) - int(k * self.accept)
+        counters = f"spec off/on switches: {self.switches[0]}/{self.switches[1]}, " if self.threshold else ""
+        self.write(f"Decode batch, #running-req: {self.running}, accept len: {n:.2f}, {counters}")
+        return n, True
 
     async def generate(self, request):
         j = await request.json()
@@ -76,14 +80,11 @@ class StandIn:
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-        out, ctx, verify, k = [], list(ids), 0, 0
+        out, ctx, verify = [], list(ids), 0
         self.running += 1
         try:
             while len(out) < sp["max_new_tokens"]:
-                n, is_verify = await self.step()
-                if n is None:  # speculating: a fixed pattern averaging `accept` tokens per verify
-                    n = int((k + 1) * self.accept) - int(k * self.accept)
-                    k += 1
+                n, is_verify = await self.step(verify)
                 verify += is_verify
                 for _ in range(min(n, sp["max_new_tokens"] - len(out))):
                     t = next_token(ctx)

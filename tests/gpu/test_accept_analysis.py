@@ -115,3 +115,29 @@ def test_c1_throughput_sums_durations_not_the_span():
 def test_new_jit_entries():
     assert an.new_entries(["triton:a", "triton:b"], ["triton:b", "triton:c", "flashinfer:x"]) == [
         "flashinfer:x", "triton:c"]
+
+
+def decode(running, acc):
+    return f"[2026 TP0] Decode batch, #running-req: {running}, #token: 9, accept len: {acc:.2f}, accept rate: 0.5, "
+
+
+def switch(kind, n):
+    return f"[2026 TP0] Dynamic speculation disable: drafting {kind} at {n} running decode requests (x)"
+
+
+def test_log_accept_steady_and_the_steps_after_each_resume():
+    lines = ([decode(1, 3.0), decode(1, 2.0), decode(2, 1.0)]          # steady: c=1 lines only
+             + [switch("stopped", 20)] + [decode(20, 1.0)] * 5 + [switch("resumed", 1)]
+             + [decode(1, 1.0), decode(1, 1.0)] + [decode(1, 3.0)] * 20   # a collapse, then back
+             + [switch("stopped", 20), decode(20, 1.0), switch("resumed", 2)]
+             + [decode(2, 2.5)] * 20)
+    la = an.log_accept(lines, tokens=8)
+    assert la["steady"] == pytest.approx(2.5) and la["steady_steps"] == 2
+    # after resume 1: 1 + 1 + 3 + 3 = 8 tokens in 4 steps; after resume 2: 2.5 x 4 = 10 >= 8
+    assert la["after_resume"] == pytest.approx([2.0, 2.5])
+    assert la["steps_after_resume"] == [4, 4]
+    # worker_summary takes 32 tokens: 1 + 1 + 3 x 10 in 12 steps, then 2.5 x 13 steps
+    s = an.worker_summary([], [], [], log=lines, nc_log=None)
+    assert s["accept_len_after_resume"] == pytest.approx([32 / 12, 2.5], abs=1e-4)
+    assert s["after_over_before"] == pytest.approx((32 / 12 + 2.5) / 2 / 2.5, abs=1e-4)
+    assert s["min_after_over_before"] == pytest.approx(1.0) and s["accept_source"] == "server log"
