@@ -90,12 +90,17 @@ def greedy_equality(recs, ref, phases):
         if pos is None:
             equal += 1
         else:
-            mism.append({"phase": r["phase"], "crossing": r.get("crossing"), "idx": r["idx"],
+            mism.append({"server": r["server"], "ref_server": o["server"], "phase": r["phase"],
+                         "crossing": r.get("crossing"), "idx": r["idx"],
                          "first_diff": pos, "prompt_ids": r.get("prompt_ids"),
                          "common_prefix": o["output_ids"][:pos],
                          "token": r["output_ids"][pos] if pos < len(r["output_ids"]) else None,
                          "ref_token": o["output_ids"][pos] if pos < len(o["output_ids"]) else None})
     return {"equal": equal, "of": n, "fraction": round(equal / n, 4) if n else None, "mismatches": mism}
+
+
+def mismatch_key(m):
+    return (m["server"], m["ref_server"], m["phase"], m["crossing"], m["idx"], m["first_diff"])
 
 
 def margin_from_top_logprobs(top):

@@ -97,7 +97,7 @@ def outputs_of(chunks):
 async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
     """One /generate request; fills rec with outputs, meta and (streamed) chunk arrival times.
     progress: an asyncio.Event set once `rec["lead"]` tokens have streamed."""
-    rec.update(prompt_ids=ids, t_start=time.time(), error=None, arrivals=[])
+    rec.update(prompt_ids=ids, t_start=time.time(), arrivals=[])
     try:
         async with s.post(srv.base + "/generate", json=body(ids, max_tokens, stream)) as r:
             if r.status != 200:
@@ -121,7 +121,7 @@ async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
                         progress.set()
         meta = chunks[-1].get("meta_info", {})
         rec.update(output_ids=outputs_of(chunks), completion_tokens=meta.get("completion_tokens", 0),
-                   spec_verify_ct=meta.get("spec_verify_ct"))
+                   spec_verify_ct=meta.get("spec_verify_ct"), error=None)
     except Exception as e:
         rec.update(error=repr(e)[:300], output_ids=[], completion_tokens=0, spec_verify_ct=None)
     finally:
@@ -139,7 +139,10 @@ class Run:
         self.raw = {"jit": {}, "log_after_healthy": {}, "phases_done": []}
 
     def rec(self, srv, phase, idx, crossing=None, **kw):
-        r = {"server": srv.label, "phase": phase, "crossing": crossing, "idx": idx, **kw}
+        # a request cut short by the budget keeps these: counted as failed, never as output
+        r = {"server": srv.label, "phase": phase, "crossing": crossing, "idx": idx, "output_ids": [],
+             "completion_tokens": 0, "spec_verify_ct": None, "arrivals": [], "t_start": None,
+             "t_end": None, "error": "not finished", **kw}
         self.records.append(r)
         return r
 
@@ -286,7 +289,7 @@ def summarize(run, pair_report, threshold, tp=1):
                         "heldout": pair_report.get("target", {}).get("heldout_loss")},
         "threshold": threshold,
         "hysteresis": f"patch default max(1, {threshold} // 4) = {max(1, threshold // 4)}",
-        "prompts": len({r["idx"] for r in run.records}),
+        "prompts": len({tuple(r["prompt_ids"]) for r in run.records if r.get("prompt_ids")}),
         "crossings": len(an.crossings(by.get(WORKERS["v2"][0], []))),
         **{k: v.get(k) for k in ("accept_len_before", "accept_len_after_resume", "after_over_before",
                                  "negative_control_after_over_before",
@@ -337,12 +340,12 @@ async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
     mism = all_mismatches(per)
     if base is not None and base.alive() and mism:
         await run.margins(base, mism)
-    margins = {(m["phase"], m["crossing"], m["idx"]): m for m in mism if "margin" in m or "margin_error" in m}
+    margins = {an.mismatch_key(m): m for m in mism if "margin" in m or "margin_error" in m}
     summary, first = summarize(run, pair_report, plan.threshold)
     for w, d in summary["per_worker"].items():
         for n, ms in d["mismatches"].items():
             for m in ms:
-                m.update({k: v for k, v in margins.get((m["phase"], m["crossing"], m["idx"]), {}).items()
+                m.update({k: v for k, v in margins.get(an.mismatch_key(m), {}).items()
                           if k in ("margin", "baseline_top2", "margin_error")})
         allm = [m for ms in d["mismatches"].values() for m in ms]
         d["mismatches_with_margin_below_1e-2"] = sum(1 for m in allm if (m.get("margin") or 1) < 1e-2)

@@ -49,7 +49,8 @@ SIZES = {
 }
 TTT = 4  # draft steps unrolled in training (SGLang runs 3 with --speculative-num-steps 3)
 HELDOUT_FRACTION = 0.1
-MAX_FILE_BYTES = 200_000  # generated tables and vendored blobs teach little
+MAX_FILE_BYTES = 200_000
+TOKENIZER_BYTES = 4_000_000  # generated tables and vendored blobs teach little
 
 
 def log(*a):
@@ -348,10 +349,24 @@ def windows(stream, seq, n, gen):
     return torch.stack([stream[s: s + seq] for s in starts.tolist()])
 
 
+def plan_steps(step, planned, max_steps, seconds, t0, marks, what):
+    """With a time budget, the step count is fixed once, from the pace of steps 10..30 (the
+    first ones pay for CUDA/cuBLAS start-up): the cosine schedule needs its end."""
+    if not seconds:
+        return planned
+    if step == 10:
+        marks["t10"] = time.time()
+    if step == 30:
+        per = (time.time() - marks["t10"]) / 20
+        planned = min(max_steps, max(step + 1, step + int((seconds - (time.time() - t0)) / per)))
+        log(f"{what}: {per * 1000:.1f} ms/step, planning {planned} steps for {seconds} s")
+    return planned
+
+
 def train_target(target, stream, held, sz, dev, seconds, max_steps, gen, amp):
     import torch
     opt = torch.optim.AdamW(target.parameters(), lr=sz["lr"], betas=(0.9, 0.95), weight_decay=0.1)
-    curve, t0, step, tokens = [], time.time(), 0, 0
+    curve, t0, step, tokens, marks = [], time.time(), 0, 0, {}
     planned = max_steps
     warm = 50 if max_steps > 200 else max(1, max_steps // 10)
     target.train()
@@ -370,11 +385,7 @@ def train_target(target, stream, held, sz, dev, seconds, max_steps, gen, amp):
         opt.step()
         step += 1
         tokens += x[:, :-1].numel()
-        if step == 20 and seconds:
-            # the time budget becomes a step count once: the cosine schedule needs its end
-            per = (time.time() - t0) / step
-            planned = min(max_steps, max(step + 1, int(seconds / per)))
-            log(f"target: {per * 1000:.1f} ms/step, planning {planned} steps for {seconds} s")
+        planned = plan_steps(step, planned, max_steps, seconds, t0, marks, "target")
         if step % max(1, planned // 20) == 0 or step == planned:
             curve.append([step, round(loss.item(), 4)])
             log(f"target step {step}/{planned} loss {loss.item():.3f} "
@@ -420,7 +431,7 @@ def train_draft(target, cap, p, cfg, seqs, held_seqs, sz, dev, seconds, max_step
     import torch
     embed = target.model.embed_tokens
     opt = torch.optim.AdamW(list(p.values()), lr=sz["lr"], betas=(0.9, 0.95), weight_decay=0.0)
-    t0, step, planned, curve = time.time(), 0, max_steps, []
+    t0, step, planned, curve, marks = time.time(), 0, max_steps, [], {}
     while step < planned:
         idx = torch.randint(0, len(seqs), (sz["draft_batch"],), generator=gen)
         ids = seqs[idx.to(seqs.device)]
@@ -436,10 +447,7 @@ def train_draft(target, cap, p, cfg, seqs, held_seqs, sz, dev, seconds, max_step
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
         opt.step()
         step += 1
-        if step == 10 and seconds:
-            per = (time.time() - t0) / step
-            planned = min(max_steps, max(step + 1, int(seconds / per)))
-            log(f"draft: {per * 1000:.1f} ms/step, planning {planned} steps for {seconds} s")
+        planned = plan_steps(step, planned, max_steps, seconds, t0, marks, "draft")
         if step % max(1, planned // 10) == 0 or step == planned:
             curve.append([step, round(loss.item(), 4)])
             log(f"draft step {step}/{planned} loss {loss.item():.3f}")
@@ -486,7 +494,7 @@ def main(argv=None):
     ap.add_argument("--target-steps", type=int, default=100_000)
     ap.add_argument("--draft-s", type=float, default=0)
     ap.add_argument("--draft-steps", type=int, default=100_000)
-    ap.add_argument("--heldout-prompts", type=int, default=128)
+    ap.add_argument("--heldout-prompts", type=int, default=400)
     ap.add_argument("--sim-prompts", type=int, default=16)
     ap.add_argument("--sim-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -518,8 +526,13 @@ def main(argv=None):
         f"{len(held_texts)} held-out files ({sum(map(len, held_texts))} chars)")
     tok_dir = os.path.join(a.out, "tok-trained")
     t1 = time.time()
-    tok, ids = train_tokenizer(tok_dir, train_texts[: max(1, len(train_texts) // 4)] if a.size == "small"
-                               else train_texts, sz["vocab"])
+    tok_texts, n = [], 0
+    for t in train_texts:  # BPE merges settle on a few MB; training on all of it costs minutes
+        if n >= TOKENIZER_BYTES:
+            break
+        tok_texts.append(t)
+        n += len(t)
+    tok, ids = train_tokenizer(tok_dir, tok_texts, sz["vocab"])
     vocab = tok.get_vocab_size()
     bos = ids["<|begin_of_text|>"]
     stream = torch.tensor(token_stream(tok, train_texts, bos))

@@ -52,6 +52,7 @@ def test_greedy_equality_matches_phase_crossing_and_prompt_and_reports_first_dif
     assert (e["equal"], e["of"], e["fraction"]) == (2, 3, pytest.approx(0.6667, abs=1e-4))
     (m,) = e["mismatches"]
     assert (m["crossing"], m["idx"], m["first_diff"], m["token"], m["ref_token"]) == (1, 1, 2, 0, 7)
+    assert (m["server"], m["ref_server"]) == ("d", "b")
     assert m["common_prefix"] == [5, 6]
     assert an.greedy_equality(dyn, base, {"span"})["fraction"] is None
 

@@ -96,7 +96,7 @@ def test_greedy_equality_and_the_margin_of_every_mismatch(result):
     mism = v1["mismatches"]["plain_vs_baseline"]
     assert mism and all(m["first_diff"] == 5 for m in mism)
     assert v1["greedy_equal_plain_vs_baseline"] < 1.0
-    assert all(m["margin"] == pytest.approx(0.004) for m in mism)
+    assert all(m["margin"] == pytest.approx(0.004) and m["server"] == "eagle3-dyn" for m in mism)
     assert v1["mismatches_with_margin_below_1e-2"] == v1["mismatches_total"] == len(
         [m for ms in v1["mismatches"].values() for m in ms])
     assert "prompt_ids" not in mism[0]
@@ -129,4 +129,7 @@ def test_budget_stops_crossings_early_and_still_writes_summaries(tmp_path):
     summary, first = asyncio.run(run_all(tmp_path, crossings=10_000, budget=25))
     assert 1 <= summary["crossings"] < 10_000
     assert ad.left() > 0  # it ended inside its budget
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    # a request the budget cut short is marked failed, never taken for an (empty) output
+    assert all(r["error"] is not None or r["completion_tokens"] > 0 for r in recs)
     assert (tmp_path / "summary.json").exists() and (tmp_path / "first_crossing.json").exists()
