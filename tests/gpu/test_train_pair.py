@@ -194,3 +194,23 @@ def test_same_seed_same_pair_other_seed_other_pair(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         assert any(not torch.equal(a[k], c[k]) for k in a if a[k].dtype.is_floating_point)
     assert (tmp_path / "a" / "heldout.json").read_text() == (tmp_path / "b" / "heldout.json").read_text()
+
+
+def test_a_time_budget_becomes_a_step_count_from_the_pace_after_start_up(monkeypatch):
+    clock = {"t": 100.0}
+    monkeypatch.setattr(tp, "time", type("T", (), {"time": staticmethod(lambda: clock["t"])}))
+    marks, planned = {}, 100_000
+    t0 = clock["t"]
+    for step in range(1, 31):
+        clock["t"] += 5.0 if step <= 10 else 0.5  # slow first steps (start-up), then 0.5 s a step
+        planned = tp.plan_steps(step, planned, 100_000, 60, t0, marks, "target")
+        if step < 30:
+            assert planned == 100_000
+    # 60 s budget, 60 s spent (10 x 5 + 20 x 0.5): nothing left, so it ends at the next step
+    assert planned == 31
+    marks, planned, clock["t"] = {}, 100_000, t0
+    for step in range(1, 31):
+        clock["t"] += 0.25
+        planned = tp.plan_steps(step, planned, 100_000, 60, t0, marks, "target")
+    assert planned == 30 + 210  # (60 s - 7.5 s spent) / 0.25 s a step
+    assert tp.plan_steps(30, 7, 7, 0, t0, {}, "target") == 7  # no budget: the step count given
