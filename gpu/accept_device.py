@@ -359,6 +359,30 @@ async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
     return summary, first
 
 
+def stop_all(servers, grace_s=6.0):
+    """SIGTERM to every server at once, SIGKILL to those still up after grace_s (one after
+    another, Server.stop could take 10 s each out of the budget)."""
+    import signal
+    for srv in servers:
+        if srv.proc is not None and srv.proc.poll() is None:
+            try:
+                os.killpg(srv.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    t = time.time()
+    while time.time() - t < grace_s and any(srv.proc is not None and srv.proc.poll() is None for srv in servers):
+        time.sleep(0.25)
+    for srv in servers:
+        if srv.proc is None:
+            continue
+        try:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        srv.proc.wait()
+        srv.log.close()
+
+
 def make_servers(labels, threshold, mem, pair):
     import shapes_device
     group = {"name": "acc", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
@@ -416,8 +440,7 @@ async def main():
                     "first_resume_max_gap_ms", "later_resumes_max_gap_ms_median", "median_step_ms")}))
                 say("  jit new after healthy:", (r["jit_new_after_healthy"] or [])[:12])
         finally:
-            for srv in servers:
-                srv.stop()
+            stop_all(servers)
             scans = {srv.label: srv.scan_log() for srv in servers}
             with open(os.path.join(a.out, "logs_scan.json"), "w") as f:
                 json.dump(scans, f, indent=1)

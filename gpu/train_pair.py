@@ -509,7 +509,7 @@ def main(argv=None):
     T0 = time.time()
     sz = SIZES[a.size]
     dev = pick_device(a.device)
-    amp = dev == "cuda"
+    amp = dev == "cuda" or os.environ.get("TRAIN_AMP") == "1"  # TRAIN_AMP=1: the bf16 path on the CPU
     torch.manual_seed(a.seed)
     if dev == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

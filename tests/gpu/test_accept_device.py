@@ -2,6 +2,7 @@
 SGLang's /generate (tests/gpu/accept_standin.py) on loopback, one per server of the real run."""
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -133,3 +134,24 @@ def test_budget_stops_crossings_early_and_still_writes_summaries(tmp_path):
     # a request the budget cut short is marked failed, never taken for an (empty) output
     assert all(r["error"] is not None or r["completion_tokens"] > 0 for r in recs)
     assert (tmp_path / "summary.json").exists() and (tmp_path / "first_crossing.json").exists()
+
+
+def test_stop_all_terms_every_server_at_once_and_kills_the_stubborn(tmp_path):
+    import subprocess
+
+    class Srv:
+        def __init__(self, cmd):
+            self.log = open(tmp_path / f"{len(cmd)}.log", "w")
+            self.proc = subprocess.Popen(cmd, start_new_session=True, stdout=self.log)
+
+    polite = Srv(["sleep", "60"])
+    ready = tmp_path / "trap-set"
+    stubborn = Srv(["bash", "-c", f"trap '' TERM; touch {ready}; sleep 60 & wait; sleep 60"])
+    never = type("S", (), {"proc": None})()
+    for _ in range(400):  # until the trap is set (a TERM before it would end bash)
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    ad.stop_all([polite, stubborn, never], grace_s=0.5)
+    assert polite.proc.returncode == -15 and stubborn.proc.returncode == -9
+    assert polite.log.closed and stubborn.log.closed
