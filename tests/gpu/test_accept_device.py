@@ -155,3 +155,32 @@ def test_stop_all_terms_every_server_at_once_and_kills_the_stubborn(tmp_path):
     ad.stop_all([polite, stubborn, never], grace_s=0.5)
     assert polite.proc.returncode == -15 and stubborn.proc.returncode == -9
     assert polite.log.closed and stubborn.log.closed
+
+
+def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
+    import pathlib
+    import tomllib
+    profiles = pathlib.Path(__file__).resolve().parents[2] / "profiles"
+
+    def profile(name):
+        p = tomllib.loads((profiles / f"{name}.toml").read_text())
+        base = profile(p["extends"]) if "extends" in p else {"flags": [], "env": {}}
+        return {"flags": p.get("flags", base["flags"]), "env": {**base["env"], **p.get("env", {})}}
+
+    servers = {s.label: s for s in ad.make_servers(list(ad.SERVERS), 8, 0.09, "trained")}
+    assert set(servers) == set(ad.SERVERS)
+    for label, srv in servers.items():
+        want = profile(ad.SERVERS[label][0])
+        flags = [f.replace("{draft_model}", "/tmp/models/draft-trained") for f in want["flags"]]
+        cmd = srv.cmd
+        for k in range(0, len(flags), 2):  # every flag of the profile, with its value
+            i = cmd.index(flags[k])
+            assert cmd[i + 1] == flags[k + 1], (label, flags[k])
+        assert cmd[len(cmd) - cmd[::-1].index("--decode-log-interval")] == "1"  # the last one wins
+        for key, value in want["env"].items():
+            if key == "SGLANG_SPEC_DISABLE_THRESHOLD":
+                assert srv.env_shown[key] == "8"
+            elif key != "SGLANG_SPEC_DISABLE_HYSTERESIS":  # left to the patch's default
+                assert srv.env_shown[key] == value, (label, key)
+        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
+        assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
