@@ -1,0 +1,289 @@
+"""Turn the raw records of gpu/accept_device.py into the summaries of issues #24 and #25.
+
+Standard library only (tested on the CPU: tests/gpu/test_accept_analysis.py).
+
+A request record (one per /generate request, as accept_device writes them to records.jsonl):
+  {"server": label, "phase": "before" | "spec_eq" | "burst" | "span" | "resume" | "after",
+   "crossing": int or None, "idx": prompt index, "prompt_ids": [...], "output_ids": [...],
+   "completion_tokens": int, "spec_verify_ct": int or None, "t_start": s, "t_end": s,
+   "arrivals": [s, ...] (streamed requests: when each chunk came), "error": str or None}
+"""
+import re
+import statistics
+
+SWITCH_LINE = re.compile(r"Dynamic speculation disable: drafting (stopped|resumed) at (\d+)")
+COUNTERS = re.compile(r"spec off/on switches: (\d+)/(\d+)")
+DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+).*?accept len: ([\d.]+)")
+
+
+def ok(records):
+    return [r for r in records if not r.get("error")]
+
+
+def accept_len(records):
+    """SGLang's accept length over requests: completion tokens per verify step (None when no
+    request reports a verify count: a server that does not speculate)."""
+    rs = [r for r in ok(records) if r.get("spec_verify_ct")]
+    if not rs:
+        return None
+    return sum(r["completion_tokens"] for r in rs) / sum(r["spec_verify_ct"] for r in rs)
+
+
+def per_request_accept(records):
+    return [r["completion_tokens"] / r["spec_verify_ct"] for r in ok(records) if r.get("spec_verify_ct")]
+
+
+def phase(records, name, crossing=None):
+    return [r for r in records if r["phase"] == name and (crossing is None or r.get("crossing") == crossing)]
+
+
+def crossings(records):
+    return sorted({r["crossing"] for r in records if r.get("crossing") is not None})
+
+
+def accept_after_resumes(records):
+    """Per crossing, the accept length of the fresh c=1 requests sent after the burst drained."""
+    return [accept_len(phase(records, "resume", c)) for c in crossings(records)]
+
+
+def ratio(a, b):
+    return round(a / b, 4) if a is not None and b else None
+
+
+def median_or_none(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def throughput(records):
+    """Output tokens per second of requests sent one after another (c=1): tokens over the sum
+    of their durations."""
+    rs = ok(records)
+    wall = sum(r["t_end"] - r["t_start"] for r in rs)
+    return round(sum(r["completion_tokens"] for r in rs) / wall, 1) if wall > 0 else None
+
+
+def first_diff(a, b):
+    """First position where two token lists differ (the shorter length if one is a prefix of
+    the other, None when equal)."""
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return k
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def key(r):
+    return (r["phase"], r.get("crossing"), r["idx"])
+
+
+def greedy_equality(recs, ref, phases):
+    """Requests of `phases` in recs against the same (phase, crossing, prompt) in ref: the
+    fraction with identical output ids, and each mismatch with its first differing position."""
+    by = {key(r): r for r in ok(ref) if r["phase"] in phases}
+    equal, n, mism = 0, 0, []
+    for r in ok(recs):
+        if r["phase"] not in phases or key(r) not in by:
+            continue
+        n += 1
+        o = by[key(r)]
+        pos = first_diff(r["output_ids"], o["output_ids"])
+        if pos is None:
+            equal += 1
+        else:
+            mism.append({"server": r["server"], "ref_server": o["server"], "phase": r["phase"],
+                         "crossing": r.get("crossing"), "idx": r["idx"],
+                         "first_diff": pos, "prompt_ids": r.get("prompt_ids"),
+                         "common_prefix": o["output_ids"][:pos],
+                         "token": r["output_ids"][pos] if pos < len(r["output_ids"]) else None,
+                         "ref_token": o["output_ids"][pos] if pos < len(o["output_ids"]) else None})
+    return {"equal": equal, "of": n, "fraction": round(equal / n, 4) if n else None, "mismatches": mism}
+
+
+def mismatch_key(m):
+    return (m["server"], m["ref_server"], m["phase"], m["crossing"], m["idx"], m["first_diff"])
+
+
+def margin_from_top_logprobs(top):
+    """The top-2 margin from SGLang's output_top_logprobs entry of one position (a list of
+    [logprob, token_id, text]): log-softmax shifts every logit alike, so the logprob difference
+    is the logit difference."""
+    vals = sorted((float(t[0]) for t in top if t and t[0] is not None), reverse=True)
+    return round(vals[0] - vals[1], 6) if len(vals) >= 2 else None
+
+
+def stream_gaps(arrivals, t0, t1):
+    """Gaps between consecutive chunk arrivals of one stream whose later arrival lies in [t0, t1]."""
+    return [b - a for a, b in zip(arrivals, arrivals[1:]) if t0 <= b <= t1]
+
+
+def window_max_gap_ms(records, t0, t1):
+    gaps = [g for r in ok(records) for g in stream_gaps(r.get("arrivals") or [], t0, t1)]
+    return round(1000 * max(gaps), 2) if gaps else None
+
+
+def median_gap_ms(records):
+    gaps = [g for r in ok(records) for g in stream_gaps(r.get("arrivals") or [], float("-inf"), float("inf"))]
+    return round(1000 * statistics.median(gaps), 2) if gaps else None
+
+
+def crossing_windows(windows):
+    """windows: per crossing {"crossing", "burst_t0", "burst_t1", "resume_t1"} as the driver
+    recorded them. Returns them sorted by crossing."""
+    return sorted(windows, key=lambda w: w["crossing"])
+
+
+def stall_gaps(records, windows):
+    """Per crossing: the longest inter-chunk gap of any stream while the burst ran (the
+    crossing: drafting stops) and after it drained up to the last resume request (drafting
+    resumes). Streams: the burst's, the request spanning it, the resume requests."""
+    out = []
+    for w in crossing_windows(windows):
+        rs = [r for r in records if r.get("crossing") == w["crossing"]]
+        out.append({"crossing": w["crossing"],
+                    "crossing_max_gap_ms": window_max_gap_ms(rs, w["burst_t0"], w["burst_t1"]),
+                    "resume_max_gap_ms": window_max_gap_ms(rs, w["burst_t1"], w["resume_t1"])})
+    return out
+
+
+def stall_summary(gaps, tp=1, server=None, median_step_ms=None):
+    """Issue #25's first-crossing figures from stall_gaps(): the first crossing's and the first
+    resume's longest gap against the median of the later ones."""
+    cg = [g["crossing_max_gap_ms"] for g in gaps]
+    rg = [g["resume_max_gap_ms"] for g in gaps]
+    later_c, later_r = median_or_none(cg[1:]), median_or_none(rg[1:])
+    first_c = cg[0] if cg else None
+    first_r = rg[0] if rg else None
+    return {"tp": tp, "server": server, "crossings": len(gaps),
+            "first_crossing_max_gap_ms": first_c, "later_crossings_max_gap_ms_median": later_c,
+            "first_resume_max_gap_ms": first_r, "later_resumes_max_gap_ms_median": later_r,
+            "first_crossing_over_later": ratio(first_c, later_c),
+            "first_resume_over_later": ratio(first_r, later_r),
+            "goal_met": (None if None in (first_c, later_c, first_r, later_r) else
+                         first_c <= 1.5 * later_c and first_r <= 1.5 * later_r),
+            "median_step_ms": median_step_ms,
+            "crossing_max_gap_ms": cg, "resume_max_gap_ms": rg}
+
+
+def log_transitions(lines):
+    """Switch lines ("drafting stopped/resumed at N") counted, and the last "spec off/on
+    switches: X/Y" counters of the Decode batch lines."""
+    stopped = resumed = 0
+    counters = None
+    for line in lines:
+        m = SWITCH_LINE.search(line)
+        if m:
+            if m.group(1) == "stopped":
+                stopped += 1
+            else:
+                resumed += 1
+        c = COUNTERS.search(line)
+        if c:
+            counters = [int(c.group(1)), int(c.group(2))]
+    return {"stopped_lines": stopped, "resumed_lines": resumed, "decode_line_counters": counters}
+
+
+def log_accept(lines, tokens=32):
+    """Server-side acceptance from a log written at --decode-log-interval 1: each Decode batch
+    line is one step, its "accept len" the step's accepted tokens per running request (a plain
+    step counts as one). steady: the mean over steps with one running request before the first
+    "drafting stopped"; after_resume: per "drafting resumed" line, the mean over the steps that
+    follow it until they add up to `tokens` tokens per request (the requests that lived through
+    the plain steps are the ones a stale draft would hurt; a request prefilled after the resume
+    gets its draft KV written by its own prefill)."""
+    steady, after, cur, stopped = [], [], None, False
+    for line in lines:
+        m = SWITCH_LINE.search(line)
+        if m:
+            if cur is not None:
+                after.append(cur)
+                cur = None
+            if m.group(1) == "stopped":
+                stopped = True
+            else:
+                cur = []
+            continue
+        d = DECODE_LINE.search(line)
+        if not d:
+            continue
+        running, acc = int(d.group(1)), float(d.group(2))
+        if not stopped and running == 1:
+            steady.append(acc)
+        elif cur is not None and sum(cur) < tokens:
+            cur.append(acc)
+    if cur is not None:
+        after.append(cur)
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+    return {"steady": mean(steady), "steady_steps": len(steady),
+            "after_resume": [mean(a) for a in after], "steps_after_resume": [len(a) for a in after]}
+
+
+def new_entries(before, after):
+    """Names present after and not before (JIT cache snapshots)."""
+    return sorted(set(after) - set(before))
+
+
+def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None):
+    """Issue #24's per-worker figures for one dyn server (recs, its log lines), against the
+    baseline's and the stock speculative server's records of the same protocol, and its negative
+    control. With a log, the headline after/before is the server-side one (log_accept: the
+    requests that lived through the plain steps); the fresh c=1 requests' figures stay beside it."""
+    before = accept_len(phase(recs, "before"))
+    fresh = accept_after_resumes(recs)
+    res = {
+        "accept_len_before_client": round(before, 4) if before is not None else None,
+        "accept_len_before_per_request": [round(x, 3) for x in per_request_accept(phase(recs, "before"))],
+        "accept_len_spec_eq": ratio(accept_len(phase(recs, "spec_eq")), 1),
+        "accept_len_after_resume_fresh": [round(x, 4) if x is not None else None for x in fresh],
+        "accept_len_after_resume_fresh_per_request": {
+            c: [round(x, 3) for x in per_request_accept(phase(recs, "resume", c))] for c in crossings(recs)},
+        "fresh_after_over_before": ratio(median_or_none(fresh), before),
+        "fresh_min_after_over_before": ratio(min([x for x in fresh if x is not None], default=None), before),
+        "accept_len_steady_after_bursts": ratio(accept_len(phase(recs, "after")), 1),
+        "c1_tok_s_before": throughput(phase(recs, "before")),
+        "c1_tok_s_after": throughput(phase(recs, "after")),
+    }
+    if log is not None:
+        la = log_accept(log)
+        after = la["after_resume"]
+        res.update(accept_len_before=la["steady"], accept_len_after_resume=after,
+                   steps_after_resume=la["steps_after_resume"], accept_source="server log")
+        res["after_over_before"] = ratio(median_or_none(after), la["steady"])
+        res["min_after_over_before"] = ratio(min([x for x in after if x is not None], default=None), la["steady"])
+    else:
+        res.update(accept_len_before=res["accept_len_before_client"], accept_len_after_resume=res[
+            "accept_len_after_resume_fresh"], accept_source="client (fresh c=1 requests)",
+            after_over_before=res["fresh_after_over_before"], min_after_over_before=res["fresh_min_after_over_before"])
+    res["c1_after_over_before"] = ratio(res["c1_tok_s_after"], res["c1_tok_s_before"])
+    eq_plain = greedy_equality(recs, ref_baseline, {"burst"})
+    eq_spec = greedy_equality(recs, ref_stock, {"before", "spec_eq", "after"})
+    eq_span = greedy_equality(recs, ref_baseline, {"span"})
+    res["greedy_equal_plain_vs_baseline"] = eq_plain["fraction"]
+    res["greedy_equal_spec_vs_stock"] = eq_spec["fraction"]
+    res["greedy_equal_across_crossing_vs_baseline"] = eq_span["fraction"]
+    res["equality_counts"] = {n: [e["equal"], e["of"]] for n, e in
+                              (("plain_vs_baseline", eq_plain), ("spec_vs_stock", eq_spec),
+                               ("across_crossing_vs_baseline", eq_span))}
+    res["mismatches"] = {"plain_vs_baseline": eq_plain["mismatches"],
+                         "spec_vs_stock": eq_spec["mismatches"],
+                         "across_crossing_vs_baseline": eq_span["mismatches"]}
+    if nc_recs is not None:
+        nfresh = accept_after_resumes(nc_recs)
+        nb = accept_len(phase(nc_recs, "before"))
+        res["negative_control_fresh_after_over_before"] = ratio(median_or_none(nfresh), nb)
+        if nc_log is not None:
+            nl = log_accept(nc_log)
+            res["negative_control_accept_len_before"] = nl["steady"]
+            res["negative_control_accept_len_after_resume"] = nl["after_resume"]
+            res["negative_control_after_over_before"] = ratio(median_or_none(nl["after_resume"]), nl["steady"])
+        else:
+            res["negative_control_accept_len_before"] = ratio(nb, 1)
+            res["negative_control_accept_len_after_resume"] = [ratio(x, 1) for x in nfresh]
+            res["negative_control_after_over_before"] = res["negative_control_fresh_after_over_before"]
+        res["negative_control_greedy_equal_plain_vs_baseline"] = greedy_equality(
+            nc_recs, ref_baseline, {"burst"})["fraction"]
+    return res
+
+
+def strip_mismatch(m):
+    """A mismatch as it goes into summary.json (prompt ids and prefix dropped, margin kept)."""
+    return {k: v for k, v in m.items() if k not in ("prompt_ids", "common_prefix")}

@@ -1,0 +1,452 @@
+"""Real acceptance across dyn-disable's crossings (issue #24) and the first-crossing stall
+(issue #25 part 1), on the trained pair (gpu/train_pair.py), simulation off.
+
+Usage (from the repo root, after gpu/run_accept.sh has prepared /tmp/site and trained the pair):
+  python3 gpu/accept_device.py --out DIR [--budget-s 300] [--threshold 8] [--crossings 10]
+
+Servers side by side on one GPU (shapes_device.Server: the flags `invoke server start` gives
+the profiles), pair "trained", decode log every step, each with its own TRITON_CACHE_DIR:
+  baseline, eagle3-v2 (stock), eagle3-v2-dyn, eagle3 (stock v1 tree), eagle3-dyn, and the
+  negative controls eagle3-v2-dyn-nc / eagle3-dyn-nc (SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV=1:
+  the draft's KV is not written while plain).
+Every server runs the same protocol, phase by phase, all servers at once (so each phase meets
+the same neighbours on the GPU): `before` (8 held-out prompts at c=1, 64 tokens), `spec_eq`
+(64 prompts at c=4, below the threshold), then per crossing a streamed request that spans it
+(`span`, 96 tokens; the burst starts once it has streamed 8 tokens), a burst of 2*threshold+4
+streamed requests (`burst`, 48 tokens), and once it has drained 3 fresh c=1 streamed requests of
+32 tokens (`resume`); finally `after` (the `before` prompts again). Then the baseline is asked
+for the top-2 logprobs at every mismatch's first differing position.
+Writes DIR/records.jsonl (one line per request), DIR/summary.json (issue #24),
+DIR/first_crossing.json (issue #25) and DIR/accept_raw.json (JIT cache snapshots, log lines
+after healthy, transitions); server logs under /tmp/dyn-logs.
+"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import accept_analysis as an  # noqa: E402
+
+T0 = time.time()
+BUDGET = 300.0
+NC_ENV = {"SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV": "1"}
+# label -> (profile, extra env)
+SERVERS = {
+    "baseline": ("baseline", {}),
+    "eagle3-v2": ("eagle3-v2", {}),
+    "eagle3-v2-dyn": ("eagle3-v2-dyn", {}),
+    "eagle3": ("eagle3", {}),
+    "eagle3-dyn": ("eagle3-dyn", {}),
+    "eagle3-v2-dyn-nc": ("eagle3-v2-dyn", NC_ENV),
+    "eagle3-dyn-nc": ("eagle3-dyn", NC_ENV),
+}
+# per worker: the dyn server, its stock reference, its negative control
+WORKERS = {"v2": ("eagle3-v2-dyn", "eagle3-v2", "eagle3-v2-dyn-nc"),
+           "v1": ("eagle3-dyn", "eagle3", "eagle3-dyn-nc")}
+
+
+def el():
+    return time.time() - T0
+
+
+def left():
+    return BUDGET - el()
+
+
+def say(*a):
+    print(f"[t={el():.1f}s]", *a, flush=True)
+
+
+class Plan:
+    """The protocol's sizes (tests shrink them)."""
+
+    def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
+                 eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=48, span_tokens=128,
+                 span_lead=8, resume_n=3, resume_tokens=32):
+        self.threshold, self.crossings = threshold, crossings
+        self.before_n, self.before_tokens = before_n, before_tokens
+        self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
+        self.burst = 2 * threshold + burst_extra
+        self.burst_tokens, self.span_tokens, self.span_lead = burst_tokens, span_tokens, span_lead
+        self.resume_n, self.resume_tokens = resume_n, resume_tokens
+
+
+# ---------------------------------------------------------------- requests
+
+def body(ids, max_tokens, stream=False):
+    return {"input_ids": ids, "stream": stream,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
+
+
+def outputs_of(chunks):
+    """output_ids from a stream's chunks, whether the server sends them whole or in pieces."""
+    if not chunks:
+        return []
+    last = chunks[-1]
+    n = last.get("meta_info", {}).get("completion_tokens")
+    if n is None or len(last.get("output_ids") or []) == n:
+        return list(last.get("output_ids") or [])
+    return [t for c in chunks for t in (c.get("output_ids") or [])]
+
+
+async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
+    """One /generate request; fills rec with outputs, meta and (streamed) chunk arrival times.
+    progress: an asyncio.Event set once `rec["lead"]` tokens have streamed."""
+    rec.update(prompt_ids=ids, t_start=time.time(), arrivals=[])
+    try:
+        async with s.post(srv.base + "/generate", json=body(ids, max_tokens, stream)) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
+            if not stream:
+                j = await r.json()
+                chunks = [j]
+            else:
+                chunks, seen = [], 0
+                async for raw in r.content:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:") or line.endswith("[DONE]"):
+                        continue
+                    c = json.loads(line[5:])
+                    chunks.append(c)
+                    n = c.get("meta_info", {}).get("completion_tokens", seen)
+                    if n > seen:
+                        rec["arrivals"].append(time.time())
+                        seen = n
+                    if progress is not None and seen >= rec.get("lead", 0):
+                        progress.set()
+        meta = chunks[-1].get("meta_info", {})
+        rec.update(output_ids=outputs_of(chunks), completion_tokens=meta.get("completion_tokens", 0),
+                   spec_verify_ct=meta.get("spec_verify_ct"), error=None)
+    except Exception as e:
+        rec.update(error=repr(e)[:300], output_ids=[], completion_tokens=0, spec_verify_ct=None)
+    finally:
+        rec["t_end"] = time.time()
+        if progress is not None:
+            progress.set()
+    return rec
+
+
+class Run:
+    def __init__(self, s, servers, prompts, plan, out):
+        self.s, self.servers, self.prompts, self.plan, self.out = s, servers, prompts, plan, out
+        self.records = []
+        self.windows = {srv.label: [] for srv in servers}
+        self.raw = {"jit": {}, "log_after_healthy": {}, "phases_done": []}
+
+    def rec(self, srv, phase, idx, crossing=None, **kw):
+        # a request cut short by the budget keeps these: counted as failed, never as output
+        r = {"server": srv.label, "phase": phase, "crossing": crossing, "idx": idx, "output_ids": [],
+             "completion_tokens": 0, "spec_verify_ct": None, "arrivals": [], "t_start": None,
+             "t_end": None, "error": "not finished", **kw}
+        self.records.append(r)
+        return r
+
+    def prompt(self, idx):
+        return self.prompts[idx % len(self.prompts)]
+
+    def flush(self):
+        with open(os.path.join(self.out, "records.jsonl"), "w") as f:
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+
+    async def sequential(self, srv, phase, idxs, max_tokens, stream=False, crossing=None):
+        for i in idxs:
+            await request(self.s, srv, self.rec(srv, phase, i, crossing), self.prompt(i), max_tokens, stream)
+
+    async def concurrent(self, srv, phase, idxs, conc, max_tokens):
+        sem = asyncio.Semaphore(conc)
+
+        async def one(i):
+            async with sem:
+                await request(self.s, srv, self.rec(srv, phase, i), self.prompt(i), max_tokens)
+
+        await asyncio.gather(*(one(i) for i in idxs))
+
+    async def crossing(self, srv, c):
+        p = self.plan
+        base = p.before_n + p.eq_n + (c - 1) * (p.burst + 1 + p.resume_n)
+        started = asyncio.Event()
+        span = self.rec(srv, "span", base, c, lead=p.span_lead)
+        span_task = asyncio.ensure_future(request(self.s, srv, span, self.prompt(base), p.span_tokens,
+                                                  stream=True, progress=started))
+        try:
+            await asyncio.wait_for(started.wait(), 30)
+        except asyncio.TimeoutError:
+            pass
+        w = {"crossing": c, "burst_t0": time.time()}
+        await asyncio.gather(*(request(self.s, srv, self.rec(srv, "burst", base + 1 + k, c),
+                                       self.prompt(base + 1 + k), p.burst_tokens, stream=True)
+                               for k in range(p.burst)))
+        w["burst_t1"] = time.time()
+        await self.sequential(srv, "resume", range(base + 1 + p.burst, base + 1 + p.burst + p.resume_n),
+                              p.resume_tokens, stream=True, crossing=c)
+        await span_task
+        w["resume_t1"] = time.time()
+        self.windows[srv.label].append(w)
+
+    async def phase(self, name, fn, live):
+        t = time.time()
+        await asyncio.gather(*(fn(srv) for srv in live))
+        self.raw["phases_done"].append([name, round(time.time() - t, 2)])
+        say(f"phase {name}: {time.time() - t:.1f} s ({left():.0f} s left)")
+        self.flush()
+
+    async def protocol(self, reserve_s=40):
+        p, live = self.plan, [srv for srv in self.servers if srv.alive()]
+        before = range(p.before_n)
+        await self.phase("before", lambda srv: self.sequential(srv, "before", before, p.before_tokens), live)
+        await self.phase("spec_eq", lambda srv: self.concurrent(
+            srv, "spec_eq", range(p.before_n, p.before_n + p.eq_n), p.eq_conc, p.eq_tokens), live)
+        for srv in live:
+            self.raw["jit"][srv.label] = {"healthy": jit_snapshot(srv)}
+            self.raw["log_after_healthy"][srv.label] = {"from_line": len(srv.read_log().splitlines())}
+        # a crossing takes about as long as the slowest one so far; stop before the reserve
+        longest = 0.0
+        for c in range(1, p.crossings + 1):
+            if left() - reserve_s < max(longest * 1.5, 5):
+                say(f"budget: stopping after {c - 1} crossings")
+                break
+            t = time.time()
+            await self.phase(f"crossing {c}", lambda srv: self.crossing(srv, c), live)
+            longest = max(longest, time.time() - t)
+            if c == 1:
+                for srv in live:
+                    self.raw["jit"][srv.label]["after_first_crossing"] = jit_snapshot(srv)
+                    lines = srv.read_log().splitlines()
+                    k = self.raw["log_after_healthy"][srv.label]["from_line"]
+                    self.raw["log_after_healthy"][srv.label]["lines"] = [
+                        l for l in lines[k:] if not any(x in l for x in (
+                            "Decode batch", "Prefill batch", "POST /generate", "GET /health"))][:40]
+        if left() > reserve_s / 2:
+            await self.phase("after", lambda srv: self.sequential(srv, "after", before, p.before_tokens), live)
+        for srv in live:
+            snap = self.raw["jit"].get(srv.label, {})
+            if "healthy" in snap:
+                snap["new_after_healthy"] = an.new_entries(snap["healthy"], snap.get("after_first_crossing", []))
+                snap["new_after_healthy_end"] = an.new_entries(snap["healthy"], jit_snapshot(srv))
+
+    async def margins(self, baseline, mismatches, limit=64):
+        """The baseline's top-2 logprob margin at each mismatch's first differing position."""
+        for m in mismatches[:limit]:
+            if left() < 8:
+                break
+            rec = {}
+            ids = list(m["prompt_ids"]) + list(m["common_prefix"])
+            b = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 2,
+                 "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
+            try:
+                async with self.s.post(baseline.base + "/generate", json=b) as r:
+                    j = await r.json()
+                top = j["meta_info"]["output_top_logprobs"][0]
+                rec = {"margin": an.margin_from_top_logprobs(top),
+                       "baseline_top2": [[round(float(t[0]), 5), t[1]] for t in top[:2]]}
+            except Exception as e:
+                rec = {"margin_error": repr(e)[:200]}
+            m.update(rec)
+
+
+def jit_snapshot(srv):
+    """Files under the server's TRITON_CACHE_DIR and the FlashInfer JIT cache (relative names)."""
+    names = []
+    for tag, root in (("triton", getattr(srv, "triton_dir", None)),
+                      ("flashinfer", os.path.expanduser("~/.cache/flashinfer"))):
+        if root and os.path.isdir(root):
+            for d, _, files in os.walk(root):
+                names += [f"{tag}:{os.path.relpath(os.path.join(d, f), root)}" for f in files]
+    return sorted(names)
+
+
+def per_worker(run, by):
+    logs = {srv.label: srv.read_log().splitlines() for srv in run.servers}
+    return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
+                                 log=logs.get(d), nc_log=logs.get(nc) if nc in by else None)
+            for w, (d, st, nc) in WORKERS.items() if d in by}
+
+
+def summarize(run, pair_report, threshold, tp=1):
+    """(summary.json, first_crossing.json) from a finished run."""
+    by = {}
+    for r in run.records:
+        by.setdefault(r["server"], []).append(r)
+    base = by.get("baseline", [])
+    per = per_worker(run, by)
+    stock_eq = {w: an.greedy_equality(by.get(stock, []), base, {"before", "spec_eq", "after"})
+                for w, (_, stock, _) in WORKERS.items() if stock in by}
+    v = per.get("v2", {})
+    summary = {
+        "simulated": False,
+        "pair": {k: pair_report.get(k) for k in ("size", "seed", "vocab", "corpus", "device")}
+        | {"target_steps": pair_report.get("target", {}).get("steps"),
+           "draft_heldout_top1_per_position": pair_report.get("draft", {}).get("heldout_top1_per_position"),
+           "torch_simulated_accept_len": pair_report.get("simulated_accept_len", {}).get("mean"),
+           "train_seconds": pair_report.get("seconds_total")},
+        "target_loss": {"train": pair_report.get("target", {}).get("train_loss"),
+                        "heldout": pair_report.get("target", {}).get("heldout_loss")},
+        "threshold": threshold,
+        "hysteresis": f"patch default max(1, {threshold} // 4) = {max(1, threshold // 4)}",
+        "prompts": len({tuple(r["prompt_ids"]) for r in run.records if r.get("prompt_ids")}),
+        "crossings": len(an.crossings(by.get(WORKERS["v2"][0], []))),
+        **{k: v.get(k) for k in ("accept_len_before", "accept_len_after_resume", "after_over_before",
+                                 "negative_control_after_over_before",
+                                 "greedy_equal_plain_vs_baseline", "greedy_equal_spec_vs_stock")},
+        "per_worker": {w: {k: (x if k != "mismatches" else
+                               {n: [an.strip_mismatch(m) for m in ms] for n, ms in x.items()})
+                           for k, x in d.items()} for w, d in per.items()},
+        "stock_vs_baseline": {w: {"equal": e["equal"], "of": e["of"], "fraction": e["fraction"]}
+                              for w, e in stock_eq.items()},
+        "accept_len_by_server": {lab: an.ratio(an.accept_len([r for r in rs if r["phase"] in
+                                                              ("before", "spec_eq")]), 1)
+                                 for lab, rs in by.items()},
+        "errors": {lab: sum(1 for r in rs if r.get("error")) for lab, rs in by.items()},
+        "transitions": {srv.label: an.log_transitions(srv.read_log().splitlines()) for srv in run.servers},
+    }
+    runs = []
+    for srv in run.servers:
+        if srv.label == "baseline" or srv.label not in by:
+            continue
+        gaps = an.stall_gaps(by[srv.label], run.windows[srv.label])
+        st = an.stall_summary(gaps, tp=tp, server=srv.label,
+                              median_step_ms=an.median_gap_ms([r for r in by[srv.label]
+                                                               if r["phase"] in ("span", "resume")]))
+        st["jit_new_after_healthy"] = run.raw["jit"].get(srv.label, {}).get("new_after_healthy")
+        st["log_after_healthy"] = run.raw["log_after_healthy"].get(srv.label, {}).get("lines")
+        runs.append(st)
+    return summary, {"runs": runs, "note": "gaps are client-side inter-chunk gaps of streamed "
+                                           "/generate requests; eagle3-v2 (stock) is the reference"}
+
+
+def all_mismatches(summary_per):
+    return [m for d in summary_per.values() for ms in d["mismatches"].values() for m in ms]
+
+
+async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
+    """The protocol on running servers, the margins, and both summaries written to out."""
+    run = Run(s, servers, prompts, plan, out)
+    try:
+        await asyncio.wait_for(run.protocol(reserve_s), timeout=max(10, left() - reserve_s / 2))
+    except asyncio.TimeoutError:
+        say("budget: protocol cut short")
+    run.flush()
+    by = {}
+    for r in run.records:
+        by.setdefault(r["server"], []).append(r)
+    base = next((srv for srv in servers if srv.label == "baseline"), None)
+    per = per_worker(run, by)
+    mism = all_mismatches(per)
+    if base is not None and base.alive() and mism:
+        await run.margins(base, mism)
+    margins = {an.mismatch_key(m): m for m in mism if "margin" in m or "margin_error" in m}
+    summary, first = summarize(run, pair_report, plan.threshold)
+    for w, d in summary["per_worker"].items():
+        for n, ms in d["mismatches"].items():
+            for m in ms:
+                m.update({k: v for k, v in margins.get(an.mismatch_key(m), {}).items()
+                          if k in ("margin", "baseline_top2", "margin_error")})
+        allm = [m for ms in d["mismatches"].values() for m in ms]
+        d["mismatches_with_margin_below_1e-2"] = sum(1 for m in allm if (m.get("margin") or 1) < 1e-2)
+        d["mismatches_total"] = len(allm)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out, "first_crossing.json"), "w") as f:
+        json.dump(first, f, indent=1)
+    with open(os.path.join(out, "accept_raw.json"), "w") as f:
+        json.dump({"windows": run.windows, **run.raw}, f, indent=1)
+    return summary, first
+
+
+def stop_all(servers, grace_s=6.0):
+    """SIGTERM to every server at once, SIGKILL to those still up after grace_s (one after
+    another, Server.stop could take 10 s each out of the budget)."""
+    import signal
+    for srv in servers:
+        if srv.proc is not None and srv.proc.poll() is None:
+            try:
+                os.killpg(srv.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    t = time.time()
+    while time.time() - t < grace_s and any(srv.proc is not None and srv.proc.poll() is None for srv in servers):
+        time.sleep(0.25)
+    for srv in servers:
+        if srv.proc is None:
+            continue
+        try:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        srv.proc.wait()
+        srv.log.close()
+
+
+def make_servers(labels, threshold, mem, pair):
+    import shapes_device
+    group = {"name": "acc", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+             "mem": mem, "kv_tokens": 32768, "max_running": 64}
+    servers = []
+    for k, label in enumerate(labels):
+        profile, env = SERVERS[label]
+        tdir = f"/tmp/triton-{label}"
+        spec = {"profile": profile, "label": label, "pair": pair,
+                "env": dict(env, TRITON_CACHE_DIR=tdir), "flags": ["--decode-log-interval", "1"]}
+        srv = shapes_device.Server(group, spec, k, threshold)
+        srv.triton_dir = tdir
+        servers.append(srv)
+    return servers
+
+
+async def main():
+    global BUDGET
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--threshold", type=int, default=8)
+    ap.add_argument("--crossings", type=int, default=10)
+    ap.add_argument("--models", default="/tmp/models")
+    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--mem", type=float, default=0.09)
+    a = ap.parse_args()
+    BUDGET = a.budget_s
+    import shapes_device
+    shapes_device.BUDGET = a.budget_s
+    os.makedirs(a.out, exist_ok=True)
+    heldout = json.load(open(os.path.join(a.models, "heldout.json")))
+    report = json.load(open(os.path.join(a.models, "train_report.json")))
+    servers = make_servers(a.servers.split(","), a.threshold, a.mem, "trained")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        try:
+            await shapes_device.start_servers(servers, False, 2)
+            health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
+            live = [srv for srv in servers if health.get(srv.name) is not None]
+            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings),
+                                           a.out, report)
+            say("summary:", json.dumps({k: summary.get(k) for k in (
+                "accept_len_before", "accept_len_after_resume", "after_over_before",
+                "negative_control_after_over_before", "greedy_equal_plain_vs_baseline",
+                "greedy_equal_spec_vs_stock")}))
+            for w, d in summary["per_worker"].items():
+                say(w, json.dumps({k: d.get(k) for k in (
+                    "accept_len_before", "after_over_before", "negative_control_after_over_before",
+                    "c1_tok_s_before", "c1_tok_s_after", "equality_counts", "mismatches_total",
+                    "mismatches_with_margin_below_1e-2")}))
+            say("transitions:", json.dumps(summary["transitions"]))
+            for r in first["runs"]:
+                say("stall", r["server"], json.dumps({k: r[k] for k in (
+                    "first_crossing_max_gap_ms", "later_crossings_max_gap_ms_median",
+                    "first_resume_max_gap_ms", "later_resumes_max_gap_ms_median", "median_step_ms")}))
+                say("  jit new after healthy:", (r["jit_new_after_healthy"] or [])[:12])
+        finally:
+            stop_all(servers)
+            scans = {srv.label: srv.scan_log() for srv in servers}
+            with open(os.path.join(a.out, "logs_scan.json"), "w") as f:
+                json.dump(scans, f, indent=1)
+            for lab, sc in scans.items():
+                say(f"log {lab}: {sc['error_lines']} error lines; first={sc['first_errors'][:2]}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

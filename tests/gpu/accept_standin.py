@@ -1,0 +1,142 @@
+"""A stand-in for SGLang's native /generate, for driving gpu/accept_device.py on the CPU.
+
+It "decodes" a deterministic toy model step by step (asyncio sleeps), counts verify steps as an
+EAGLE server does (completion_tokens / spec_verify_ct = accept length), and with a threshold
+stops and resumes drafting by the number of running requests, writing the dyn-disable patch's
+log lines (switch lines and the Decode batch counters). Knobs model what the harness must see:
+a collapse of acceptance after a resume (the negative control), a one-off stall at the first
+crossing, and plain steps that flip a near-tie token.
+"""
+import asyncio
+import json
+
+from aiohttp import web
+
+
+def next_token(ctx):
+    return (ctx[-1] * 31 + ctx[-2] * 7 + len(ctx)) % 300 + 10
+
+
+class StandIn:
+    def __init__(self, log_path, accept=None, threshold=None, hysteresis=2, step_s=0.002,
+                 collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004):
+        self.log_path, self.accept, self.threshold, self.hyst = log_path, accept, threshold, hysteresis
+        self.step_s, self.collapse_steps, self.first_off_stall_s = step_s, collapse_steps, first_off_stall_s
+        self.plain_flip, self.margin = plain_flip, margin
+        self.running, self.off, self.switches, self.collapse_left, self.stalled = 0, False, [0, 0], 0, False
+        self.stall_until = 0.0
+        self.log = open(log_path, "w")
+        self.log.write("Dynamic speculation disable enabled\n" if threshold else "ready\n")
+        self.log.flush()
+
+    def write(self, line):
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    async def step(self, k):
+        """One decode step of one request (its k-th verify so far): how many tokens it yields
+        and whether it was a verify step."""
+        if self.threshold is not None:
+            if not self.off and self.running > self.threshold:
+                self.off = True
+                self.switches[0] += 1
+                self.write(f"[TP0] Dynamic speculation disable: drafting stopped at {self.running} "
+                           f"running decode requests (x)")
+                if not self.stalled and self.first_off_stall_s:
+                    # the batch's step stalls: every running request waits
+                    self.stalled = True
+                    self.stall_until = asyncio.get_running_loop().time() + self.first_off_stall_s
+            elif self.off and self.running <= self.threshold - self.hyst:
+                self.off = False
+                self.switches[1] += 1
+                self.collapse_left = self.collapse_steps
+                self.write(f"[TP0] Dynamic speculation disable: drafting resumed at {self.running} "
+                           f"running decode requests (x)")
+        await asyncio.sleep(max(self.step_s, self.stall_until - asyncio.get_running_loop().time()))
+        if self.accept is None:
+            return 1, False
+        if self.off:
+            n = 1
+        elif self.collapse_left > 0:
+            self.collapse_left -= 1
+            n = 1
+        else:  # a fixed pattern averaging `accept` tokens per verify
+            n = int((k + 1) * self.accept) - int(k * self.accept)
+        counters = f"spec off/on switches: {self.switches[0]}/{self.switches[1]}, " if self.threshold else ""
+        self.write(f"Decode batch, #running-req: {self.running}, accept len: {n:.2f}, {counters}")
+        return n, True
+
+    async def generate(self, request):
+        j = await request.json()
+        ids = list(j["input_ids"])
+        sp = j["sampling_params"]
+        if j.get("return_logprob"):
+            tok = next_token(ids)
+            top = [[-0.5, tok, "a"], [-0.5 - self.margin, tok + 1, "b"]]
+            return web.json_response({"output_ids": [tok], "meta_info": {
+                "completion_tokens": 1, "output_top_logprobs": [top[: j.get("top_logprobs_num", 2)]]}})
+        stream = j.get("stream", False)
+        resp = None
+        if stream:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+        out, ctx, verify = [], list(ids), 0
+        self.running += 1
+        try:
+            while len(out) < sp["max_new_tokens"]:
+                n, is_verify = await self.step(verify)
+                verify += is_verify
+                for _ in range(min(n, sp["max_new_tokens"] - len(out))):
+                    t = next_token(ctx)
+                    if self.plain_flip and self.off and len(out) == 5 and ids[0] % 4 == 0:
+                        t += 1
+                    ctx.append(t)
+                    out.append(t)
+                if stream:
+                    chunk = {"output_ids": out, "meta_info": {"completion_tokens": len(out)}}
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        finally:
+            self.running -= 1
+        meta = {"completion_tokens": len(out)}
+        if verify:
+            meta["spec_verify_ct"] = verify
+        if not stream:
+            return web.json_response({"output_ids": out, "meta_info": meta})
+        await resp.write(f"data: {json.dumps({'output_ids': out, 'meta_info': meta})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def health(self, request):
+        return web.Response(text="ok")
+
+    def app(self):
+        a = web.Application()
+        a.router.add_post("/generate", self.generate)
+        a.router.add_get("/health_generate", self.health)
+        return a
+
+
+class Handle:
+    """What accept_device needs of a server: label, base URL, alive(), read_log(), triton_dir."""
+
+    def __init__(self, label, standin, runner, port, triton_dir):
+        self.label, self.name, self.standin, self.runner = label, label, standin, runner
+        self.base = f"http://127.0.0.1:{port}"
+        self.triton_dir = triton_dir
+
+    def alive(self):
+        return True
+
+    def read_log(self):
+        with open(self.standin.log_path) as f:
+            return f.read()
+
+
+async def serve(label, standin, triton_dir):
+    runner = web.AppRunner(standin.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return Handle(label, standin, runner, port, triton_dir)

@@ -1,0 +1,144 @@
+"""gpu/accept_analysis.py on synthetic records: what summary.json and first_crossing.json say."""
+import pytest
+
+from tests.gpu.scripts import load_gpu_script
+
+an = load_gpu_script("accept_analysis")
+
+
+def rec(server, phase, idx, out, crossing=None, verify=None, t=(0.0, 1.0), arrivals=None, error=None,
+        prompt=None):
+    return {"server": server, "phase": phase, "crossing": crossing, "idx": idx,
+            "prompt_ids": prompt or [idx, 1, 2], "output_ids": out, "completion_tokens": len(out),
+            "spec_verify_ct": verify, "t_start": t[0], "t_end": t[1], "arrivals": arrivals or [],
+            "error": error}
+
+
+def test_accept_len_is_tokens_per_verify_over_requests_and_none_without_verify_counts():
+    rs = [rec("d", "before", 0, [1] * 30, verify=10), rec("d", "before", 1, [1] * 10, verify=10)]
+    assert an.accept_len(rs) == pytest.approx(2.0)  # 40 tokens / 20 verifies, not mean(3, 1)
+    assert an.per_request_accept(rs) == [3.0, 1.0]
+    assert an.accept_len([rec("b", "before", 0, [1] * 30)]) is None
+    # a failed request does not count
+    assert an.accept_len(rs + [rec("d", "before", 2, [1] * 5, verify=5, error="boom")]) == pytest.approx(2.0)
+
+
+def test_accept_after_each_resume_and_its_ratio_to_before():
+    before = [rec("d", "before", i, [1] * 32, verify=10) for i in range(2)]  # 3.2
+    resumes = [rec("d", "resume", 10 + c, [1] * 32, crossing=c, verify=v)
+               for c, v in ((1, 32), (2, 10), (3, 10))]  # 1.0 (collapsed), 3.2, 3.2
+    rs = before + resumes
+    assert an.accept_after_resumes(rs) == pytest.approx([1.0, 3.2, 3.2])
+    s = an.worker_summary(rs, [], [])
+    assert s["accept_len_before"] == pytest.approx(3.2)
+    assert s["after_over_before"] == pytest.approx(1.0)  # the median hides one collapse ...
+    assert s["min_after_over_before"] == pytest.approx(1 / 3.2, abs=1e-3)  # ... the minimum shows it
+
+
+def test_negative_control_ratio_comes_from_its_own_records():
+    dyn = [rec("d", "before", 0, [1] * 30, verify=10), rec("d", "resume", 1, [1] * 30, crossing=1, verify=10)]
+    nc = [rec("n", "before", 0, [1] * 30, verify=10), rec("n", "resume", 1, [1] * 30, crossing=1, verify=20)]
+    s = an.worker_summary(dyn, [], [], nc)
+    assert s["after_over_before"] == pytest.approx(1.0)
+    assert s["negative_control_after_over_before"] == pytest.approx(0.5)
+
+
+def test_greedy_equality_matches_phase_crossing_and_prompt_and_reports_first_difference():
+    base = [rec("b", "burst", 1, [5, 6, 7, 8], crossing=1), rec("b", "burst", 2, [5, 6, 7], crossing=1),
+            rec("b", "burst", 1, [9, 9, 9], crossing=2)]
+    dyn = [rec("d", "burst", 1, [5, 6, 0, 8], crossing=1), rec("d", "burst", 2, [5, 6, 7], crossing=1),
+           rec("d", "burst", 1, [9, 9, 9], crossing=2), rec("d", "burst", 3, [1], crossing=2)]  # no ref
+    e = an.greedy_equality(dyn, base, {"burst"})
+    assert (e["equal"], e["of"], e["fraction"]) == (2, 3, pytest.approx(0.6667, abs=1e-4))
+    (m,) = e["mismatches"]
+    assert (m["crossing"], m["idx"], m["first_diff"], m["token"], m["ref_token"]) == (1, 1, 2, 0, 7)
+    assert (m["server"], m["ref_server"]) == ("d", "b")
+    assert m["common_prefix"] == [5, 6]
+    assert an.greedy_equality(dyn, base, {"span"})["fraction"] is None
+
+
+def test_first_diff_handles_prefixes():
+    assert an.first_diff([1, 2, 3], [1, 2, 3]) is None
+    assert an.first_diff([1, 2], [1, 2, 3]) == 2
+    assert an.first_diff([4], [1]) == 0
+
+
+def test_margin_is_the_top_two_logprob_difference_in_any_order():
+    assert an.margin_from_top_logprobs([[-0.7, 3, "a"], [-0.2, 4, "b"]]) == pytest.approx(0.5)
+    assert an.margin_from_top_logprobs([[-0.2, 4, "b"]]) is None
+
+
+def test_window_gaps_take_only_arrivals_inside_the_window():
+    r = rec("d", "burst", 1, [1] * 5, crossing=1, arrivals=[10.0, 10.01, 10.51, 10.52, 12.0])
+    # gaps ending in [10.0, 11.0]: 0.01, 0.5, 0.01; the 1.48 one ends at 12.0, outside
+    assert an.window_max_gap_ms([r], 10.0, 11.0) == pytest.approx(500.0)
+    assert an.window_max_gap_ms([r], 11.0, 13.0) == pytest.approx(1480.0)
+    assert an.window_max_gap_ms([r], 20.0, 30.0) is None
+
+
+def test_stall_summary_first_crossing_and_resume_against_later_medians():
+    recs, windows = [], []
+    for c in range(1, 5):
+        t = 100.0 * c
+        burst_gap = 2.0 if c == 1 else 0.010   # the first crossing stalls
+        resume_gap = 0.5 if c == 1 else 0.020  # and so does the first resume
+        recs.append(rec("d", "burst", c, [1] * 3, crossing=c, arrivals=[t, t + 0.005, t + 0.005 + burst_gap]))
+        recs.append(rec("d", "resume", 50 + c, [1] * 3, crossing=c,
+                        arrivals=[t + 10, t + 10.01, t + 10.01 + resume_gap]))
+        windows.append({"crossing": c, "burst_t0": t - 0.1, "burst_t1": t + 5, "resume_t1": t + 20})
+    gaps = an.stall_gaps(recs, windows)
+    assert [g["crossing_max_gap_ms"] for g in gaps] == pytest.approx([2000.0, 10.0, 10.0, 10.0])
+    s = an.stall_summary(gaps, tp=1, server="d")
+    assert s["first_crossing_max_gap_ms"] == pytest.approx(2000.0)
+    assert s["later_crossings_max_gap_ms_median"] == pytest.approx(10.0)
+    assert s["first_resume_max_gap_ms"] == pytest.approx(500.0)
+    assert s["later_resumes_max_gap_ms_median"] == pytest.approx(20.0)
+    assert s["goal_met"] is False
+    even = an.stall_summary([dict(g, crossing_max_gap_ms=10.0, resume_max_gap_ms=20.0) for g in gaps])
+    assert even["goal_met"] is True
+
+
+def test_log_transitions_counts_switch_lines_and_reads_the_last_counters():
+    lines = ["[2026 TP0] Dynamic speculation disable: drafting stopped at 20 running decode requests (a)",
+             "Decode batch, #running-req: 20, spec off/on switches: 1/0",
+             "[2026 TP0] Dynamic speculation disable: drafting resumed at 5 running decode requests (a)",
+             "Decode batch, #running-req: 5, spec off/on switches: 1/1",
+             "Dynamic speculation disable enabled: threshold=8 hysteresis=2"]
+    assert an.log_transitions(lines) == {"stopped_lines": 1, "resumed_lines": 1, "decode_line_counters": [1, 1]}
+    assert an.log_transitions([])["decode_line_counters"] is None
+
+
+def test_c1_throughput_sums_durations_not_the_span():
+    rs = [rec("d", "before", 0, [1] * 50, t=(0.0, 1.0)), rec("d", "before", 1, [1] * 50, t=(5.0, 6.0))]
+    assert an.throughput(rs) == pytest.approx(50.0)
+
+
+def test_new_jit_entries():
+    assert an.new_entries(["triton:a", "triton:b"], ["triton:b", "triton:c", "flashinfer:x"]) == [
+        "flashinfer:x", "triton:c"]
+
+
+def decode(running, acc):
+    return f"[2026 TP0] Decode batch, #running-req: {running}, #token: 9, accept len: {acc:.2f}, accept rate: 0.5, "
+
+
+def switch(kind, n):
+    return f"[2026 TP0] Dynamic speculation disable: drafting {kind} at {n} running decode requests (x)"
+
+
+def test_log_accept_steady_and_the_steps_after_each_resume():
+    lines = ([decode(1, 3.0), decode(1, 2.0), decode(2, 1.0)]          # steady: c=1 lines only
+             + [switch("stopped", 20)] + [decode(20, 1.0)] * 5 + [switch("resumed", 1)]
+             + [decode(1, 1.0), decode(1, 1.0)] + [decode(1, 3.0)] * 20   # a collapse, then back
+             + [switch("stopped", 20), decode(20, 1.0), switch("resumed", 2)]
+             + [decode(2, 2.5)] * 20)
+    la = an.log_accept(lines, tokens=8)
+    assert la["steady"] == pytest.approx(2.5) and la["steady_steps"] == 2
+    # after resume 1: 1 + 1 + 3 + 3 = 8 tokens in 4 steps; after resume 2: 2.5 x 4 = 10 >= 8
+    assert la["after_resume"] == pytest.approx([2.0, 2.5])
+    assert la["steps_after_resume"] == [4, 4]
+    # worker_summary takes 32 tokens: 1 + 1 + 3 x 10 in 12 steps, then 2.5 x 13 steps
+    s = an.worker_summary([], [], [], log=lines, nc_log=None)
+    assert s["accept_len_after_resume"] == pytest.approx([32 / 12, 2.5], abs=1e-4)
+    assert s["after_over_before"] == pytest.approx((32 / 12 + 2.5) / 2 / 2.5, abs=1e-4)
+    assert s["min_after_over_before"] == pytest.approx(1.0) and s["accept_source"] == "server log"

@@ -1,0 +1,186 @@
+"""gpu/accept_device.py end to end on the CPU: its protocol and summaries against stand-ins of
+SGLang's /generate (tests/gpu/accept_standin.py) on loopback, one per server of the real run."""
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from tests.gpu import accept_standin as sa
+from tests.gpu.scripts import load_gpu_script
+
+ad = load_gpu_script("accept_device")
+THRESHOLD = 3
+
+# label -> stand-in knobs: accept length, threshold, what goes wrong
+STANDINS = {
+    "baseline": {},
+    "eagle3-v2": {"accept": 2.5},
+    "eagle3-v2-dyn": {"accept": 2.5, "threshold": THRESHOLD, "first_off_stall_s": 1.0},
+    "eagle3": {"accept": 2.0},
+    "eagle3-dyn": {"accept": 2.0, "threshold": THRESHOLD, "plain_flip": True},
+    # the negative controls: acceptance collapses for a while after every resume
+    "eagle3-v2-dyn-nc": {"accept": 2.5, "threshold": THRESHOLD, "collapse_steps": 400},
+    "eagle3-dyn-nc": {"accept": 2.0, "threshold": THRESHOLD, "collapse_steps": 400},
+}
+
+
+def plan(crossings=3):
+    return ad.Plan(threshold=THRESHOLD, crossings=crossings, before_n=3, before_tokens=10, eq_n=6,
+                   eq_conc=2, eq_tokens=10, burst_extra=2, burst_tokens=10, span_tokens=40,
+                   span_lead=4, resume_n=2, resume_tokens=10)
+
+
+async def run_all(tmp_path, crossings=3, budget=300):
+    ad.BUDGET = ad.el() + budget
+    handles = []
+    for label, knobs in STANDINS.items():
+        tdir = tmp_path / f"triton-{label}"
+        tdir.mkdir()
+        (tdir / "warm.json").write_text("{}")
+        handles.append(await sa.serve(label, sa.StandIn(str(tmp_path / f"{label}.log"), **knobs), str(tdir)))
+    prompts = [[i, 7, 9, 11] for i in range(100)]
+    report = {"size": "tiny", "seed": 0, "target": {"train_loss": 3.1, "heldout_loss": 3.4, "steps": 5},
+              "draft": {"heldout_top1_per_position": [0.9, 0.8]}, "simulated_accept_len": {"mean": 2.4}}
+    try:
+        async with aiohttp.ClientSession() as s:
+            return await ad.measure(s, handles, prompts, plan(crossings), str(tmp_path), report, reserve_s=10)
+    finally:
+        for h in handles:
+            await h.runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("accept")
+    summary, first = asyncio.run(run_all(tmp))
+    return tmp, summary, first
+
+
+def test_summary_has_issue_24_keys_and_is_written(result):
+    tmp, summary, _ = result
+    on_disk = json.loads((tmp / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    for k in ("simulated", "pair", "target_loss", "accept_len_before", "accept_len_after_resume",
+              "after_over_before", "negative_control_after_over_before", "greedy_equal_plain_vs_baseline",
+              "greedy_equal_spec_vs_stock", "prompts"):
+        assert k in summary, k
+    assert summary["simulated"] is False and summary["target_loss"] == {"train": 3.1, "heldout": 3.4}
+    assert set(summary["per_worker"]) == {"v1", "v2"}
+    assert summary["errors"] == {label: 0 for label in STANDINS}
+    lines = (tmp / "records.jsonl").read_text().splitlines()
+    # 7 servers x (3 before + 6 eq + 3 crossings x (1 span + 8 burst + 2 resume) + 3 after)
+    assert len(lines) == 7 * (3 + 6 + 3 * 11 + 3)
+
+
+def test_accept_lengths_before_and_after_resumes(result):
+    _, summary, _ = result
+    v2, v1 = summary["per_worker"]["v2"], summary["per_worker"]["v1"]
+    assert v2["accept_len_before"] == pytest.approx(2.5, abs=0.1)
+    assert v1["accept_len_before"] == pytest.approx(2.0, abs=0.1)
+    assert len(v2["accept_len_after_resume"]) == 3
+    assert v2["after_over_before"] == pytest.approx(1.0, abs=0.05)
+    assert summary["accept_len_before"] == v2["accept_len_before"]
+    assert summary["crossings"] == 3
+    # the negative controls collapse after every resume, and the harness sees it
+    assert v2["negative_control_after_over_before"] < 0.6
+    assert v1["negative_control_after_over_before"] < 0.7
+    assert summary["accept_len_by_server"]["baseline"] is None
+
+
+def test_greedy_equality_and_the_margin_of_every_mismatch(result):
+    _, summary, _ = result
+    v2, v1 = summary["per_worker"]["v2"], summary["per_worker"]["v1"]
+    assert v2["greedy_equal_plain_vs_baseline"] == 1.0 and v2["greedy_equal_spec_vs_stock"] == 1.0
+    # eagle3-dyn's plain steps flip token 5 of prompts whose first id is a multiple of 4
+    mism = v1["mismatches"]["plain_vs_baseline"]
+    assert mism and all(m["first_diff"] == 5 for m in mism)
+    assert v1["greedy_equal_plain_vs_baseline"] < 1.0
+    assert all(m["margin"] == pytest.approx(0.004) and m["server"] == "eagle3-dyn" for m in mism)
+    assert v1["mismatches_with_margin_below_1e-2"] == v1["mismatches_total"] == len(
+        [m for ms in v1["mismatches"].values() for m in ms])
+    assert "prompt_ids" not in mism[0]
+
+
+def test_transitions_from_the_logs(result):
+    _, summary, _ = result
+    t = summary["transitions"]
+    for label in ("eagle3-v2-dyn", "eagle3-dyn"):
+        assert t[label]["stopped_lines"] >= 3 and t[label]["resumed_lines"] >= 3
+        assert t[label]["decode_line_counters"] == [t[label]["stopped_lines"], t[label]["resumed_lines"]]
+    assert t["baseline"]["stopped_lines"] == 0
+
+
+def test_first_crossing_stall_is_seen(result):
+    tmp, _, first = result
+    runs = {r["server"]: r for r in first["runs"]}
+    assert "baseline" not in runs and "eagle3-v2" in runs  # the stock server is the reference
+    r = runs["eagle3-v2-dyn"]
+    assert r["tp"] == 1 and len(r["crossing_max_gap_ms"]) == 3
+    # the stand-in stalls 1 s once; the client reads chunks in the same event loop, so a gap can
+    # come out shorter by one loop latency: half the stall leaves room for a loaded machine
+    assert r["first_crossing_max_gap_ms"] >= 500
+    raw = json.loads((tmp / "accept_raw.json").read_text())
+    assert len(raw["windows"]["eagle3-v2-dyn"]) == 3
+    assert raw["jit"]["eagle3-v2-dyn"]["healthy"] == ["triton:warm.json"]
+
+
+def test_budget_stops_crossings_early_and_still_writes_summaries(tmp_path):
+    summary, first = asyncio.run(run_all(tmp_path, crossings=10_000, budget=25))
+    assert 1 <= summary["crossings"] < 10_000
+    assert ad.left() > 0  # it ended inside its budget
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    # a request the budget cut short is marked failed, never taken for an (empty) output
+    assert all(r["error"] is not None or r["completion_tokens"] > 0 for r in recs)
+    assert (tmp_path / "summary.json").exists() and (tmp_path / "first_crossing.json").exists()
+
+
+def test_stop_all_terms_every_server_at_once_and_kills_the_stubborn(tmp_path):
+    import subprocess
+
+    class Srv:
+        def __init__(self, cmd):
+            self.log = open(tmp_path / f"{len(cmd)}.log", "w")
+            self.proc = subprocess.Popen(cmd, start_new_session=True, stdout=self.log)
+
+    polite = Srv(["sleep", "60"])
+    ready = tmp_path / "trap-set"
+    stubborn = Srv(["bash", "-c", f"trap '' TERM; touch {ready}; sleep 60 & wait; sleep 60"])
+    never = type("S", (), {"proc": None})()
+    for _ in range(400):  # until the trap is set (a TERM before it would end bash)
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    ad.stop_all([polite, stubborn, never], grace_s=0.5)
+    assert polite.proc.returncode == -15 and stubborn.proc.returncode == -9
+    assert polite.log.closed and stubborn.log.closed
+
+
+def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
+    import pathlib
+    import tomllib
+    profiles = pathlib.Path(__file__).resolve().parents[2] / "profiles"
+
+    def profile(name):
+        p = tomllib.loads((profiles / f"{name}.toml").read_text())
+        base = profile(p["extends"]) if "extends" in p else {"flags": [], "env": {}}
+        return {"flags": p.get("flags", base["flags"]), "env": {**base["env"], **p.get("env", {})}}
+
+    servers = {s.label: s for s in ad.make_servers(list(ad.SERVERS), 8, 0.09, "trained")}
+    assert set(servers) == set(ad.SERVERS)
+    for label, srv in servers.items():
+        want = profile(ad.SERVERS[label][0])
+        flags = [f.replace("{draft_model}", "/tmp/models/draft-trained") for f in want["flags"]]
+        cmd = srv.cmd
+        for k in range(0, len(flags), 2):  # every flag of the profile, with its value
+            i = cmd.index(flags[k])
+            assert cmd[i + 1] == flags[k + 1], (label, flags[k])
+        assert cmd[len(cmd) - cmd[::-1].index("--decode-log-interval")] == "1"  # the last one wins
+        for key, value in want["env"].items():
+            if key == "SGLANG_SPEC_DISABLE_THRESHOLD":
+                assert srv.env_shown[key] == "8"
+            elif key != "SGLANG_SPEC_DISABLE_HYSTERESIS":  # left to the patch's default
+                assert srv.env_shown[key] == value, (label, key)
+        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
+        assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
