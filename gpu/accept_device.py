@@ -304,6 +304,10 @@ def summarize(run, pair_report, threshold, tp=1):
                                  for lab, rs in by.items()},
         "errors": {lab: sum(1 for r in rs if r.get("error")) for lab, rs in by.items()},
         "transitions": {srv.label: an.log_transitions(srv.read_log().splitlines()) for srv in run.servers},
+        # whether the patch knew the negative control's debug switch shows in its start-up lines
+        "startup_lines": {srv.label: [l.strip()[-240:] for l in srv.read_log().splitlines()
+                                      if "Dynamic speculation disable" in l and not an.SWITCH_LINE.search(l)][:4]
+                          for srv in run.servers if "dyn" in srv.label},
     }
     runs = []
     for srv in run.servers:

@@ -69,6 +69,7 @@ def test_summary_has_issue_24_keys_and_is_written(result):
     assert summary["simulated"] is False and summary["target_loss"] == {"train": 3.1, "heldout": 3.4}
     assert set(summary["per_worker"]) == {"v1", "v2"}
     assert summary["errors"] == {label: 0 for label in STANDINS}
+    assert summary["startup_lines"]["eagle3-v2-dyn"] == ["Dynamic speculation disable enabled"]
     lines = (tmp / "records.jsonl").read_text().splitlines()
     # 7 servers x (3 before + 6 eq + 3 crossings x (1 span + 8 burst + 2 resume) + 3 after)
     assert len(lines) == 7 * (3 + 6 + 3 * 11 + 3)
