@@ -205,16 +205,11 @@ class Run:
                                        p.burst_tokens, stream=True) for k in range(p.burst)))
 
     async def control(self, baseline, reserve_s):
-        """The baseline's burst prompts of the first crossings again: in the same burst shape,
-        then one by one at c=1, each while the budget lasts."""
+        """The baseline's burst prompts of the first crossings again: one by one at c=1, then
+        (if the budget allows) in the same burst shape, each while the budget lasts."""
         p = self.plan
         done = [w["crossing"] for w in self.windows.get(baseline.label, [])]
         cs = done[:max(1, -(-p.control_n // p.burst))]
-        for c in cs:
-            if left() - reserve_s < 5:
-                break
-            await self.burst(baseline, "burst_again", c)
-        self.flush()
         for c in cs:
             for i in range(p.burst_base(c), p.burst_base(c) + p.burst):
                 if left() - reserve_s < 3:
@@ -222,6 +217,12 @@ class Run:
                     return
                 await request(self.s, baseline, self.rec(baseline, "burst_c1", i, c), self.prompt(i),
                               p.burst_tokens, stream=True)
+        self.flush()
+        for c in cs:
+            if left() - reserve_s < 5:
+                say("budget: burst-shape control cut short")
+                break
+            await self.burst(baseline, "burst_again", c)
 
     async def phase(self, name, fn, live):
         t = time.time()
@@ -373,7 +374,7 @@ def all_mismatches(summary_per, control):
             + [m for e in control.values() for m in e["mismatches"]])
 
 
-async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
+async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=20):
     """The protocol on running servers, the margins, and both summaries written to out."""
     run = Run(s, servers, prompts, plan, out)
     try:
@@ -466,6 +467,9 @@ async def main():
     ap.add_argument("--models", default="/tmp/models")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--mem", type=float, default=0.09)
+    ap.add_argument("--span-tokens", type=int, default=384)
+    ap.add_argument("--burst-tokens", type=int, default=128)
+    ap.add_argument("--control-n", type=int, default=64)
     a = ap.parse_args()
     BUDGET = a.budget_s
     import shapes_device
@@ -479,7 +483,8 @@ async def main():
             await shapes_device.start_servers(servers, False, 2)
             health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
-            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings),
+            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings, span_tokens=a.span_tokens,
+                                                              burst_tokens=a.burst_tokens, control_n=a.control_n),
                                            a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",

@@ -7,7 +7,9 @@
 #        second script fits in the same 600 s call.
 #      SKIP_SETUP=1: /tmp/site etc. are there already (`bash gpu/run_dyn.sh setup` ran before).
 #      TARGET_S / DRAFT_S (default 70 / 35): training time of the target / the draft on the GPU.
-#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven).
+#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven),
+#      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
+#      baseline runs again at c=1 and in the burst shape).
 # $OUT gets summary.json, first_crossing.json, train_report.json and evidence.tgz (server logs,
 # records.jsonl, accept_raw.json, logs_scan.json, train.log); only a few files come back.
 set -u
@@ -45,5 +47,6 @@ timeout $(( $(left) - 120 )) python3 gpu/train_pair.py /tmp/models --corpus /tmp
 [ -f /tmp/models/draft-trained/model.safetensors ] || { say "no trained pair"; exit 1; }
 say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
-  --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} \
+  --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \
+  --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} \
   ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} 2>&1 | tee "$WORK/driver.log"
