@@ -6,7 +6,15 @@ A request record (one per /generate request, as accept_device writes them to rec
   {"server": label, "phase": "before" | "spec_eq" | "burst" | "span" | "resume" | "after",
    "crossing": int or None, "idx": prompt index, "prompt_ids": [...], "output_ids": [...],
    "completion_tokens": int, "spec_verify_ct": int or None, "t_start": s, "t_end": s,
-   "arrivals": [s, ...] (streamed requests: when each chunk came), "error": str or None}
+   "arrivals": [s, ...] (streamed requests: when each chunk came), "counts": [n, ...] (the
+   cumulative completion_tokens of each of those chunks), "error": str or None}
+
+SGLang 0.5.11 sends spec_verify_ct only in a request's last event (tokenizer_manager's
+_calculate_spec_decoding_metrics runs when the request has finished), so the accept length over a
+token range comes from the streamed events: at --stream-interval 1 the scheduler sends one event
+per step holding the tokens that step accepted. The tokenizer manager merges events the client has
+not read yet (_wait_one_response joins its out_list), which can only make a chunk larger; the stock
+server's request of the same prompt is read the same way, so a stale draft shows as dyn/stock < 1.
 """
 import re
 import statistics
@@ -41,11 +49,6 @@ def crossings(records):
     return sorted({r["crossing"] for r in records if r.get("crossing") is not None})
 
 
-def accept_after_resumes(records):
-    """Per crossing, the accept length of the fresh c=1 requests sent after the burst drained."""
-    return [accept_len(phase(records, "resume", c)) for c in crossings(records)]
-
-
 def ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
 
@@ -76,22 +79,28 @@ def key(r):
     return (r["phase"], r.get("crossing"), r["idx"])
 
 
-def greedy_equality(recs, ref, phases):
-    """Requests of `phases` in recs against the same (phase, crossing, prompt) in ref: the
-    fraction with identical output ids, and each mismatch with its first differing position."""
-    by = {key(r): r for r in ok(ref) if r["phase"] in phases}
+def greedy_equality(recs, ref, phases, ref_phase=None):
+    """Requests of `phases` in recs against the same (phase, crossing, prompt) in ref (with
+    ref_phase: the same (crossing, prompt) of that phase in ref): the fraction with identical
+    output ids, and each mismatch with its first differing position."""
+    if ref_phase is None:
+        by = {key(r): r for r in ok(ref) if r["phase"] in phases}
+        k = key
+    else:
+        by = {(r.get("crossing"), r["idx"]): r for r in ok(ref) if r["phase"] == ref_phase}
+        k = lambda r: (r.get("crossing"), r["idx"])  # noqa: E731
     equal, n, mism = 0, 0, []
     for r in ok(recs):
-        if r["phase"] not in phases or key(r) not in by:
+        if r["phase"] not in phases or k(r) not in by:
             continue
         n += 1
-        o = by[key(r)]
+        o = by[k(r)]
         pos = first_diff(r["output_ids"], o["output_ids"])
         if pos is None:
             equal += 1
         else:
             mism.append({"server": r["server"], "ref_server": o["server"], "phase": r["phase"],
-                         "crossing": r.get("crossing"), "idx": r["idx"],
+                         "ref_phase": o["phase"], "crossing": r.get("crossing"), "idx": r["idx"],
                          "first_diff": pos, "prompt_ids": r.get("prompt_ids"),
                          "common_prefix": o["output_ids"][:pos],
                          "token": r["output_ids"][pos] if pos < len(r["output_ids"]) else None,
@@ -100,7 +109,85 @@ def greedy_equality(recs, ref, phases):
 
 
 def mismatch_key(m):
-    return (m["server"], m["ref_server"], m["phase"], m["crossing"], m["idx"], m["first_diff"])
+    return (m["server"], m["ref_server"], m["phase"], m.get("ref_phase"), m["crossing"], m["idx"],
+            m["first_diff"])
+
+
+# One bf16 step (ulp) of a logit with |logit| in [16, 32): 2**(4 - 7). The first H200 run's margins
+# were 0.0, 0.0625 and 0.125, i.e. ties and one step at |logit| in [8, 16) or [16, 32).
+BF16_STEP = 0.125
+
+
+def margin_class(margin, step=BF16_STEP):
+    """"tie" (the top two logits are equal), "bf16_step" (apart by at most one bf16 step of a
+    logit of magnitude below 32), "larger", or "unknown" (no margin measured)."""
+    if margin is None:
+        return "unknown"
+    if margin <= 1e-6:
+        return "tie"
+    if margin <= step * (1 + 1e-3):
+        return "bf16_step"
+    return "larger"
+
+
+def margin_counts(mismatches):
+    """The counts of summary.json: below 1e-2 (a margin of exactly 0.0 counts), per class."""
+    out = {"total": len(mismatches),
+           "below_1e-2": sum(1 for m in mismatches if m.get("margin") is not None and m["margin"] < 1e-2)}
+    for c in ("tie", "bf16_step", "larger", "unknown"):
+        out[c] = sum(1 for m in mismatches if margin_class(m.get("margin")) == c)
+    return out
+
+
+def tokens_at(rec, t):
+    """The request's streamed token count at time t (the last chunk that arrived by then)."""
+    n = 0
+    for a, c in zip(rec.get("arrivals") or [], rec.get("counts") or []):
+        if a > t:
+            break
+        n = c
+    return n
+
+
+def range_accept(counts, start_tok):
+    """(tokens, events) over the streamed events that begin at or after token start_tok."""
+    toks = ev = prev = 0
+    for c in counts:
+        if prev >= start_tok and c > prev:
+            toks += c - prev
+            ev += 1
+        prev = c
+    return toks, ev
+
+
+def stale_draft(dyn_recs, stock_recs, windows):
+    """Per crossing, the accept length (tokens per streamed event) of the requests that spanned
+    it, over their tail: the tokens after the burst drained (window "burst_t1": drafting has
+    resumed), on the dyn server and on the stock server for the same prompts over the same token
+    range (greedy: the same tokens). A draft whose KV was not written while plain collapses here;
+    a request prefilled after the resume cannot show it."""
+    stock = {(r["crossing"], r["idx"]): r for r in ok(stock_recs) if r["phase"] == "span"}
+    out = []
+    for w in crossing_windows(windows):
+        c = w["crossing"]
+        dt = de = st = se = 0
+        starts = []
+        for r in ok(phase(dyn_recs, "span", c)):
+            s = stock.get((c, r["idx"]))
+            start = tokens_at(r, w["burst_t1"])
+            if s is None or not start or start >= r["completion_tokens"]:
+                continue
+            a, b = range_accept(r.get("counts") or [], start)
+            x, y = range_accept(s.get("counts") or [], start)
+            if b and y:
+                dt, de, st, se = dt + a, de + b, st + x, se + y
+                starts.append([tokens_at(r, w["burst_t0"]), start])
+        dyn_tail = round(dt / de, 4) if de else None
+        stock_tail = round(st / se, 4) if se else None
+        out.append({"crossing": c, "dyn_tail": dyn_tail, "stock_tail": stock_tail,
+                    "tail_over_stock": ratio(dyn_tail, stock_tail), "requests": len(starts),
+                    "tail_tokens": dt, "burst_start_and_tail_start_tokens": starts})
+    return out
 
 
 def margin_from_top_logprobs(top):
@@ -135,7 +222,7 @@ def crossing_windows(windows):
 def stall_gaps(records, windows):
     """Per crossing: the longest inter-chunk gap of any stream while the burst ran (the
     crossing: drafting stops) and after it drained up to the last resume request (drafting
-    resumes). Streams: the burst's, the request spanning it, the resume requests."""
+    resumes). Streams: the burst's and the requests spanning it."""
     out = []
     for w in crossing_windows(windows):
         rs = [r for r in records if r.get("crossing") == w["crossing"]]
@@ -222,66 +309,90 @@ def new_entries(before, after):
     return sorted(set(after) - set(before))
 
 
-def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None):
-    """Issue #24's per-worker figures for one dyn server (recs, its log lines), against the
-    baseline's and the stock speculative server's records of the same protocol, and its negative
-    control. With a log, the headline after/before is the server-side one (log_accept: the
-    requests that lived through the plain steps); the fresh c=1 requests' figures stay beside it."""
+def tail_figures(stale):
+    tails = [x["dyn_tail"] for x in stale]
+    ratios = [x["tail_over_stock"] for x in stale]
+    return tails, ratios, median_or_none(ratios)
+
+
+def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None, windows=None,
+                   nc_windows=None, stock_recs=None):
+    """Issue #24's per-worker figures for one dyn server (recs, its log lines, its crossing
+    windows), against the baseline's and the stock speculative server's records of the same
+    protocol (stock_recs: the stock records whose spanning requests are the tail reference;
+    ref_stock by default), and its negative control. The headline after-resume figures are the
+    spanning requests' tails (stale_draft); the server log's figures stay beside them."""
+    stock_recs = ref_stock if stock_recs is None else stock_recs
     before = accept_len(phase(recs, "before"))
-    fresh = accept_after_resumes(recs)
     res = {
-        "accept_len_before_client": round(before, 4) if before is not None else None,
+        "accept_len_before": round(before, 4) if before is not None else None,
         "accept_len_before_per_request": [round(x, 3) for x in per_request_accept(phase(recs, "before"))],
         "accept_len_spec_eq": ratio(accept_len(phase(recs, "spec_eq")), 1),
-        "accept_len_after_resume_fresh": [round(x, 4) if x is not None else None for x in fresh],
-        "accept_len_after_resume_fresh_per_request": {
-            c: [round(x, 3) for x in per_request_accept(phase(recs, "resume", c))] for c in crossings(recs)},
-        "fresh_after_over_before": ratio(median_or_none(fresh), before),
-        "fresh_min_after_over_before": ratio(min([x for x in fresh if x is not None], default=None), before),
         "accept_len_steady_after_bursts": ratio(accept_len(phase(recs, "after")), 1),
         "c1_tok_s_before": throughput(phase(recs, "before")),
         "c1_tok_s_after": throughput(phase(recs, "after")),
     }
+    stale = stale_draft(recs, stock_recs, windows or [])
+    tails, ratios, med = tail_figures(stale)
+    res.update(accept_source="spanning requests' tails (tokens per streamed event after the burst drained)",
+               accept_len_after_resume=tails, after_over_before=ratio(median_or_none(tails), before),
+               min_after_over_before=ratio(min([x for x in tails if x is not None], default=None), before),
+               stale_draft=stale, tail_over_stock=ratios, tail_over_stock_median=med)
     if log is not None:
         la = log_accept(log)
-        after = la["after_resume"]
-        res.update(accept_len_before=la["steady"], accept_len_after_resume=after,
-                   steps_after_resume=la["steps_after_resume"], accept_source="server log")
-        res["after_over_before"] = ratio(median_or_none(after), la["steady"])
-        res["min_after_over_before"] = ratio(min([x for x in after if x is not None], default=None), la["steady"])
-    else:
-        res.update(accept_len_before=res["accept_len_before_client"], accept_len_after_resume=res[
-            "accept_len_after_resume_fresh"], accept_source="client (fresh c=1 requests)",
-            after_over_before=res["fresh_after_over_before"], min_after_over_before=res["fresh_min_after_over_before"])
+        res.update(log_accept_len_steady=la["steady"], log_accept_len_after_resume=la["after_resume"],
+                   log_after_over_before=ratio(median_or_none(la["after_resume"]), la["steady"]))
     res["c1_after_over_before"] = ratio(res["c1_tok_s_after"], res["c1_tok_s_before"])
     eq_plain = greedy_equality(recs, ref_baseline, {"burst"})
+    eq_plain_c1 = greedy_equality(recs, ref_baseline, {"burst"}, ref_phase="burst_c1")
     eq_spec = greedy_equality(recs, ref_stock, {"before", "spec_eq", "after"})
     eq_span = greedy_equality(recs, ref_baseline, {"span"})
     res["greedy_equal_plain_vs_baseline"] = eq_plain["fraction"]
     res["greedy_equal_spec_vs_stock"] = eq_spec["fraction"]
     res["greedy_equal_across_crossing_vs_baseline"] = eq_span["fraction"]
-    res["equality_counts"] = {n: [e["equal"], e["of"]] for n, e in
-                              (("plain_vs_baseline", eq_plain), ("spec_vs_stock", eq_spec),
-                               ("across_crossing_vs_baseline", eq_span))}
-    res["mismatches"] = {"plain_vs_baseline": eq_plain["mismatches"],
-                         "spec_vs_stock": eq_spec["mismatches"],
-                         "across_crossing_vs_baseline": eq_span["mismatches"]}
+    res["greedy_equal_plain_vs_baseline_c1"] = eq_plain_c1["fraction"]
+    pairs = (("plain_vs_baseline", eq_plain), ("spec_vs_stock", eq_spec),
+             ("across_crossing_vs_baseline", eq_span), ("plain_vs_baseline_c1", eq_plain_c1))
+    res["equality_counts"] = {n: [e["equal"], e["of"]] for n, e in pairs}
+    res["mismatches"] = {n: e["mismatches"] for n, e in pairs}
     if nc_recs is not None:
-        nfresh = accept_after_resumes(nc_recs)
         nb = accept_len(phase(nc_recs, "before"))
-        res["negative_control_fresh_after_over_before"] = ratio(median_or_none(nfresh), nb)
+        nstale = stale_draft(nc_recs, stock_recs, nc_windows or [])
+        ntails, nratios, nmed = tail_figures(nstale)
+        res.update(negative_control_accept_len_before=ratio(nb, 1),
+                   negative_control_accept_len_after_resume=ntails,
+                   negative_control_after_over_before=ratio(median_or_none(ntails), nb),
+                   negative_control_stale_draft=nstale, negative_control_tail_over_stock=nratios,
+                   negative_control_tail_over_stock_median=nmed)
         if nc_log is not None:
             nl = log_accept(nc_log)
-            res["negative_control_accept_len_before"] = nl["steady"]
-            res["negative_control_accept_len_after_resume"] = nl["after_resume"]
-            res["negative_control_after_over_before"] = ratio(median_or_none(nl["after_resume"]), nl["steady"])
-        else:
-            res["negative_control_accept_len_before"] = ratio(nb, 1)
-            res["negative_control_accept_len_after_resume"] = [ratio(x, 1) for x in nfresh]
-            res["negative_control_after_over_before"] = res["negative_control_fresh_after_over_before"]
+            res["negative_control_log_after_over_before"] = ratio(median_or_none(nl["after_resume"]), nl["steady"])
         res["negative_control_greedy_equal_plain_vs_baseline"] = greedy_equality(
             nc_recs, ref_baseline, {"burst"})["fraction"]
+        res["verdict"] = verdict(med, nmed)
     return res
+
+
+def verdict(dyn, nc, collapse=0.9):
+    """A sentence on what the tails show: the negative control must fall below `collapse` x
+    stock for the measure to see a stale draft at all."""
+    if dyn is None or nc is None:
+        return "no tail figures (no spanning requests with a stock reference)"
+    if nc >= collapse:
+        return (f"the negative control shows no collapse with this measure (tail / stock {nc:.3f} "
+                f"against dyn {dyn:.3f}): the harness cannot tell a stale draft from a healthy one here")
+    if dyn >= collapse:
+        return (f"the negative control collapses (tail / stock {nc:.3f}) and dyn does not "
+                f"({dyn:.3f}): the draft KV written while plain keeps the draft healthy")
+    return f"both collapse: dyn tail / stock {dyn:.3f}, negative control {nc:.3f}"
+
+
+def baseline_control(base_recs):
+    """What the unpatched engine does with another batch composition: the baseline's burst
+    outputs against the same prompts at c=1 and in the same burst shape again."""
+    return {"baseline_burst_vs_baseline_c1": greedy_equality(base_recs, base_recs, {"burst"}, "burst_c1"),
+            "baseline_burst_again_vs_baseline_burst": greedy_equality(base_recs, base_recs, {"burst_again"},
+                                                                      "burst")}
 
 
 def strip_mismatch(m):

@@ -11,11 +11,15 @@ the profiles), pair "trained", decode log every step, each with its own TRITON_C
   the draft's KV is not written while plain).
 Every server runs the same protocol, phase by phase, all servers at once (so each phase meets
 the same neighbours on the GPU): `before` (8 held-out prompts at c=1, 64 tokens), `spec_eq`
-(64 prompts at c=4, below the threshold), then per crossing a streamed request that spans it
-(`span`, 96 tokens; the burst starts once it has streamed 8 tokens), a burst of 2*threshold+4
-streamed requests (`burst`, 48 tokens), and once it has drained 3 fresh c=1 streamed requests of
-32 tokens (`resume`); finally `after` (the `before` prompts again). Then the baseline is asked
-for the top-2 logprobs at every mismatch's first differing position.
+(64 prompts at c=4, below the threshold), then per crossing 4 streamed requests that span it
+(`span`, 384 tokens; the burst starts once each has streamed 16 tokens) and a burst of
+2*threshold+4 streamed requests (`burst`, 128 tokens) that holds the server above the threshold
+for ~128 plain steps while the spanning requests keep decoding; after the burst drains they run
+their tail speculatively, and their tail's tokens per step against the stock server's over the
+same tokens is the stale-draft measure (accept_analysis.stale_draft). Then `after` (the `before`
+prompts again) and, on the baseline only, the equality control: the first crossings' burst prompts
+in the same burst shape again (`burst_again`) and one by one at c=1 (`burst_c1`). Then the baseline
+is asked for the top-2 logprobs at every mismatch's first differing position.
 Writes DIR/records.jsonl (one line per request), DIR/summary.json (issue #24),
 DIR/first_crossing.json (issue #25) and DIR/accept_raw.json (JIT cache snapshots, log lines
 after healthy, transitions); server logs under /tmp/dyn-logs.
@@ -66,14 +70,20 @@ class Plan:
     """The protocol's sizes (tests shrink them)."""
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
-                 eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=48, span_tokens=128,
-                 span_lead=8, resume_n=3, resume_tokens=32):
+                 eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=128, span_n=4, span_tokens=384,
+                 span_lead=16, control_n=64):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
         self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
         self.burst = 2 * threshold + burst_extra
         self.burst_tokens, self.span_tokens, self.span_lead = burst_tokens, span_tokens, span_lead
-        self.resume_n, self.resume_tokens = resume_n, resume_tokens
+        self.span_n = span_n
+        # burst prompts the baseline runs again (same shape, then c=1): >= 64 for the equality
+        self.control_n = control_n
+
+    def burst_base(self, c):
+        """The prompt index of crossing c's first burst request (its spanning ones come before)."""
+        return self.before_n + self.eq_n + (c - 1) * (self.span_n + self.burst) + self.span_n
 
 
 # ---------------------------------------------------------------- requests
@@ -97,7 +107,7 @@ def outputs_of(chunks):
 async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
     """One /generate request; fills rec with outputs, meta and (streamed) chunk arrival times.
     progress: an asyncio.Event set once `rec["lead"]` tokens have streamed."""
-    rec.update(prompt_ids=ids, t_start=time.time(), arrivals=[])
+    rec.update(prompt_ids=ids, t_start=time.time(), arrivals=[], counts=[])
     try:
         async with s.post(srv.base + "/generate", json=body(ids, max_tokens, stream)) as r:
             if r.status != 200:
@@ -116,6 +126,7 @@ async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
                     n = c.get("meta_info", {}).get("completion_tokens", seen)
                     if n > seen:
                         rec["arrivals"].append(time.time())
+                        rec["counts"].append(n)
                         seen = n
                     if progress is not None and seen >= rec.get("lead", 0):
                         progress.set()
@@ -141,7 +152,7 @@ class Run:
     def rec(self, srv, phase, idx, crossing=None, **kw):
         # a request cut short by the budget keeps these: counted as failed, never as output
         r = {"server": srv.label, "phase": phase, "crossing": crossing, "idx": idx, "output_ids": [],
-             "completion_tokens": 0, "spec_verify_ct": None, "arrivals": [], "t_start": None,
+             "completion_tokens": 0, "spec_verify_ct": None, "arrivals": [], "counts": [], "t_start": None,
              "t_end": None, "error": "not finished", **kw}
         self.records.append(r)
         return r
@@ -169,25 +180,49 @@ class Run:
 
     async def crossing(self, srv, c):
         p = self.plan
-        base = p.before_n + p.eq_n + (c - 1) * (p.burst + 1 + p.resume_n)
-        started = asyncio.Event()
-        span = self.rec(srv, "span", base, c, lead=p.span_lead)
-        span_task = asyncio.ensure_future(request(self.s, srv, span, self.prompt(base), p.span_tokens,
-                                                  stream=True, progress=started))
+        first = p.burst_base(c)
+        spans, started, tasks = [], [], []
+        for k in range(p.span_n):
+            i = first - p.span_n + k
+            spans.append(self.rec(srv, "span", i, c, lead=p.span_lead))
+            started.append(asyncio.Event())
+            tasks.append(asyncio.ensure_future(request(self.s, srv, spans[k], self.prompt(i), p.span_tokens,
+                                                       stream=True, progress=started[k])))
         try:
-            await asyncio.wait_for(started.wait(), 30)
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
         except asyncio.TimeoutError:
             pass
         w = {"crossing": c, "burst_t0": time.time()}
-        await asyncio.gather(*(request(self.s, srv, self.rec(srv, "burst", base + 1 + k, c),
-                                       self.prompt(base + 1 + k), p.burst_tokens, stream=True)
-                               for k in range(p.burst)))
+        await self.burst(srv, "burst", c)
         w["burst_t1"] = time.time()
-        await self.sequential(srv, "resume", range(base + 1 + p.burst, base + 1 + p.burst + p.resume_n),
-                              p.resume_tokens, stream=True, crossing=c)
-        await span_task
+        await asyncio.gather(*tasks)
         w["resume_t1"] = time.time()
         self.windows[srv.label].append(w)
+
+    async def burst(self, srv, phase, c):
+        p, first = self.plan, self.plan.burst_base(c)
+        await asyncio.gather(*(request(self.s, srv, self.rec(srv, phase, first + k, c), self.prompt(first + k),
+                                       p.burst_tokens, stream=True) for k in range(p.burst)))
+
+    async def control(self, baseline, reserve_s):
+        """The baseline's burst prompts of the first crossings again: one by one at c=1, then
+        (if the budget allows) in the same burst shape, each while the budget lasts."""
+        p = self.plan
+        done = [w["crossing"] for w in self.windows.get(baseline.label, [])]
+        cs = done[:max(1, -(-p.control_n // p.burst))]
+        for c in cs:
+            for i in range(p.burst_base(c), p.burst_base(c) + p.burst):
+                if left() - reserve_s < 3:
+                    say("budget: c=1 control cut short")
+                    return
+                await request(self.s, baseline, self.rec(baseline, "burst_c1", i, c), self.prompt(i),
+                              p.burst_tokens, stream=True)
+        self.flush()
+        for c in cs:
+            if left() - reserve_s < 5:
+                say("budget: burst-shape control cut short")
+                break
+            await self.burst(baseline, "burst_again", c)
 
     async def phase(self, name, fn, live):
         t = time.time()
@@ -224,13 +259,16 @@ class Run:
                             "Decode batch", "Prefill batch", "POST /generate", "GET /health"))][:40]
         if left() > reserve_s / 2:
             await self.phase("after", lambda srv: self.sequential(srv, "after", before, p.before_tokens), live)
+        base = [srv for srv in live if srv.label == "baseline"]
+        if base and left() > reserve_s / 2:
+            await self.phase("control", lambda srv: self.control(srv, reserve_s / 2), base)
         for srv in live:
             snap = self.raw["jit"].get(srv.label, {})
             if "healthy" in snap:
                 snap["new_after_healthy"] = an.new_entries(snap["healthy"], snap.get("after_first_crossing", []))
                 snap["new_after_healthy_end"] = an.new_entries(snap["healthy"], jit_snapshot(srv))
 
-    async def margins(self, baseline, mismatches, limit=64):
+    async def margins(self, baseline, mismatches, limit=256):
         """The baseline's top-2 logprob margin at each mismatch's first differing position."""
         for m in mismatches[:limit]:
             if left() < 8:
@@ -264,7 +302,8 @@ def jit_snapshot(srv):
 def per_worker(run, by):
     logs = {srv.label: srv.read_log().splitlines() for srv in run.servers}
     return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
-                                 log=logs.get(d), nc_log=logs.get(nc) if nc in by else None)
+                                 log=logs.get(d), nc_log=logs.get(nc) if nc in by else None,
+                                 windows=run.windows.get(d), nc_windows=run.windows.get(nc))
             for w, (d, st, nc) in WORKERS.items() if d in by}
 
 
@@ -297,6 +336,12 @@ def summarize(run, pair_report, threshold, tp=1):
         "per_worker": {w: {k: (x if k != "mismatches" else
                                {n: [an.strip_mismatch(m) for m in ms] for n, ms in x.items()})
                            for k, x in d.items()} for w, d in per.items()},
+        "stale_draft": {w: {k: d.get(k) for k in (
+            "tail_over_stock", "tail_over_stock_median", "negative_control_tail_over_stock",
+            "negative_control_tail_over_stock_median", "verdict")} for w, d in per.items()},
+        "equality_control": {n: {"equal": e["equal"], "of": e["of"], "fraction": e["fraction"],
+                                 "mismatches": [an.strip_mismatch(m) for m in e["mismatches"]]}
+                             for n, e in an.baseline_control(base).items()},
         "stock_vs_baseline": {w: {"equal": e["equal"], "of": e["of"], "fraction": e["fraction"]}
                               for w, e in stock_eq.items()},
         "accept_len_by_server": {lab: an.ratio(an.accept_len([r for r in rs if r["phase"] in
@@ -316,7 +361,7 @@ def summarize(run, pair_report, threshold, tp=1):
         gaps = an.stall_gaps(by[srv.label], run.windows[srv.label])
         st = an.stall_summary(gaps, tp=tp, server=srv.label,
                               median_step_ms=an.median_gap_ms([r for r in by[srv.label]
-                                                               if r["phase"] in ("span", "resume")]))
+                                                               if r["phase"] == "span"]))
         st["jit_new_after_healthy"] = run.raw["jit"].get(srv.label, {}).get("new_after_healthy")
         st["log_after_healthy"] = run.raw["log_after_healthy"].get(srv.label, {}).get("lines")
         runs.append(st)
@@ -324,11 +369,12 @@ def summarize(run, pair_report, threshold, tp=1):
                                            "/generate requests; eagle3-v2 (stock) is the reference"}
 
 
-def all_mismatches(summary_per):
-    return [m for d in summary_per.values() for ms in d["mismatches"].values() for m in ms]
+def all_mismatches(summary_per, control):
+    return ([m for d in summary_per.values() for ms in d["mismatches"].values() for m in ms]
+            + [m for e in control.values() for m in e["mismatches"]])
 
 
-async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
+async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=20):
     """The protocol on running servers, the margins, and both summaries written to out."""
     run = Run(s, servers, prompts, plan, out)
     try:
@@ -341,19 +387,27 @@ async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=40):
         by.setdefault(r["server"], []).append(r)
     base = next((srv for srv in servers if srv.label == "baseline"), None)
     per = per_worker(run, by)
-    mism = all_mismatches(per)
+    mism = all_mismatches(per, an.baseline_control(by.get("baseline", [])))
     if base is not None and base.alive() and mism:
         await run.margins(base, mism)
     margins = {an.mismatch_key(m): m for m in mism if "margin" in m or "margin_error" in m}
     summary, first = summarize(run, pair_report, plan.threshold)
+    def with_margins(ms):
+        for m in ms:
+            m.update({k: v for k, v in margins.get(an.mismatch_key(m), {}).items()
+                      if k in ("margin", "baseline_top2", "margin_error")})
+            m["margin_class"] = an.margin_class(m.get("margin"))
+        return an.margin_counts(ms)
+
+    summary["margin_classes_note"] = (f"tie: margin 0; bf16_step: 0 < margin <= {an.BF16_STEP} (one bf16 "
+                                      "step of a logit with |logit| < 32); larger; unknown: not measured")
     for w, d in summary["per_worker"].items():
-        for n, ms in d["mismatches"].items():
-            for m in ms:
-                m.update({k: v for k, v in margins.get(an.mismatch_key(m), {}).items()
-                          if k in ("margin", "baseline_top2", "margin_error")})
+        d["margin_classes"] = {n: with_margins(ms) for n, ms in d["mismatches"].items()}
         allm = [m for ms in d["mismatches"].values() for m in ms]
-        d["mismatches_with_margin_below_1e-2"] = sum(1 for m in allm if (m.get("margin") or 1) < 1e-2)
+        d["mismatches_with_margin_below_1e-2"] = an.margin_counts(allm)["below_1e-2"]
         d["mismatches_total"] = len(allm)
+    for e in summary["equality_control"].values():
+        e["margin_classes"] = with_margins(e["mismatches"])
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(out, "first_crossing.json"), "w") as f:
@@ -413,6 +467,9 @@ async def main():
     ap.add_argument("--models", default="/tmp/models")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--mem", type=float, default=0.09)
+    ap.add_argument("--span-tokens", type=int, default=384)
+    ap.add_argument("--burst-tokens", type=int, default=128)
+    ap.add_argument("--control-n", type=int, default=64)
     a = ap.parse_args()
     BUDGET = a.budget_s
     import shapes_device
@@ -426,7 +483,8 @@ async def main():
             await shapes_device.start_servers(servers, False, 2)
             health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
-            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings),
+            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings, span_tokens=a.span_tokens,
+                                                              burst_tokens=a.burst_tokens, control_n=a.control_n),
                                            a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",
@@ -437,6 +495,12 @@ async def main():
                     "accept_len_before", "after_over_before", "negative_control_after_over_before",
                     "c1_tok_s_before", "c1_tok_s_after", "equality_counts", "mismatches_total",
                     "mismatches_with_margin_below_1e-2")}))
+            for w, d in summary["stale_draft"].items():
+                say("stale draft", w, json.dumps(d))
+            for n, e in summary["equality_control"].items():
+                say("control", n, json.dumps({k: e[k] for k in ("equal", "of", "fraction", "margin_classes")}))
+            for w, d in summary["per_worker"].items():
+                say("margins", w, json.dumps(d["margin_classes"]))
             say("transitions:", json.dumps(summary["transitions"]))
             for r in first["runs"]:
                 say("stall", r["server"], json.dumps({k: r[k] for k in (

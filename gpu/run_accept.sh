@@ -2,15 +2,19 @@
 # Real acceptance across dyn-disable's crossings (issue #24) and the first-crossing stall (issue
 # #25 part 1), in ONE device call: site setup, the trained pair, seven servers, the protocol.
 # Run from the repo root with the carried .whl1 .whl2 .whl3 (gpu/README.md):
-#   BUDGET_S=560 bash gpu/run_accept.sh 2>&1 | tee $OUT/run.log
-# Env: BUDGET_S (default 560): everything ends inside it (the driver gets what is left).
-#      TARGET_S / DRAFT_S (default 80 / 45): training time of the target / the draft on the GPU.
-#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven).
+#   BUDGET_S=330 bash gpu/run_accept.sh 2>&1 | tee $OUT/run.log
+# Env: BUDGET_S (default 330): everything ends inside it (the driver gets what is left), so a
+#        second script fits in the same 600 s call.
+#      SKIP_SETUP=1: /tmp/site etc. are there already (`bash gpu/run_dyn.sh setup` ran before).
+#      TARGET_S / DRAFT_S (default 70 / 35): training time of the target / the draft on the GPU.
+#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven),
+#      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
+#      baseline runs again at c=1 and in the burst shape).
 # $OUT gets summary.json, first_crossing.json, train_report.json and evidence.tgz (server logs,
 # records.jsonl, accept_raw.json, logs_scan.json, train.log); only a few files come back.
 set -u
 T0=$(date +%s)
-BUDGET_S=${BUDGET_S:-560}
+BUDGET_S=${BUDGET_S:-330}
 OUT=${OUT:-/tmp/out}
 LOGS=/tmp/dyn-logs
 WORK=$LOGS/accept
@@ -26,17 +30,23 @@ finish() {
 trap finish EXIT
 
 # /tmp/site (dyn-disable applied), /tmp/stock, the FlashInfer norm JIT, make_models' pairs
-OUT=/tmp/setup-out bash gpu/run_dyn.sh setup || { say "setup failed"; exit 1; }
+if [ "${SKIP_SETUP:-0}" = 1 ]; then
+  [ -d /tmp/site ] || { say "SKIP_SETUP=1 but no /tmp/site: run gpu/run_dyn.sh setup first"; exit 1; }
+  say "setup skipped (SKIP_SETUP=1)"
+else
+  OUT=/tmp/setup-out bash gpu/run_dyn.sh setup || { say "setup failed"; exit 1; }
+fi
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
 STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 say "training the pair ($(left) s left)"
 # the corpus: the site's packages and the image's standard library (Python sources only)
 timeout $(( $(left) - 120 )) python3 gpu/train_pair.py /tmp/models --corpus /tmp/site --corpus "$STDLIB" \
-  --size small --bytes ${CORPUS_BYTES:-40000000} --target-s ${TARGET_S:-80} --draft-s ${DRAFT_S:-45} \
+  --size small --bytes ${CORPUS_BYTES:-40000000} --target-s ${TARGET_S:-70} --draft-s ${DRAFT_S:-35} \
   --seed 0 --device cuda 2>&1 | grep -v "UserWarning\|warnings.warn" | tee "$WORK/train.log"
 [ -f /tmp/models/draft-trained/model.safetensors ] || { say "no trained pair"; exit 1; }
 say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
-  --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} \
+  --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \
+  --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} \
   ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} 2>&1 | tee "$WORK/driver.log"

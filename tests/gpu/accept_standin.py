@@ -3,9 +3,12 @@
 It "decodes" a deterministic toy model step by step (asyncio sleeps), counts verify steps as an
 EAGLE server does (completion_tokens / spec_verify_ct = accept length), and with a threshold
 stops and resumes drafting by the number of running requests, writing the dyn-disable patch's
-log lines (switch lines and the Decode batch counters). Knobs model what the harness must see:
-a collapse of acceptance after a resume (the negative control), a one-off stall at the first
-crossing, and plain steps that flip a near-tie token.
+log lines (switch lines and the Decode batch counters). Streamed events carry meta_info with the
+cumulative completion_tokens, one event per step; spec_verify_ct only comes in the last one, as in
+SGLang 0.5.11. Knobs model what the harness must see: a stale draft (the negative control: a
+request that decoded through plain steps accepts nothing for its next `collapse_steps` steps after
+the resume; a request prefilled after it is not hurt), a one-off stall at the first crossing, and
+plain steps that flip a near-tie token.
 """
 import asyncio
 import json
@@ -19,11 +22,11 @@ def next_token(ctx):
 
 class StandIn:
     def __init__(self, log_path, accept=None, threshold=None, hysteresis=2, step_s=0.002,
-                 collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004):
+                 collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004, batch_flip=None):
         self.log_path, self.accept, self.threshold, self.hyst = log_path, accept, threshold, hysteresis
         self.step_s, self.collapse_steps, self.first_off_stall_s = step_s, collapse_steps, first_off_stall_s
-        self.plain_flip, self.margin = plain_flip, margin
-        self.running, self.off, self.switches, self.collapse_left, self.stalled = 0, False, [0, 0], 0, False
+        self.plain_flip, self.margin, self.batch_flip = plain_flip, margin, batch_flip
+        self.running, self.off, self.switches, self.stalled = 0, False, [0, 0], False
         self.stall_until = 0.0
         self.log = open(log_path, "w")
         self.log.write("Dynamic speculation disable enabled\n" if threshold else "ready\n")
@@ -33,9 +36,9 @@ class StandIn:
         self.log.write(line + "\n")
         self.log.flush()
 
-    async def step(self, k):
-        """One decode step of one request (its k-th verify so far): how many tokens it yields
-        and whether it was a verify step."""
+    async def step(self, k, req):
+        """One decode step of one request (its k-th verify so far; req: its state): how many
+        tokens it yields and whether it was a verify step."""
         if self.threshold is not None:
             if not self.off and self.running > self.threshold:
                 self.off = True
@@ -49,7 +52,6 @@ class StandIn:
             elif self.off and self.running <= self.threshold - self.hyst:
                 self.off = False
                 self.switches[1] += 1
-                self.collapse_left = self.collapse_steps
                 self.write(f"[TP0] Dynamic speculation disable: drafting resumed at {self.running} "
                            f"running decode requests (x)")
         await asyncio.sleep(max(self.step_s, self.stall_until - asyncio.get_running_loop().time()))
@@ -57,8 +59,9 @@ class StandIn:
             return 1, False
         if self.off:
             n = 1
-        elif self.collapse_left > 0:
-            self.collapse_left -= 1
+            req["stale"] = self.collapse_steps
+        elif req.get("stale", 0) > 0:
+            req["stale"] -= 1
             n = 1
         else:  # a fixed pattern averaging `accept` tokens per verify
             n = int((k + 1) * self.accept) - int(k * self.accept)
@@ -80,16 +83,20 @@ class StandIn:
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-        out, ctx, verify = [], list(ids), 0
+        out, ctx, verify, state = [], list(ids), 0, {}
         self.running += 1
         try:
             while len(out) < sp["max_new_tokens"]:
-                n, is_verify = await self.step(verify)
+                n, is_verify = await self.step(verify, state)
                 verify += is_verify
                 for _ in range(min(n, sp["max_new_tokens"] - len(out))):
                     t = next_token(ctx)
                     if self.plain_flip and self.off and len(out) == 5 and ids[0] % 4 == 0:
                         t += 1
+                    # any engine: a bigger batch flips a near tie (another reduction order)
+                    if self.batch_flip is not None and self.running > self.batch_flip and len(out) == 7 \
+                            and ids[0] % 5 == 0:
+                        t += 2
                     ctx.append(t)
                     out.append(t)
                 if stream:

@@ -23,24 +23,80 @@ def test_accept_len_is_tokens_per_verify_over_requests_and_none_without_verify_c
     assert an.accept_len(rs + [rec("d", "before", 2, [1] * 5, verify=5, error="boom")]) == pytest.approx(2.0)
 
 
-def test_accept_after_each_resume_and_its_ratio_to_before():
-    before = [rec("d", "before", i, [1] * 32, verify=10) for i in range(2)]  # 3.2
-    resumes = [rec("d", "resume", 10 + c, [1] * 32, crossing=c, verify=v)
-               for c, v in ((1, 32), (2, 10), (3, 10))]  # 1.0 (collapsed), 3.2, 3.2
-    rs = before + resumes
-    assert an.accept_after_resumes(rs) == pytest.approx([1.0, 3.2, 3.2])
-    s = an.worker_summary(rs, [], [])
-    assert s["accept_len_before"] == pytest.approx(3.2)
-    assert s["after_over_before"] == pytest.approx(1.0)  # the median hides one collapse ...
-    assert s["min_after_over_before"] == pytest.approx(1 / 3.2, abs=1e-3)  # ... the minimum shows it
+def span(server, idx, steps, crossing=1, t0=0.0, dt=0.01):
+    """A streamed spanning request: one event per step, `steps` the tokens each step accepted."""
+    counts, n = [], 0
+    for k in steps:
+        n += k
+        counts.append(n)
+    r = rec(server, "span", idx, [7] * n, crossing=crossing,
+            arrivals=[t0 + dt * (i + 1) for i in range(len(steps))])
+    r["counts"] = counts
+    return r
 
 
-def test_negative_control_ratio_comes_from_its_own_records():
-    dyn = [rec("d", "before", 0, [1] * 30, verify=10), rec("d", "resume", 1, [1] * 30, crossing=1, verify=10)]
-    nc = [rec("n", "before", 0, [1] * 30, verify=10), rec("n", "resume", 1, [1] * 30, crossing=1, verify=20)]
-    s = an.worker_summary(dyn, [], [], nc)
-    assert s["after_over_before"] == pytest.approx(1.0)
-    assert s["negative_control_after_over_before"] == pytest.approx(0.5)
+# 4 speculative steps (lead: 10 tokens), 20 plain steps (the burst), then the tail
+LEAD, PLAIN = [3, 2, 3, 2], [1] * 20
+WINDOW = [{"crossing": 1, "burst_t0": 0.045, "burst_t1": 0.245, "resume_t1": 1.0}]
+
+
+def test_tokens_at_and_range_accept():
+    r = span("d", 1, LEAD + PLAIN + [3, 3])
+    assert an.tokens_at(r, 0.045) == 10 and an.tokens_at(r, 0.245) == 30 and an.tokens_at(r, 0.0) == 0
+    assert an.range_accept(r["counts"], 30) == (6, 2)
+    # an event that starts before the range is left out whole
+    assert an.range_accept([2, 5, 9], 3) == (4, 1)
+
+
+def test_stale_draft_tail_collapses_against_stock_over_the_same_tokens():
+    stock = [span("s", i, [3, 2] * 20, dt=0.004) for i in (1, 2)]   # 2.5 all along
+    healthy = [span("d", i, LEAD + PLAIN + [3, 2] * 8) for i in (1, 2)]
+    stale = [span("n", i, LEAD + PLAIN + [1] * 10 + [3, 2] * 3) for i in (1, 2)]
+    (h,) = an.stale_draft(healthy, stock, WINDOW)
+    assert h["dyn_tail"] == pytest.approx(2.5) and h["stock_tail"] == pytest.approx(2.5)
+    assert h["tail_over_stock"] == pytest.approx(1.0) and h["requests"] == 2
+    assert h["burst_start_and_tail_start_tokens"] == [[10, 30], [10, 30]]
+    (n,) = an.stale_draft(stale, stock, WINDOW)
+    assert n["dyn_tail"] == pytest.approx(25 / 16) and n["tail_over_stock"] < 0.7
+    # no stock request of the same prompt: nothing to compare
+    assert an.stale_draft(healthy, [], WINDOW)[0]["tail_over_stock"] is None
+
+
+def test_worker_summary_headline_is_the_tail_and_the_verdict_needs_a_collapsing_control():
+    before = [rec("d", "before", 0, [1] * 30, verify=12)]  # 2.5
+    stock = [span("s", 1, [3, 2] * 20, dt=0.004)]
+    dyn = before + [span("d", 1, LEAD + PLAIN + [3, 2] * 8)]
+    nc = [dict(r, server="n") for r in before] + [span("n", 1, LEAD + PLAIN + [1] * 10 + [3, 2] * 3)]
+    s = an.worker_summary(dyn, [], stock, nc, windows=WINDOW, nc_windows=WINDOW)
+    assert s["accept_len_before"] == pytest.approx(2.5)
+    assert s["accept_len_after_resume"] == [2.5] and s["after_over_before"] == pytest.approx(1.0)
+    assert s["negative_control_after_over_before"] == pytest.approx(25 / 16 / 2.5, abs=1e-3)
+    assert s["verdict"].startswith("the negative control collapses")
+    # a negative control that stays healthy: the summary says the harness sees nothing
+    nc_ok = [dict(r, server="n") for r in dyn]
+    s2 = an.worker_summary(dyn, [], stock, nc_ok, windows=WINDOW, nc_windows=WINDOW)
+    assert s2["verdict"].startswith("the negative control shows no collapse")
+
+
+def test_margin_classes_and_the_counter_take_an_exact_tie_as_a_tie():
+    ms = [{"margin": 0.0}, {"margin": 0.0625}, {"margin": 0.125}, {"margin": 0.5}, {}, {"margin": 0.004}]
+    assert [an.margin_class(m.get("margin")) for m in ms] == [
+        "tie", "bf16_step", "bf16_step", "larger", "unknown", "bf16_step"]
+    assert an.margin_counts(ms) == {"total": 6, "below_1e-2": 2, "tie": 1, "bf16_step": 3, "larger": 1,
+                                    "unknown": 1}
+
+
+def test_baseline_control_compares_the_burst_with_c1_and_the_burst_again():
+    b = [rec("b", "burst", 1, [5, 6, 7], crossing=1), rec("b", "burst", 2, [5, 6, 7], crossing=1),
+         rec("b", "burst_c1", 1, [5, 6, 7], crossing=1), rec("b", "burst_c1", 2, [5, 0, 7], crossing=1),
+         rec("b", "burst_again", 1, [5, 6, 7], crossing=1), rec("b", "burst_c1", 3, [1], crossing=1)]
+    c = an.baseline_control(b)
+    c1 = c["baseline_burst_vs_baseline_c1"]
+    assert (c1["equal"], c1["of"]) == (1, 2)
+    (m,) = c1["mismatches"]
+    assert (m["idx"], m["phase"], m["ref_phase"], m["first_diff"], m["common_prefix"]) == (2, "burst", "burst_c1", 1, [5])
+    again = c["baseline_burst_again_vs_baseline_burst"]
+    assert (again["equal"], again["of"]) == (1, 1)
 
 
 def test_greedy_equality_matches_phase_crossing_and_prompt_and_reports_first_difference():
@@ -137,8 +193,7 @@ def test_log_accept_steady_and_the_steps_after_each_resume():
     # after resume 1: 1 + 1 + 3 + 3 = 8 tokens in 4 steps; after resume 2: 2.5 x 4 = 10 >= 8
     assert la["after_resume"] == pytest.approx([2.0, 2.5])
     assert la["steps_after_resume"] == [4, 4]
-    # worker_summary takes 32 tokens: 1 + 1 + 3 x 10 in 12 steps, then 2.5 x 13 steps
+    # worker_summary keeps the log's figures beside the tails (32 tokens per resume)
     s = an.worker_summary([], [], [], log=lines, nc_log=None)
-    assert s["accept_len_after_resume"] == pytest.approx([32 / 12, 2.5], abs=1e-4)
-    assert s["after_over_before"] == pytest.approx((32 / 12 + 2.5) / 2 / 2.5, abs=1e-4)
-    assert s["min_after_over_before"] == pytest.approx(1.0) and s["accept_source"] == "server log"
+    assert s["log_accept_len_after_resume"] == pytest.approx([32 / 12, 2.5], abs=1e-4)
+    assert s["log_after_over_before"] == pytest.approx((32 / 12 + 2.5) / 2 / 2.5, abs=1e-4)

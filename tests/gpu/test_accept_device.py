@@ -11,16 +11,19 @@ from tests.gpu import accept_standin as sa
 from tests.gpu.scripts import load_gpu_script
 
 ad = load_gpu_script("accept_device")
-THRESHOLD = 3
+THRESHOLD = 5  # the stand-ins' hysteresis is 2: drafting resumes at 3 running, above the 2 spanning
 
 # label -> stand-in knobs: accept length, threshold, what goes wrong
 STANDINS = {
-    "baseline": {},
+    # its bigger batches flip token 7 of prompts whose first id is a multiple of 5; its margins are
+    # exact ties (0.0, which the old counter took for 1)
+    "baseline": {"batch_flip": 4, "margin": 0.0},
     "eagle3-v2": {"accept": 2.5},
     "eagle3-v2-dyn": {"accept": 2.5, "threshold": THRESHOLD, "first_off_stall_s": 1.0},
     "eagle3": {"accept": 2.0},
     "eagle3-dyn": {"accept": 2.0, "threshold": THRESHOLD, "plain_flip": True},
-    # the negative controls: acceptance collapses for a while after every resume
+    # the negative controls: a request that decoded through plain steps accepts nothing after the
+    # resume (a stale draft); one prefilled after it is fine
     "eagle3-v2-dyn-nc": {"accept": 2.5, "threshold": THRESHOLD, "collapse_steps": 400},
     "eagle3-dyn-nc": {"accept": 2.0, "threshold": THRESHOLD, "collapse_steps": 400},
 }
@@ -28,8 +31,8 @@ STANDINS = {
 
 def plan(crossings=3):
     return ad.Plan(threshold=THRESHOLD, crossings=crossings, before_n=3, before_tokens=10, eq_n=6,
-                   eq_conc=2, eq_tokens=10, burst_extra=2, burst_tokens=10, span_tokens=40,
-                   span_lead=4, resume_n=2, resume_tokens=10)
+                   eq_conc=2, eq_tokens=10, burst_extra=2, burst_tokens=12, span_n=2, span_tokens=48,
+                   span_lead=4, control_n=12)
 
 
 async def run_all(tmp_path, crossings=3, budget=300):
@@ -70,38 +73,64 @@ def test_summary_has_issue_24_keys_and_is_written(result):
     assert set(summary["per_worker"]) == {"v1", "v2"}
     assert summary["errors"] == {label: 0 for label in STANDINS}
     assert summary["startup_lines"]["eagle3-v2-dyn"] == ["Dynamic speculation disable enabled"]
-    lines = (tmp / "records.jsonl").read_text().splitlines()
-    # 7 servers x (3 before + 6 eq + 3 crossings x (1 span + 8 burst + 2 resume) + 3 after)
-    assert len(lines) == 7 * (3 + 6 + 3 * 11 + 3)
+    recs = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
+    # 7 servers x (3 before + 6 eq + 3 crossings x (2 span + 12 burst) + 3 after), and the
+    # baseline's control: crossing 1's 12 burst prompts in the burst shape again and at c=1
+    assert len(recs) == 7 * (3 + 6 + 3 * 14 + 3) + 12 + 12
+    ctrl = [r for r in recs if r["phase"] in ("burst_again", "burst_c1")]
+    assert {r["server"] for r in ctrl} == {"baseline"} and {r["crossing"] for r in ctrl} == {1}
+    # streamed events carry cumulative token counts, one per step
+    span = next(r for r in recs if r["phase"] == "span" and r["server"] == "eagle3-v2")
+    assert span["counts"][-1] == 48 and len(span["counts"]) == len(span["arrivals"]) < 48
 
 
-def test_accept_lengths_before_and_after_resumes(result):
+def test_stale_draft_tails_against_stock(result):
     _, summary, _ = result
     v2, v1 = summary["per_worker"]["v2"], summary["per_worker"]["v1"]
     assert v2["accept_len_before"] == pytest.approx(2.5, abs=0.1)
     assert v1["accept_len_before"] == pytest.approx(2.0, abs=0.1)
-    assert len(v2["accept_len_after_resume"]) == 3
-    assert v2["after_over_before"] == pytest.approx(1.0, abs=0.05)
-    assert summary["accept_len_before"] == v2["accept_len_before"]
     assert summary["crossings"] == 3
-    # the negative controls collapse after every resume, and the harness sees it
-    assert v2["negative_control_after_over_before"] < 0.6
-    assert v1["negative_control_after_over_before"] < 0.7
+    for w in (v2, v1):
+        assert len(w["stale_draft"]) == 3 and all(x["requests"] == 2 for x in w["stale_draft"])
+        # the spanning requests decoded plain through the burst: their tails start past the lead
+        for x in w["stale_draft"]:
+            for lead, start in x["burst_start_and_tail_start_tokens"]:
+                assert 4 <= lead < start < 48
+        # a healthy draft: the tail accepts as much as stock's over the same tokens
+        assert w["tail_over_stock_median"] == pytest.approx(1.0, abs=0.15)
+        # the negative control's stale draft accepts one token per step on the tail
+        assert w["negative_control_tail_over_stock_median"] < 0.7
+        assert w["negative_control_after_over_before"] < 0.7
+        assert w["verdict"].startswith("the negative control collapses")
+    assert summary["after_over_before"] == v2["after_over_before"] == pytest.approx(1.0, abs=0.15)
+    assert summary["stale_draft"]["v1"]["tail_over_stock"] == v1["tail_over_stock"]
     assert summary["accept_len_by_server"]["baseline"] is None
 
 
-def test_greedy_equality_and_the_margin_of_every_mismatch(result):
+def test_greedy_equality_with_the_baseline_control_and_margin_classes(result):
     _, summary, _ = result
     v2, v1 = summary["per_worker"]["v2"], summary["per_worker"]["v1"]
-    assert v2["greedy_equal_plain_vs_baseline"] == 1.0 and v2["greedy_equal_spec_vs_stock"] == 1.0
+    assert v2["greedy_equal_spec_vs_stock"] == 1.0
+    # the baseline's own bursts flip token 7 of prompts 5k; dyn's plain steps do not
+    flipped = {m["idx"] for m in v2["mismatches"]["plain_vs_baseline"]}
+    assert flipped and all(i % 5 == 0 for i in flipped)
+    assert all(m["first_diff"] == 7 for m in v2["mismatches"]["plain_vs_baseline"])
+    ctrl = summary["equality_control"]
+    c1 = ctrl["baseline_burst_vs_baseline_c1"]
+    assert c1["of"] == 12 and c1["fraction"] < 1.0
+    assert all(m["idx"] % 5 == 0 and m["first_diff"] == 7 for m in c1["mismatches"])
+    assert ctrl["baseline_burst_again_vs_baseline_burst"]["fraction"] == 1.0
+    # against the baseline at c=1, dyn's plain outputs are equal (crossing 1's prompts)
+    assert v2["greedy_equal_plain_vs_baseline_c1"] == 1.0
     # eagle3-dyn's plain steps flip token 5 of prompts whose first id is a multiple of 4
-    mism = v1["mismatches"]["plain_vs_baseline"]
-    assert mism and all(m["first_diff"] == 5 for m in mism)
-    assert v1["greedy_equal_plain_vs_baseline"] < 1.0
-    assert all(m["margin"] == pytest.approx(0.004) and m["server"] == "eagle3-dyn" for m in mism)
-    assert v1["mismatches_with_margin_below_1e-2"] == v1["mismatches_total"] == len(
-        [m for ms in v1["mismatches"].values() for m in ms])
-    assert "prompt_ids" not in mism[0]
+    assert any(m["first_diff"] == 5 for m in v1["mismatches"]["plain_vs_baseline"])
+    # every margin is an exact tie; the counter counts 0.0 (it used to take it for 1)
+    allm = [m for ms in v1["mismatches"].values() for m in ms]
+    assert allm and all(m["margin"] == 0.0 and m["margin_class"] == "tie" for m in allm)
+    assert v1["mismatches_with_margin_below_1e-2"] == v1["mismatches_total"] == len(allm)
+    assert v1["margin_classes"]["plain_vs_baseline"]["tie"] == len(v1["mismatches"]["plain_vs_baseline"])
+    assert c1["margin_classes"]["tie"] == len(c1["mismatches"]) and c1["margin_classes"]["larger"] == 0
+    assert "prompt_ids" not in allm[0]
 
 
 def test_transitions_from_the_logs(result):
