@@ -633,7 +633,7 @@ def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counte
 def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, release, monkeypatch, caplog):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
     draft = eagle3_draft(release)
-    draft.device = "fake"
+    draft.device, draft.tp_group = "fake", FakeTPGroup(1)
     no_graphs = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
     assert runtime.build_draft_kv_only_graphs(draft, no_graphs) == (
         None, "eager (the server runs without CUDA graphs)")
@@ -648,6 +648,26 @@ def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime
     assert graphs is None and note == "eager (graph capture failed: RuntimeError)"
     assert "not captured" in caplog.text and "stream is capturing" in caplog.text
     assert state.extra_memory_gib == pytest.approx(0.1)
+
+
+def test_at_tp_above_1_a_failed_kv_only_capture_stops_the_server_instead_of_one_rank_going_eager(
+        runtime, release, monkeypatch):
+    """The KV-only graphs hold the draft embedding's all-reduce padded to the graph's batch size: a
+    rank that went eager alone would all-reduce another shape than its peers, or leave them at a
+    capture barrier. At TP > 1 a failure on any rank is fatal (SGLang then stops every rank)."""
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    draft = eagle3_draft(release)
+    draft.device, draft.tp_group = "fake", FakeTPGroup(2)
+
+    def capture_fails(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
+
+    monkeypatch.setattr(runtime, "DraftKVOnlyGraphs", capture_fails)
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[1, 2]), "", 0.1)
+    with pytest.raises(RuntimeError, match="every rank must take the same path") as raised:
+        runtime.build_draft_kv_only_graphs(draft, state)
+    assert "SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0" in str(raised.value)
+    assert isinstance(raised.value.__cause__, torch.cuda.OutOfMemoryError)
 
 
 def test_kv_only_update_takes_an_fc_output_as_it_is(runtime, release):
@@ -729,7 +749,7 @@ def fake_runtime_calls(calls, **result_fields):
 
 
 @pytest.fixture()
-def worker_v2(release_tree, runtime, monkeypatch):
+def worker_v2(release_tree, runtime, policy, tp_group, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
@@ -738,7 +758,9 @@ def worker_v2(release_tree, runtime, monkeypatch):
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward,
                                  request_slots=runtime.request_slots,
-                                 draft_kv_only_extend=draft_kv_only_extend)
+                                 draft_kv_only_extend=draft_kv_only_extend,
+                                 force_spec_reason=runtime.force_spec_reason,
+                                 sync_sampled_tokens=runtime.sync_sampled_tokens)
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
@@ -760,8 +782,10 @@ def worker_v2(release_tree, runtime, monkeypatch):
         "GenerationBatchResult": Result, "maybe_detect_nan": lambda *a: None,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
         "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+        "logger": logging.getLogger("eagle_worker_v2_under_test"),
     }
-    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+    names = ("_dyn_decide", "_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend")
+    for name in names:
         source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", name)
         exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
@@ -769,10 +793,11 @@ def worker_v2(release_tree, runtime, monkeypatch):
         device="cpu", speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
         _dyn_kv_only_graphs=None, _dyn_debug_skip_draft_kv=False,
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
+        dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
                                            draft_tp_context=lambda group: nullcontext(), topk=1))
-    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+    for name in names:
         setattr(worker, name, types.MethodType(namespace[name], worker))
     return worker, calls
 
@@ -793,14 +818,48 @@ def assert_stale_requests_resynced(predict, seq_lens, locs, spec):
     assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
     assert spec.topk_index.tolist() == [[5], [42], [5]]  # request 1 keeps its own top-k
 
-def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
+def sampling(greedy=True, **fields):
+    """The SamplingBatchInfo fields the plain step and the decision read."""
+    return types.SimpleNamespace(**{"is_all_greedy": greedy, "has_custom_logit_processor": False,
+                                    "need_min_p_sampling": False, **fields})
+
+
+def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13), **flags):
     seq_lens = torch.tensor(seq_lens)
     spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
                       topk_p=torch.rand(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
                       hidden_states=torch.zeros(len(seq_lens), 2))
-    return batch_class("0.5.11")(
-        forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec)
+    fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
+                  seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
+                  return_logprob=False, has_grammar=False, sampling_info=sampling())
+    fields.update(flags)
+    return batch_class("0.5.11")(**fields)
+
+
+class FakeTPGroup:
+    """Stands for SGLang's GroupCoordinator of one rank of `world_size`: broadcast(src=0) writes
+    what rank 0 holds (`rank0`) into the tensor, in place, as the real collective does."""
+
+    def __init__(self, world_size, rank0=None):
+        self.world_size, self.rank0, self.broadcasts = world_size, rank0, []
+
+    def broadcast(self, tensor, src=0):
+        self.broadcasts.append(src)
+        tensor.copy_(self.rank0)
+        return tensor
+
+
+@pytest.fixture()
+def tp_group(monkeypatch):
+    """sglang.srt.distributed.get_tp_group for the code under test: one rank unless a test sets
+    `.group` to another FakeTPGroup."""
+    holder = types.SimpleNamespace(group=FakeTPGroup(1))
+    module = types.ModuleType("sglang.srt.distributed")
+    module.get_tp_group = lambda: holder.group
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", module)
+    return holder
 
 
 @pytest.fixture()
@@ -835,15 +894,61 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(release, worker_
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
 
 
-@only("0.5.11")
-def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(release, worker_v2, cpu_streams):
-    worker, calls = worker_v2
-    batch = decode_batch()
-    batch.reqs = [types.SimpleNamespace(return_hidden_states=flag) for flag in (False, True, False)]
+REQ = types.SimpleNamespace
+
+
+def v2_batch(release, **flags):
+    return decode_batch(**flags) if release == "0.5.11" else schedule_batch(**flags)
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (dict(return_logprob=True), "logprobs"),
+    (dict(has_grammar=True), "a grammar"),
+    (dict(reqs=[REQ(return_hidden_states=False), REQ(return_hidden_states=True)]), "hidden states"),
+    (dict(return_hidden_states=True), "hidden states"),  # 0.5.17's ScheduleBatch flag
+    (dict(sampling_info=sampling(greedy=True, has_custom_logit_processor=True)), "a custom logit processor"),
+    (dict(sampling_info=sampling(greedy=False, need_min_p_sampling=True)), "min_p"),
+])
+def test_steps_whose_requests_the_plain_path_would_treat_differently_keep_speculating(release, runtime, v2_worker,
+                                                                                    flags, reason):
+    """Above the threshold such a batch speculates without moving the switch, so the request is
+    sampled (and laid out) the same at any load: the speculative verify ignores custom logit
+    processors and min_p, which the target's sampler of a plain step would apply; a plain step
+    returns no per-request hidden states."""
+    if "return_hidden_states" in flags and release == "0.5.11":
+        pytest.skip("0.5.11's ModelWorkerBatch has no batch-wide hidden-states flag")
+    worker, _ = v2_worker
+    batch = v2_batch(release, **flags)
+    assert runtime.force_spec_reason(batch) == reason
+    assert worker._dyn_decide(v2_batch(release)) is False  # 3 > threshold 2: plain
+    assert worker._dyn_decide(batch) is True
+    assert worker.dyn_disable.speculating is False and worker.dyn_disable.forced_spec_steps == 1
+    assert worker._dyn_decide(v2_batch(release)) is False
+
+
+def test_min_p_of_greedy_requests_and_plain_requests_do_not_force_speculation(release, runtime):
+    greedy_min_p = sampling(greedy=True, need_min_p_sampling=True)
+    assert runtime.force_spec_reason(v2_batch(release, sampling_info=greedy_min_p)) is None
+    assert runtime.force_spec_reason(v2_batch(release, reqs=[REQ(return_hidden_states=False)])) is None
+
+
+@pytest.mark.parametrize("greedy, world_size, synced", [(False, 2, True), (True, 2, False), (False, 1, False)])
+def test_non_greedy_plain_steps_take_rank_0s_tokens_at_tp_above_1(release, runtime, v2_worker, cpu_streams, tp_group,
+                                                                   greedy, world_size, synced):
+    """The target's sampler syncs ranks only with SYNC_TOKEN_IDS_ACROSS_TP or grammars; the plain
+    step broadcasts rank 0's tokens when sampling is not greedy, as the stock verify does, so no
+    rank can finish a request the others keep."""
+    worker, calls = v2_worker
+    tp_group.group = FakeTPGroup(world_size, rank0=torch.tensor([50, 51, 52]))
+    batch = v2_batch(release, sampling_info=sampling(greedy=greedy))
     result = worker._forward_plain_decode(batch)
-    # what the scheduler reads as hidden_states[i] for request i: the target's, unpadded
-    assert result.logits_output.hidden_states.tolist() == torch.arange(18.0).view(3, 6).tolist()
-    assert calls[1][0] == "kv_only"  # the draft still gets the same hidden states
+    expected = [50, 51, 52] if synced else [3, 4, 5]  # this rank's own argmax otherwise
+    assert result.next_draft_input.__dict__.get("verified_id", result.next_draft_input.__dict__.get(
+        "bonus_tokens")).tolist() == expected
+    assert result.next_token_ids.view(3, 4)[:, 0].tolist() == expected
+    assert tp_group.group.broadcasts == ([0] if synced else [])
+    kv = [c for c in calls if c[0] == "kv_only"]
+    assert kv[0][1] == expected  # the draft writes the K/V of the tokens every rank keeps
 
 
 @only("0.5.11")
@@ -1007,6 +1112,23 @@ def test_v1_debug_switch_sends_the_drafts_kv_of_a_plain_step_to_the_padding_slot
     assert result.next_token_ids.tolist() == [3, 4, 5]
 
 
+@only("0.5.11")
+def test_v1_steps_with_hidden_state_requests_keep_speculating(release, release_tree, policy):
+    """v1's plain step (a one-node verify) returns no hidden states, so a batch with a request that
+    asked for them speculates above the threshold too, without moving the switch."""
+    namespace = {"logger": logging.getLogger("eagle_worker_under_test")}
+    exec(method_source(release_tree / WORKER_V1, "EAGLEWorker", "_dyn_decide"), namespace)
+    worker = types.SimpleNamespace(dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})))
+
+    def batch(hidden):
+        return types.SimpleNamespace(batch_size=lambda: 3, return_hidden_states=hidden)
+
+    decide = namespace["_dyn_decide"]
+    assert decide(worker, batch(False)) is False
+    assert decide(worker, batch(True)) is True and worker.dyn_disable.forced_spec_steps == 1
+    assert worker.dyn_disable.speculating is False
+
+
 class RoutingVerify:
     def is_verify_input(self):
         return True
@@ -1072,7 +1194,7 @@ class ExtendInput:
 
 
 @pytest.fixture()
-def worker_0517(release_tree, runtime, policy, monkeypatch):
+def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods of 0.5.17 on a stand-in worker; the ScheduleBatch
     has 0.5.17's real field set."""
     calls = []
@@ -1085,7 +1207,9 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward, request_slots=runtime.request_slots,
                                  draft_kv_only_extend=draft_kv_only_extend, saved_fields=runtime.saved_fields,
-                                 DRAFT_EXTEND_FIELDS=runtime.DRAFT_EXTEND_FIELDS)
+                                 DRAFT_EXTEND_FIELDS=runtime.DRAFT_EXTEND_FIELDS,
+                                 force_spec_reason=runtime.force_spec_reason,
+                                 sync_sampled_tokens=runtime.sync_sampled_tokens)
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
@@ -1133,7 +1257,7 @@ def schedule_batch(seq_lens=(5, 9, 17), bonus=(11, 12, 13), **flags):
                       hidden_states=torch.zeros(len(seq_lens), 2))
     fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
                   seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
-                  return_logprob=False, has_grammar=False, return_hidden_states=False)
+                  return_logprob=False, has_grammar=False, return_hidden_states=False, sampling_info=sampling())
     fields.update(flags)
     return batch_class("0.5.17")(**fields)
 
@@ -1195,18 +1319,6 @@ def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it
     assert batch.spec_info is spec and batch.seq_lens.tolist() == [6, 10, 18]
     assert batch.seq_lens_cpu.tolist() == [6, 10, 18] and batch.seq_lens_sum == 34
     assert batch.forward_mode == Mode.DECODE and batch.input_ids is None and batch.out_cache_loc is None
-
-
-@only("0.5.17")
-@pytest.mark.parametrize("flag", ["return_logprob", "has_grammar", "return_hidden_states"])
-def test_0517_logprob_grammar_and_hidden_state_steps_keep_speculating(release, worker_0517, flag):
-    """Above the threshold a batch with such a request speculates without moving the switch: the
-    plain step does not lay out logprobs, vocab masks or per-token hidden states as 0.5.17's
-    output processor reads them."""
-    worker, _ = worker_0517
-    assert worker._dyn_decide(schedule_batch()) is False  # 3 > threshold 2: plain
-    assert worker._dyn_decide(schedule_batch(**{flag: True})) is True
-    assert worker.dyn_disable.speculating is False and worker.dyn_disable.forced_spec_steps == 1
 
 
 @only("0.5.17")
