@@ -1129,6 +1129,120 @@ def test_v1_steps_with_hidden_state_requests_keep_speculating(release, release_t
     assert worker.dyn_disable.speculating is False
 
 
+# --- the start-up warm-up (issue #25 part 1: the first crossing stalled ~7 s) ------------------
+
+SAMPLING_BATCH_INFO = "sglang/srt/sampling/sampling_batch_info.py"
+
+
+def wheel_dataclass(release, path, name):
+    """`name` of `release`'s wheel file `path` as a keyword-only dataclass with the real field list,
+    the real required fields (no default in the source) required, so a caller that leaves one out
+    or passes one that does not exist fails here as it would on the GPU."""
+    tree = ast.parse(wheels.pristine("sglang", release).read(path))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    fields = [(n.target.id, object) if n.value is None else (n.target.id, object, dataclasses.field(default=None))
+              for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return dataclasses.make_dataclass(name, fields, kw_only=True)
+
+
+@pytest.fixture()
+def real_batch_classes(release, monkeypatch):
+    """The batch class of a worker's step (0.5.11's ModelWorkerBatch, 0.5.17's ScheduleBatch) and
+    SamplingBatchInfo for the warm-up, with their real fields (wheel_dataclass)."""
+    batch_name = BATCH_CLASS[release]
+    classes = {batch_name: wheel_dataclass(release, SCHEDULE_BATCH, batch_name),
+               "SamplingBatchInfo": wheel_dataclass(release, SAMPLING_BATCH_INFO, "SamplingBatchInfo")}
+    for module, name in (("sglang.srt.managers.schedule_batch", batch_name),
+                         ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo")):
+        parts = module.split(".")
+        for i in range(1, len(parts)):
+            monkeypatch.setitem(sys.modules, ".".join(parts[:i]),
+                                sys.modules.get(".".join(parts[:i])) or types.ModuleType(".".join(parts[:i])))
+        stub = types.ModuleType(module)
+        setattr(stub, name, classes[name])
+        monkeypatch.setitem(sys.modules, module, stub)
+    return classes
+
+
+def test_the_warmup_batch_fills_every_required_field_of_the_real_classes(release, runtime, real_batch_classes):
+    batch = runtime.warmup_decode_batch(3, "cpu", 64, spec_info="spec", spec_algorithm=Algo.EAGLE3)
+    assert isinstance(batch, real_batch_classes[BATCH_CLASS[release]])
+    assert batch.forward_mode == Mode.DECODE and batch.seq_lens.tolist() == [runtime.WARMUP_SEQ_LEN] * 3
+    assert batch.req_pool_indices.tolist() == [0, 0, 0] and batch.seq_lens_sum == 3 * runtime.WARMUP_SEQ_LEN
+    assert batch.sampling_info.is_all_greedy is True and batch.sampling_info.vocab_size == 64
+    assert batch.spec_info == "spec" and batch.reqs == [] and batch.return_logprob is False
+
+
+@pytest.mark.parametrize("kv_only", [True, False])
+def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
+        release, runtime, v2_worker, cpu_streams, real_batch_classes, release_tree, monkeypatch, kv_only):
+    """EAGLEWorkerV2._dyn_warm_up (executed) runs the worker's own _forward_plain_decode, then (when
+    the plain step leaves the draft to be resynced, as the KV-only update does) its own
+    _dyn_resync_draft on the next step's batch, once per batch size of the plain DECODE graphs:
+    what the first plain step and the first resume run, before the server reports ready. Every
+    KV slot it touches is the padding slot 0 (request row 0 of a fresh req_to_token)."""
+    worker, calls = v2_worker
+    worker._dyn_draft_kv_only = kv_only
+    worker._dyn_draft_extend_runner = None
+    worker.topk = 1
+    worker.req_to_token_pool.req_to_token = torch.zeros(4, 32, dtype=torch.int64)  # before any request
+    worker.target_worker = worker._target_worker = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(vocab_size=64),
+        model_runner=types.SimpleNamespace(spec_algorithm=Algo.EAGLE3))
+    worker._dyn_plain_state = runtime.PlainDecodeState(
+        "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "graphs", 0.25)
+    sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
+        warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
+        synchronize=lambda: None, mem_get_info=FakeDevice(10 * GIB, 9.9 * GIB).mem_get_info))
+    namespace = {"torch": torch, "dataclasses": dataclasses, "EagleDraftInput": DraftInput}
+    exec(compile("from __future__ import annotations\n"
+                 + method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "_dyn_warm_up"), WORKER_V2, "exec"),
+         namespace)
+    namespace["_dyn_warm_up"](worker)
+    steps = [c for c in calls if c[0] == "target"]
+    assert [len(c[1]) for c in steps] == [1, 2, 4, 8]  # one plain step per graph batch size
+    assert all(slot == 0 for c in steps for slot in c[2]) and all(c[3] for c in steps)  # slot 0; sampled
+    extends = [c for c in calls if c[0] == "draft_extend"]
+    if kv_only:  # the resume after each: the eager one-token draft extend over the last position
+        assert [c[0] for c in calls] == ["target", "kv_only", "draft_extend"] * 4
+        eager = [c[4] is None for c in extends] if release == "0.5.11" else [c[4:6] == (1, None) for c in extends]
+        assert [len(c[1]) for c in extends] == [1, 2, 4, 8] and all(eager)
+        assert all(c[2] == [runtime.WARMUP_SEQ_LEN] * len(c[2]) for c in extends)  # the plain step's position
+    else:  # the one-token draft extend is in the plain step; there is no resume to warm
+        assert [c[0] for c in calls] == ["target", "draft_extend"] * 4
+    assert all(slot == 0 for c in extends for slot in c[3])
+    assert worker._dyn_resync_pending is False  # the first real step does not resync a dummy batch
+    state = worker._dyn_plain_state
+    assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + the warm-up's 0.1
+    assert state.warmup_note == "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+    assert "warmed up at start" in runtime.plain_decode_message(state, "note")
+
+
+@only("0.5.11")
+def test_v1_warms_the_targets_plain_decode_at_every_plain_graph_size(release, runtime, real_batch_classes,
+                                                                     monkeypatch):
+    seen = []
+    monkeypatch.setattr(runtime, "plain_decode_forward", lambda target, state, batch, sample=False: seen.append(
+        (target, state, len(batch.seq_lens), batch.req_pool_indices.tolist(), sample)))
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    target = types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=64),
+                                   model_runner=types.SimpleNamespace(device="cpu", spec_algorithm=Algo.EAGLE3))
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[4, 1, 2]), "graphs", 0.2)
+    runtime.warm_up_plain_decode(target, state)
+    assert [(bs, rows) for _, _, bs, rows, _ in seen] == [(1, [0]), (2, [0, 0]), (4, [0] * 4)]
+    assert all(t is target and s is state for t, s, *_ in seen)
+    assert state.warmup_note.startswith("the target's plain decode warmed up at start for batch sizes 1..4")
+
+
+@only("0.5.11")
+def test_without_graphs_the_warmup_covers_each_kind_of_size_triton_compiles_apart(release, runtime):
+    state = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
+    sizes = runtime.warmup_batch_sizes(state)
+    assert 1 in sizes and any(bs % 16 == 0 for bs in sizes) and any(bs > 1 and bs % 16 for bs in sizes)
+
+
 class RoutingVerify:
     def is_verify_input(self):
         return True
@@ -1413,6 +1527,11 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     worker = types.SimpleNamespace(_target_worker=types.SimpleNamespace(model_runner="target"),
                                    draft_worker=types.SimpleNamespace(draft_runner=draft,
                                                                       draft_tp_context=lambda g: nullcontext()))
+
+    def warm_up():  # before the line: its note and memory are in it
+        state.warmup_note = "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+
+    worker._dyn_warm_up = warm_up
     monkeypatch.delenv(policy.DRAFT_KV_ONLY_ENV, raising=False)
     with caplog.at_level(logging.INFO):
         namespace["_dyn_init_plain_path"](worker)
@@ -1421,6 +1540,7 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     line = caplog.records[-1].getMessage()
     assert line.startswith("Dynamic speculation disable: plain step is a decode forward on SimpleNamespace "
                            "with CUDA graphs for batch sizes 1..8; ")
-    assert words in line and line.endswith("extra GPU memory 0.25 GiB")
+    assert words in line and line.endswith(
+        "; plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); extra GPU memory 0.25 GiB")
     print_prefixes = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["print"]
     assert line.startswith(tuple(print_prefixes))
