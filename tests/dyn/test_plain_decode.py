@@ -1129,6 +1129,90 @@ def test_v1_steps_with_hidden_state_requests_keep_speculating(release, release_t
     assert worker.dyn_disable.speculating is False
 
 
+# --- the plain path's memory, kept out of the KV cache (issue #33 item 4; 0.5.11) -------------
+
+KV_CACHE_MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
+
+
+class EagleAlgo:
+    def __init__(self, eagle=True):
+        self.eagle = eagle
+
+    def is_eagle(self):
+        return self.eagle
+
+
+def pool_runner(draft=False, eagle=True, **server_args):
+    args = dict(attention_backend="triton", decode_attention_backend=None, enable_dp_attention=False)
+    args.update(server_args)
+    return types.SimpleNamespace(is_draft_worker=draft, spec_algorithm=EagleAlgo(eagle),
+                                 server_args=types.SimpleNamespace(**args), mem_fraction_static=0.9,
+                                 device="cuda", gpu_id=0, mambaish_config=None)
+
+
+@pytest.fixture()
+def flashinfer_env(monkeypatch):
+    module = types.ModuleType("sglang.srt.environ")
+    module.envs = types.SimpleNamespace(SGLANG_FLASHINFER_WORKSPACE_SIZE=types.SimpleNamespace(get=lambda: GIB // 4))
+    monkeypatch.setitem(sys.modules, "sglang.srt.environ", module)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("runner, env, expected", [
+    (pool_runner(), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.5),
+    (pool_runner(attention_backend="flashinfer"), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.75),  # + workspace
+    (pool_runner(), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8", "SGLANG_SPEC_DISABLE_RESERVE_GIB": "1.5"}, 1.5),
+    (pool_runner(), {}, 0.0),  # patch inert
+    (pool_runner(draft=True), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # the draft sizes no cache of its own
+    (pool_runner(eagle=False), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),
+    (pool_runner(enable_dp_attention=True), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # refused anyway
+])
+def test_the_plain_path_reserve_is_kept_only_where_dyn_disable_will_run(release, runtime, monkeypatch, flashinfer_env,
+                                                                        runner, env, expected):
+    for name in ("SGLANG_SPEC_DISABLE_THRESHOLD", "SGLANG_SPEC_DISABLE_RESERVE_GIB"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert runtime.plain_path_reserve_gib(runner) == pytest.approx(expected)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("threshold, rest_gib", [(None, 42.0), ("8", 41.5)])
+def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_tree, runtime, policy, monkeypatch,
+                                                               threshold, rest_gib):
+    """ModelRunner._profile_available_bytes (0.5.11's, executed): what the KV cache may take is the
+    free memory after the weights minus SGLang's activation headroom and, with dyn-disable on,
+    minus the plain path's reserve, recorded on the runner for the start-up line."""
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_RESERVE_GIB", raising=False)
+    if threshold is None:
+        monkeypatch.delenv("SGLANG_SPEC_DISABLE_THRESHOLD", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", threshold)
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable", policy)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime)
+    namespace = {"get_available_gpu_memory": lambda *a, **k: 50.0,
+                 "get_world_group": lambda: types.SimpleNamespace(world_size=1, cpu_group=None)}
+    exec(method_source(release_tree / KV_CACHE_MIXIN, "ModelRunnerKVCacheMixin", "_profile_available_bytes"),
+         namespace)
+    runner = pool_runner()
+    available = namespace["_profile_available_bytes"](runner, 80.0)  # headroom: 80 * (1 - 0.9) = 8 GiB
+    assert available == int(rest_gib * GIB)
+    assert runner.dyn_disable_reserved_gib == pytest.approx(50.0 - 8.0 - rest_gib)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("extra, words", [
+    (0.36, "extra GPU memory 0.36 GiB (0.50 GiB kept out of the KV cache for it)"),
+    (0.85, "extra GPU memory 0.85 GiB (0.50 GiB kept out of the KV cache for it); 0.35 GiB more than that came "
+           "out of SGLang's activation headroom: start with SGLANG_SPEC_DISABLE_RESERVE_GIB=0.85"),
+])
+def test_the_start_up_line_says_what_the_plain_path_took_against_the_reserve(release, runtime, extra, words):
+    state = runtime.PlainDecodeState("backend", None, "no CUDA graphs", extra, reserved_gib=0.5)
+    assert runtime.plain_decode_message(state, "note").endswith(words)
+
+
 # --- the start-up warm-up (issue #25 part 1: the first crossing stalled ~7 s) ------------------
 
 SAMPLING_BATCH_INFO = "sglang/srt/sampling/sampling_batch_info.py"
