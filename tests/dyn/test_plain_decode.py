@@ -50,9 +50,18 @@ FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 GIB = 1 << 30
 
 
+class ModeName(str):
+    """A forward mode as SGLang's code asks it (is_idle()), equal to its name for the tests."""
+
+    def is_idle(self):
+        return self == "IDLE"
+
+
 class Mode:
-    DECODE = "DECODE"
-    TARGET_VERIFY = "TARGET_VERIFY"
+    DECODE = ModeName("DECODE")
+    TARGET_VERIFY = ModeName("TARGET_VERIFY")
+    DRAFT_EXTEND_V2 = ModeName("DRAFT_EXTEND_V2")
+    IDLE = ModeName("IDLE")
 
 
 class Capture:
@@ -766,15 +775,31 @@ def worker_v2(release_tree, runtime, policy, tp_group, monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
     monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
 
+    # 0.5.11's real EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache (it rewrites the
+    # batch it is given), over a stand-in ForwardBatch.init_new that logs the draft extend it gets
+    runners = []
+
+    class DraftExtendForwardBatch:
+        @staticmethod
+        def init_new(batch, draft_runner):
+            calls.append(("draft_extend", batch.input_ids.tolist(), batch.extend_prefix_lens,
+                          batch.out_cache_loc.tolist(), runners[-1]))
+            assert batch.forward_mode == Mode.DRAFT_EXTEND_V2 and batch.extend_seq_lens == [1] * len(batch.seq_lens)
+            return types.SimpleNamespace(spec_info=batch.spec_info, hidden=batch.spec_info.hidden_states)
+
+    prepare_ns = {"ForwardBatch": DraftExtendForwardBatch, "ForwardMode": Mode, "CaptureHiddenMode": Capture}
+    exec(compile("from __future__ import annotations\n" + method_source(
+        release_tree / "sglang/srt/speculative/eagle_info_v2.py", "EagleDraftInputV2Mixin",
+        "prepare_for_extend_to_fill_draft_kvcache"), "eagle_info_v2.py", "exec"), prepare_ns)
+
     class PrepareExtend:
         def __init__(self, **fields):
             self.__dict__.update(fields)
 
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, draft_runner, runner):
-            calls.append(("draft_extend", predict.tolist(), batch.seq_lens.tolist(),
-                          batch.out_cache_loc.tolist(), runner))
-            self.spec = self
-            return types.SimpleNamespace(spec_info=self, hidden=self.hidden_states)
+            runners.append(runner)
+            return prepare_ns["prepare_for_extend_to_fill_draft_kvcache"](self, batch, predict, n, draft_runner,
+                                                                          runner)
 
     namespace = {
         "torch": torch, "dataclasses": dataclasses, "assign_extend_cache_locs_func": assign_slots,
@@ -795,8 +820,10 @@ def worker_v2(release_tree, runtime, policy, tp_group, monkeypatch):
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
         dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
-                                           draft_tp_context=lambda group: nullcontext(), topk=1))
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(
+            tp_group=None, forward=fake_draft_forward,
+            attn_backend=types.SimpleNamespace(init_forward_metadata=lambda fb: None)),
+            draft_tp_context=lambda group: nullcontext(), topk=1))
     for name in names:
         setattr(worker, name, types.MethodType(namespace[name], worker))
     return worker, calls
