@@ -456,9 +456,9 @@ def rope(positions, q, k):
 
 
 class KVPool:
-    def __init__(self, slots):
-        self.k = torch.zeros(slots, KV_HEADS, HEAD_DIM)
-        self.v = torch.zeros(slots, KV_HEADS, HEAD_DIM)
+    def __init__(self, slots, kv_heads=KV_HEADS):
+        self.k = torch.zeros(slots, kv_heads, HEAD_DIM)
+        self.v = torch.zeros(slots, kv_heads, HEAD_DIM)
 
     def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
         assert layer.layer_id == 0
@@ -536,6 +536,36 @@ def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime, rel
     assert torch.allclose(pool.k[loc], k_ref, atol=1e-6) and torch.allclose(pool.v[loc], v_ref, atol=1e-6)
     untouched = [i for i in range(32) if i not in loc.tolist()]
     assert pool.k[untouched].abs().sum() == 0 and pool.v[untouched].abs().sum() == 0
+
+
+def tp_shard(draft, rank, tp):
+    """The draft as TP rank `rank` of `tp` holds it: QKVParallelLinear keeps the rank's query heads,
+    then its key heads, then its value heads, and the attention's sizes and head counts are the
+    rank's own."""
+    attn = draft_layer(draft).self_attn
+    q, k, v = attn.qkv_proj.weight.data.split([attn.q_size, attn.kv_size, attn.kv_size])
+    part = lambda w: w.chunk(tp)[rank]  # noqa: E731 - whole heads per rank, in order
+    attn.qkv_proj.weight.data = torch.cat([part(q), part(k), part(v)])
+    attn.q_size, attn.kv_size = attn.q_size // tp, attn.kv_size // tp
+    attn.attn.tp_k_head_num = attn.attn.tp_v_head_num = KV_HEADS // tp
+    draft.token_to_kv_pool = KVPool(32, KV_HEADS // tp)
+    return draft
+
+
+def test_kv_only_update_at_tp_2_writes_each_ranks_own_kv_heads(runtime, release):
+    """At TP > 1 each rank writes the K/V of its own KV heads, taken from its shard of the fused
+    QKV weight: together the ranks write what the whole layer computes."""
+    tokens, positions = torch.tensor([3, 7, 9]), torch.tensor([5, 11, 2])
+    target_hidden = torch.randn(3, 3 * H, generator=torch.Generator().manual_seed(7))
+    loc = torch.tensor([20, 4, 13])
+    with torch.no_grad():
+        k_ref, v_ref = full_layer_kv(eagle3_draft(release), tokens, target_hidden, positions)
+        for rank in range(2):
+            draft = tp_shard(eagle3_draft(release), rank, 2)
+            runtime.draft_kv_only_extend(draft, tokens, target_hidden, positions, loc)
+            pool, heads = draft.token_to_kv_pool, slice(rank * KV_HEADS // 2, (rank + 1) * KV_HEADS // 2)
+            assert torch.allclose(pool.k[loc], k_ref[:, heads], atol=1e-6)
+            assert torch.allclose(pool.v[loc], v_ref[:, heads], atol=1e-6)
 
 
 @only("0.5.17")
