@@ -1384,6 +1384,49 @@ def test_without_graphs_the_warmup_covers_each_kind_of_size_triton_compiles_apar
     assert 1 in sizes and any(bs % 16 == 0 for bs in sizes) and any(bs > 1 and bs % 16 for bs in sizes)
 
 
+@pytest.fixture()
+def future_map_module(tmp_path):
+    """0.5.11's real overlap_utils.py (FutureMap, untouched by the patch) from the wheel, loaded on
+    the CPU with its two GPU probes stood in."""
+    path = tmp_path / "overlap_utils.py"
+    path.write_bytes(wheels.pristine("sglang", "0.5.11").read(OVERLAP_UTILS))
+    with stub_modules({"sglang.srt.speculative.spec_utils": dict(spec_need_hidden_states=lambda: True),
+                       "sglang.srt.utils": dict(is_cuda=lambda: False, is_hip=lambda: False)}):
+        yield load_by_path("overlap_utils_0511_under_test", path)
+
+
+@only("0.5.11")
+def test_the_plain_steps_stale_marker_round_trips_through_the_real_future_map(release, worker_v2, cpu_streams,
+                                                                              future_map_module):
+    """The overlap scheduler hands a step's draft state to the next step through FutureMap
+    (store_to_map, then resolve_future): the plain step's top-k probability -1 must come out as
+    stored, so the resume recomputes exactly the requests that went plain and keeps the state of
+    a request whose future was stored by a speculative step or a prefill."""
+    worker, calls = worker_v2
+    future_map = future_map_module.FutureMap(8, 0, 64, "cpu", spec_algo=types.SimpleNamespace(is_none=lambda: False))
+    # a speculative step's draft state first (it sizes the map's buffers), for one request
+    prefilled = future_map.alloc_future_indices(1)
+    future_map.store_to_map(prefilled, Result(next_draft_input=DraftInput(
+        topk_p=torch.tensor([[0.9]]), topk_index=torch.tensor([[42]]), verified_id=torch.tensor([4], dtype=torch.int32),
+        new_seq_lens=torch.tensor([10]), hidden_states=torch.tensor([[2.0, 2.0]]))))
+    plain = future_map.alloc_future_indices(3)
+    result = worker._forward_plain_decode(decode_batch())
+    future_map.store_to_map(plain, result)
+    # the next step: requests 0 and 2 from the plain step, request 1 from the speculative one
+    indices = torch.stack([plain.indices[0], prefilled.indices[0], plain.indices[2]])
+    batch = decode_batch(seq_lens=(6, 10, 18), verified=(0, 0, 0))
+    batch.spec_info = DraftInput(future_indices=types.SimpleNamespace(indices=indices))
+    future_map.resolve_future(batch)
+    spec = batch.spec_info
+    assert spec.topk_p.tolist() == [[-1.0], [pytest.approx(0.9)], [-1.0]]
+    assert spec.verified_id.tolist() == [3, 4, 5] and spec.new_seq_lens.tolist() == [6, 10, 18]
+    calls.clear()
+    worker._dyn_resync_draft(batch)
+    (kind, predict, seq_lens, locs, runner), = calls
+    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the speculative request's write goes to slot 0
+    assert spec.topk_index.tolist() == [[5], [42], [5]] and spec.hidden_states[1].tolist() == [2.0, 2.0]
+
+
 class RoutingVerify:
     def is_verify_input(self):
         return True
