@@ -36,6 +36,8 @@ EXPECTED = {
         "sglang/srt/managers/scheduler.py": False,
         "sglang/srt/managers/schedule_batch.py": False,
         "sglang/srt/observability/scheduler_metrics_mixin.py": False,
+        # the plain path's memory kept out of the KV cache when it is sized (issue #33 item 4)
+        "sglang/srt/model_executor/model_runner_kv_cache_mixin.py": False,
     },
     # 0.5.17: no v1 worker, no eagle_info_v2.py / scheduler_metrics_mixin.py; the host seq_lens
     # hunks of schedule_batch.py are upstream's own future-map publish now (docs/porting.md)

@@ -50,9 +50,18 @@ FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 GIB = 1 << 30
 
 
+class ModeName(str):
+    """A forward mode as SGLang's code asks it (is_idle()), equal to its name for the tests."""
+
+    def is_idle(self):
+        return self == "IDLE"
+
+
 class Mode:
-    DECODE = "DECODE"
-    TARGET_VERIFY = "TARGET_VERIFY"
+    DECODE = ModeName("DECODE")
+    TARGET_VERIFY = ModeName("TARGET_VERIFY")
+    DRAFT_EXTEND_V2 = ModeName("DRAFT_EXTEND_V2")
+    IDLE = ModeName("IDLE")
 
 
 class Capture:
@@ -447,9 +456,9 @@ def rope(positions, q, k):
 
 
 class KVPool:
-    def __init__(self, slots):
-        self.k = torch.zeros(slots, KV_HEADS, HEAD_DIM)
-        self.v = torch.zeros(slots, KV_HEADS, HEAD_DIM)
+    def __init__(self, slots, kv_heads=KV_HEADS):
+        self.k = torch.zeros(slots, kv_heads, HEAD_DIM)
+        self.v = torch.zeros(slots, kv_heads, HEAD_DIM)
 
     def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
         assert layer.layer_id == 0
@@ -527,6 +536,36 @@ def test_kv_only_update_writes_exactly_the_kv_the_layer_would_write(runtime, rel
     assert torch.allclose(pool.k[loc], k_ref, atol=1e-6) and torch.allclose(pool.v[loc], v_ref, atol=1e-6)
     untouched = [i for i in range(32) if i not in loc.tolist()]
     assert pool.k[untouched].abs().sum() == 0 and pool.v[untouched].abs().sum() == 0
+
+
+def tp_shard(draft, rank, tp):
+    """The draft as TP rank `rank` of `tp` holds it: QKVParallelLinear keeps the rank's query heads,
+    then its key heads, then its value heads, and the attention's sizes and head counts are the
+    rank's own."""
+    attn = draft_layer(draft).self_attn
+    q, k, v = attn.qkv_proj.weight.data.split([attn.q_size, attn.kv_size, attn.kv_size])
+    part = lambda w: w.chunk(tp)[rank]  # noqa: E731 - whole heads per rank, in order
+    attn.qkv_proj.weight.data = torch.cat([part(q), part(k), part(v)])
+    attn.q_size, attn.kv_size = attn.q_size // tp, attn.kv_size // tp
+    attn.attn.tp_k_head_num = attn.attn.tp_v_head_num = KV_HEADS // tp
+    draft.token_to_kv_pool = KVPool(32, KV_HEADS // tp)
+    return draft
+
+
+def test_kv_only_update_at_tp_2_writes_each_ranks_own_kv_heads(runtime, release):
+    """At TP > 1 each rank writes the K/V of its own KV heads, taken from its shard of the fused
+    QKV weight: together the ranks write what the whole layer computes."""
+    tokens, positions = torch.tensor([3, 7, 9]), torch.tensor([5, 11, 2])
+    target_hidden = torch.randn(3, 3 * H, generator=torch.Generator().manual_seed(7))
+    loc = torch.tensor([20, 4, 13])
+    with torch.no_grad():
+        k_ref, v_ref = full_layer_kv(eagle3_draft(release), tokens, target_hidden, positions)
+        for rank in range(2):
+            draft = tp_shard(eagle3_draft(release), rank, 2)
+            runtime.draft_kv_only_extend(draft, tokens, target_hidden, positions, loc)
+            pool, heads = draft.token_to_kv_pool, slice(rank * KV_HEADS // 2, (rank + 1) * KV_HEADS // 2)
+            assert torch.allclose(pool.k[loc], k_ref[:, heads], atol=1e-6)
+            assert torch.allclose(pool.v[loc], v_ref[:, heads], atol=1e-6)
 
 
 @only("0.5.17")
@@ -633,7 +672,7 @@ def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counte
 def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, release, monkeypatch, caplog):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
     draft = eagle3_draft(release)
-    draft.device = "fake"
+    draft.device, draft.tp_group = "fake", FakeTPGroup(1)
     no_graphs = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
     assert runtime.build_draft_kv_only_graphs(draft, no_graphs) == (
         None, "eager (the server runs without CUDA graphs)")
@@ -648,6 +687,26 @@ def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime
     assert graphs is None and note == "eager (graph capture failed: RuntimeError)"
     assert "not captured" in caplog.text and "stream is capturing" in caplog.text
     assert state.extra_memory_gib == pytest.approx(0.1)
+
+
+def test_at_tp_above_1_a_failed_kv_only_capture_stops_the_server_instead_of_one_rank_going_eager(
+        runtime, release, monkeypatch):
+    """The KV-only graphs hold the draft embedding's all-reduce padded to the graph's batch size: a
+    rank that went eager alone would all-reduce another shape than its peers, or leave them at a
+    capture barrier. At TP > 1 a failure on any rank is fatal (SGLang then stops every rank)."""
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    draft = eagle3_draft(release)
+    draft.device, draft.tp_group = "fake", FakeTPGroup(2)
+
+    def capture_fails(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
+
+    monkeypatch.setattr(runtime, "DraftKVOnlyGraphs", capture_fails)
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[1, 2]), "", 0.1)
+    with pytest.raises(RuntimeError, match="every rank must take the same path") as raised:
+        runtime.build_draft_kv_only_graphs(draft, state)
+    assert "SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0" in str(raised.value)
+    assert isinstance(raised.value.__cause__, torch.cuda.OutOfMemoryError)
 
 
 def test_kv_only_update_takes_an_fc_output_as_it_is(runtime, release):
@@ -729,7 +788,7 @@ def fake_runtime_calls(calls, **result_fields):
 
 
 @pytest.fixture()
-def worker_v2(release_tree, runtime, monkeypatch):
+def worker_v2(release_tree, runtime, policy, tp_group, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods on a stand-in worker."""
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
@@ -738,21 +797,39 @@ def worker_v2(release_tree, runtime, monkeypatch):
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward,
                                  request_slots=runtime.request_slots,
-                                 draft_kv_only_extend=draft_kv_only_extend)
+                                 draft_kv_only_extend=draft_kv_only_extend,
+                                 force_spec_reason=runtime.force_spec_reason,
+                                 sync_sampled_tokens=runtime.sync_sampled_tokens)
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
     monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
+
+    # 0.5.11's real EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache (it rewrites the
+    # batch it is given), over a stand-in ForwardBatch.init_new that logs the draft extend it gets
+    runners = []
+
+    class DraftExtendForwardBatch:
+        @staticmethod
+        def init_new(batch, draft_runner):
+            calls.append(("draft_extend", batch.input_ids.tolist(), batch.extend_prefix_lens,
+                          batch.out_cache_loc.tolist(), runners[-1]))
+            assert batch.forward_mode == Mode.DRAFT_EXTEND_V2 and batch.extend_seq_lens == [1] * len(batch.seq_lens)
+            return types.SimpleNamespace(spec_info=batch.spec_info, hidden=batch.spec_info.hidden_states)
+
+    prepare_ns = {"ForwardBatch": DraftExtendForwardBatch, "ForwardMode": Mode, "CaptureHiddenMode": Capture}
+    exec(compile("from __future__ import annotations\n" + method_source(
+        release_tree / "sglang/srt/speculative/eagle_info_v2.py", "EagleDraftInputV2Mixin",
+        "prepare_for_extend_to_fill_draft_kvcache"), "eagle_info_v2.py", "exec"), prepare_ns)
 
     class PrepareExtend:
         def __init__(self, **fields):
             self.__dict__.update(fields)
 
         def prepare_for_extend_to_fill_draft_kvcache(self, batch, predict, n, draft_runner, runner):
-            calls.append(("draft_extend", predict.tolist(), batch.seq_lens.tolist(),
-                          batch.out_cache_loc.tolist(), runner))
-            self.spec = self
-            return types.SimpleNamespace(spec_info=self, hidden=self.hidden_states)
+            runners.append(runner)
+            return prepare_ns["prepare_for_extend_to_fill_draft_kvcache"](self, batch, predict, n, draft_runner,
+                                                                          runner)
 
     namespace = {
         "torch": torch, "dataclasses": dataclasses, "assign_extend_cache_locs_func": assign_slots,
@@ -760,8 +837,10 @@ def worker_v2(release_tree, runtime, monkeypatch):
         "GenerationBatchResult": Result, "maybe_detect_nan": lambda *a: None,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
         "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+        "logger": logging.getLogger("eagle_worker_v2_under_test"),
     }
-    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+    names = ("_dyn_decide", "_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend")
+    for name in names:
         source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", name)
         exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
     req_to_token = torch.arange(4 * 32).view(4, 32) + 1000  # slot of (request row, position)
@@ -769,10 +848,13 @@ def worker_v2(release_tree, runtime, monkeypatch):
         device="cpu", speculative_num_draft_tokens=4, _dyn_plain_state="state", _dyn_draft_kv_only=True,
         _dyn_kv_only_graphs=None, _dyn_debug_skip_draft_kv=False,
         _dyn_resync_pending=False, _dyn_draft_extend_runner="one-token-graphs", target_worker="target",
+        dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
-                                           draft_tp_context=lambda group: nullcontext(), topk=1))
-    for name in ("_forward_plain_decode", "_dyn_resync_draft", "_dyn_one_token_draft_extend"):
+        draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(
+            tp_group=None, forward=fake_draft_forward,
+            attn_backend=types.SimpleNamespace(init_forward_metadata=lambda fb: None)),
+            draft_tp_context=lambda group: nullcontext(), topk=1))
+    for name in names:
         setattr(worker, name, types.MethodType(namespace[name], worker))
     return worker, calls
 
@@ -793,14 +875,48 @@ def assert_stale_requests_resynced(predict, seq_lens, locs, spec):
     assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the fresh request writes the pad slot
     assert spec.topk_index.tolist() == [[5], [42], [5]]  # request 1 keeps its own top-k
 
-def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13)):
+def sampling(greedy=True, **fields):
+    """The SamplingBatchInfo fields the plain step and the decision read."""
+    return types.SimpleNamespace(**{"is_all_greedy": greedy, "has_custom_logit_processor": False,
+                                    "need_min_p_sampling": False, **fields})
+
+
+def decode_batch(seq_lens=(5, 9, 17), verified=(11, 12, 13), **flags):
     seq_lens = torch.tensor(seq_lens)
     spec = DraftInput(verified_id=torch.tensor(verified, dtype=torch.int32),
                       topk_p=torch.rand(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
                       hidden_states=torch.zeros(len(seq_lens), 2))
-    return batch_class("0.5.11")(
-        forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec)
+    fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
+                  seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
+                  return_logprob=False, has_grammar=False, sampling_info=sampling())
+    fields.update(flags)
+    return batch_class("0.5.11")(**fields)
+
+
+class FakeTPGroup:
+    """Stands for SGLang's GroupCoordinator of one rank of `world_size`: broadcast(src=0) writes
+    what rank 0 holds (`rank0`) into the tensor, in place, as the real collective does."""
+
+    def __init__(self, world_size, rank0=None):
+        self.world_size, self.rank0, self.broadcasts = world_size, rank0, []
+
+    def broadcast(self, tensor, src=0):
+        self.broadcasts.append(src)
+        tensor.copy_(self.rank0)
+        return tensor
+
+
+@pytest.fixture()
+def tp_group(monkeypatch):
+    """sglang.srt.distributed.get_tp_group for the code under test: one rank unless a test sets
+    `.group` to another FakeTPGroup."""
+    holder = types.SimpleNamespace(group=FakeTPGroup(1))
+    module = types.ModuleType("sglang.srt.distributed")
+    module.get_tp_group = lambda: holder.group
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", module)
+    return holder
 
 
 @pytest.fixture()
@@ -835,15 +951,61 @@ def test_plain_step_decodes_the_last_token_in_its_reserved_slot(release, worker_
     assert nxt.topk_index.dtype == incoming.topk_index.dtype and worker._dyn_resync_pending is True
 
 
-@only("0.5.11")
-def test_plain_step_returns_hidden_states_one_row_per_request_when_one_asked(release, worker_v2, cpu_streams):
-    worker, calls = worker_v2
-    batch = decode_batch()
-    batch.reqs = [types.SimpleNamespace(return_hidden_states=flag) for flag in (False, True, False)]
+REQ = types.SimpleNamespace
+
+
+def v2_batch(release, **flags):
+    return decode_batch(**flags) if release == "0.5.11" else schedule_batch(**flags)
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (dict(return_logprob=True), "logprobs"),
+    (dict(has_grammar=True), "a grammar"),
+    (dict(reqs=[REQ(return_hidden_states=False), REQ(return_hidden_states=True)]), "hidden states"),
+    (dict(return_hidden_states=True), "hidden states"),  # 0.5.17's ScheduleBatch flag
+    (dict(sampling_info=sampling(greedy=True, has_custom_logit_processor=True)), "a custom logit processor"),
+    (dict(sampling_info=sampling(greedy=False, need_min_p_sampling=True)), "min_p"),
+])
+def test_steps_whose_requests_the_plain_path_would_treat_differently_keep_speculating(release, runtime, v2_worker,
+                                                                                    flags, reason):
+    """Above the threshold such a batch speculates without moving the switch, so the request is
+    sampled (and laid out) the same at any load: the speculative verify ignores custom logit
+    processors and min_p, which the target's sampler of a plain step would apply; a plain step
+    returns no per-request hidden states."""
+    if "return_hidden_states" in flags and release == "0.5.11":
+        pytest.skip("0.5.11's ModelWorkerBatch has no batch-wide hidden-states flag")
+    worker, _ = v2_worker
+    batch = v2_batch(release, **flags)
+    assert runtime.force_spec_reason(batch) == reason
+    assert worker._dyn_decide(v2_batch(release)) is False  # 3 > threshold 2: plain
+    assert worker._dyn_decide(batch) is True
+    assert worker.dyn_disable.speculating is False and worker.dyn_disable.forced_spec_steps == 1
+    assert worker._dyn_decide(v2_batch(release)) is False
+
+
+def test_min_p_of_greedy_requests_and_plain_requests_do_not_force_speculation(release, runtime):
+    greedy_min_p = sampling(greedy=True, need_min_p_sampling=True)
+    assert runtime.force_spec_reason(v2_batch(release, sampling_info=greedy_min_p)) is None
+    assert runtime.force_spec_reason(v2_batch(release, reqs=[REQ(return_hidden_states=False)])) is None
+
+
+@pytest.mark.parametrize("greedy, world_size, synced", [(False, 2, True), (True, 2, False), (False, 1, False)])
+def test_non_greedy_plain_steps_take_rank_0s_tokens_at_tp_above_1(release, runtime, v2_worker, cpu_streams, tp_group,
+                                                                   greedy, world_size, synced):
+    """The target's sampler syncs ranks only with SYNC_TOKEN_IDS_ACROSS_TP or grammars; the plain
+    step broadcasts rank 0's tokens when sampling is not greedy, as the stock verify does, so no
+    rank can finish a request the others keep."""
+    worker, calls = v2_worker
+    tp_group.group = FakeTPGroup(world_size, rank0=torch.tensor([50, 51, 52]))
+    batch = v2_batch(release, sampling_info=sampling(greedy=greedy))
     result = worker._forward_plain_decode(batch)
-    # what the scheduler reads as hidden_states[i] for request i: the target's, unpadded
-    assert result.logits_output.hidden_states.tolist() == torch.arange(18.0).view(3, 6).tolist()
-    assert calls[1][0] == "kv_only"  # the draft still gets the same hidden states
+    expected = [50, 51, 52] if synced else [3, 4, 5]  # this rank's own argmax otherwise
+    assert result.next_draft_input.__dict__.get("verified_id", result.next_draft_input.__dict__.get(
+        "bonus_tokens")).tolist() == expected
+    assert result.next_token_ids.view(3, 4)[:, 0].tolist() == expected
+    assert tp_group.group.broadcasts == ([0] if synced else [])
+    kv = [c for c in calls if c[0] == "kv_only"]
+    assert kv[0][1] == expected  # the draft writes the K/V of the tokens every rank keeps
 
 
 @only("0.5.11")
@@ -1007,6 +1169,264 @@ def test_v1_debug_switch_sends_the_drafts_kv_of_a_plain_step_to_the_padding_slot
     assert result.next_token_ids.tolist() == [3, 4, 5]
 
 
+@only("0.5.11")
+def test_v1_steps_with_hidden_state_requests_keep_speculating(release, release_tree, policy):
+    """v1's plain step (a one-node verify) returns no hidden states, so a batch with a request that
+    asked for them speculates above the threshold too, without moving the switch."""
+    namespace = {"logger": logging.getLogger("eagle_worker_under_test")}
+    exec(method_source(release_tree / WORKER_V1, "EAGLEWorker", "_dyn_decide"), namespace)
+    worker = types.SimpleNamespace(dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})))
+
+    def batch(hidden):
+        return types.SimpleNamespace(batch_size=lambda: 3, return_hidden_states=hidden)
+
+    decide = namespace["_dyn_decide"]
+    assert decide(worker, batch(False)) is False
+    assert decide(worker, batch(True)) is True and worker.dyn_disable.forced_spec_steps == 1
+    assert worker.dyn_disable.speculating is False
+
+
+# --- the plain path's memory, kept out of the KV cache (issue #33 item 4; 0.5.11) -------------
+
+KV_CACHE_MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
+
+
+class EagleAlgo:
+    def __init__(self, eagle=True):
+        self.eagle = eagle
+
+    def is_eagle(self):
+        return self.eagle
+
+
+def pool_runner(draft=False, eagle=True, **server_args):
+    args = dict(attention_backend="triton", decode_attention_backend=None, enable_dp_attention=False)
+    args.update(server_args)
+    return types.SimpleNamespace(is_draft_worker=draft, spec_algorithm=EagleAlgo(eagle),
+                                 server_args=types.SimpleNamespace(**args), mem_fraction_static=0.9,
+                                 device="cuda", gpu_id=0, mambaish_config=None)
+
+
+@pytest.fixture()
+def flashinfer_env(monkeypatch):
+    module = types.ModuleType("sglang.srt.environ")
+    module.envs = types.SimpleNamespace(SGLANG_FLASHINFER_WORKSPACE_SIZE=types.SimpleNamespace(get=lambda: GIB // 4))
+    monkeypatch.setitem(sys.modules, "sglang.srt.environ", module)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("runner, env, expected", [
+    (pool_runner(), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.5),
+    (pool_runner(attention_backend="flashinfer"), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.75),  # + workspace
+    (pool_runner(), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8", "SGLANG_SPEC_DISABLE_RESERVE_GIB": "1.5"}, 1.5),
+    (pool_runner(), {}, 0.0),  # patch inert
+    (pool_runner(draft=True), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # the draft sizes no cache of its own
+    (pool_runner(eagle=False), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),
+    (pool_runner(enable_dp_attention=True), {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # refused anyway
+])
+def test_the_plain_path_reserve_is_kept_only_where_dyn_disable_will_run(release, runtime, monkeypatch, flashinfer_env,
+                                                                        runner, env, expected):
+    for name in ("SGLANG_SPEC_DISABLE_THRESHOLD", "SGLANG_SPEC_DISABLE_RESERVE_GIB"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert runtime.plain_path_reserve_gib(runner) == pytest.approx(expected)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("threshold, rest_gib", [(None, 42.0), ("8", 41.5)])
+def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_tree, runtime, policy, monkeypatch,
+                                                               threshold, rest_gib):
+    """ModelRunner._profile_available_bytes (0.5.11's, executed): what the KV cache may take is the
+    free memory after the weights minus SGLang's activation headroom and, with dyn-disable on,
+    minus the plain path's reserve, recorded on the runner for the start-up line."""
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_RESERVE_GIB", raising=False)
+    if threshold is None:
+        monkeypatch.delenv("SGLANG_SPEC_DISABLE_THRESHOLD", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", threshold)
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable", policy)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime)
+    namespace = {"get_available_gpu_memory": lambda *a, **k: 50.0,
+                 "get_world_group": lambda: types.SimpleNamespace(world_size=1, cpu_group=None)}
+    exec(method_source(release_tree / KV_CACHE_MIXIN, "ModelRunnerKVCacheMixin", "_profile_available_bytes"),
+         namespace)
+    runner = pool_runner()
+    available = namespace["_profile_available_bytes"](runner, 80.0)  # headroom: 80 * (1 - 0.9) = 8 GiB
+    assert available == int(rest_gib * GIB)
+    assert runner.dyn_disable_reserved_gib == pytest.approx(50.0 - 8.0 - rest_gib)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("extra, words", [
+    (0.36, "extra GPU memory 0.36 GiB (0.50 GiB kept out of the KV cache for it)"),
+    (0.85, "extra GPU memory 0.85 GiB (0.50 GiB kept out of the KV cache for it); 0.35 GiB more than that came "
+           "out of SGLang's activation headroom: start with SGLANG_SPEC_DISABLE_RESERVE_GIB=0.85"),
+])
+def test_the_start_up_line_says_what_the_plain_path_took_against_the_reserve(release, runtime, extra, words):
+    state = runtime.PlainDecodeState("backend", None, "no CUDA graphs", extra, reserved_gib=0.5)
+    assert runtime.plain_decode_message(state, "note").endswith(words)
+
+
+# --- the start-up warm-up (issue #25 part 1: the first crossing stalled ~7 s) ------------------
+
+SAMPLING_BATCH_INFO = "sglang/srt/sampling/sampling_batch_info.py"
+
+
+def wheel_dataclass(release, path, name):
+    """`name` of `release`'s wheel file `path` as a keyword-only dataclass with the real field list,
+    the real required fields (no default in the source) required, so a caller that leaves one out
+    or passes one that does not exist fails here as it would on the GPU."""
+    tree = ast.parse(wheels.pristine("sglang", release).read(path))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    fields = [(n.target.id, object) if n.value is None else (n.target.id, object, dataclasses.field(default=None))
+              for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return dataclasses.make_dataclass(name, fields, kw_only=True)
+
+
+@pytest.fixture()
+def real_batch_classes(release, monkeypatch):
+    """The batch class of a worker's step (0.5.11's ModelWorkerBatch, 0.5.17's ScheduleBatch) and
+    SamplingBatchInfo for the warm-up, with their real fields (wheel_dataclass)."""
+    batch_name = BATCH_CLASS[release]
+    classes = {batch_name: wheel_dataclass(release, SCHEDULE_BATCH, batch_name),
+               "SamplingBatchInfo": wheel_dataclass(release, SAMPLING_BATCH_INFO, "SamplingBatchInfo")}
+    for module, name in (("sglang.srt.managers.schedule_batch", batch_name),
+                         ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo")):
+        parts = module.split(".")
+        for i in range(1, len(parts)):
+            monkeypatch.setitem(sys.modules, ".".join(parts[:i]),
+                                sys.modules.get(".".join(parts[:i])) or types.ModuleType(".".join(parts[:i])))
+        stub = types.ModuleType(module)
+        setattr(stub, name, classes[name])
+        monkeypatch.setitem(sys.modules, module, stub)
+    return classes
+
+
+def test_the_warmup_batch_fills_every_required_field_of_the_real_classes(release, runtime, real_batch_classes):
+    batch = runtime.warmup_decode_batch(3, "cpu", 64, spec_info="spec", spec_algorithm=Algo.EAGLE3)
+    assert isinstance(batch, real_batch_classes[BATCH_CLASS[release]])
+    assert batch.forward_mode == Mode.DECODE and batch.seq_lens.tolist() == [runtime.WARMUP_SEQ_LEN] * 3
+    assert batch.req_pool_indices.tolist() == [0, 0, 0] and batch.seq_lens_sum == 3 * runtime.WARMUP_SEQ_LEN
+    assert batch.sampling_info.is_all_greedy is True and batch.sampling_info.vocab_size == 64
+    assert batch.spec_info == "spec" and batch.reqs == [] and batch.return_logprob is False
+
+
+@pytest.mark.parametrize("kv_only", [True, False])
+def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
+        release, runtime, v2_worker, cpu_streams, real_batch_classes, release_tree, monkeypatch, kv_only):
+    """EAGLEWorkerV2._dyn_warm_up (executed) runs the worker's own _forward_plain_decode, then (when
+    the plain step leaves the draft to be resynced, as the KV-only update does) its own
+    _dyn_resync_draft on the next step's batch, once per batch size of the plain DECODE graphs:
+    what the first plain step and the first resume run, before the server reports ready. Every
+    KV slot it touches is the padding slot 0 (request row 0 of a fresh req_to_token)."""
+    worker, calls = v2_worker
+    worker._dyn_draft_kv_only = kv_only
+    worker._dyn_draft_extend_runner = None
+    worker.topk = 1
+    worker.req_to_token_pool.req_to_token = torch.zeros(4, 32, dtype=torch.int64)  # before any request
+    worker.target_worker = worker._target_worker = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(vocab_size=64),
+        model_runner=types.SimpleNamespace(spec_algorithm=Algo.EAGLE3))
+    worker._dyn_plain_state = runtime.PlainDecodeState(
+        "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "graphs", 0.25)
+    sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
+        warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
+        synchronize=lambda: None, mem_get_info=FakeDevice(10 * GIB, 9.9 * GIB).mem_get_info))
+    namespace = {"torch": torch, "dataclasses": dataclasses, "EagleDraftInput": DraftInput}
+    exec(compile("from __future__ import annotations\n"
+                 + method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "_dyn_warm_up"), WORKER_V2, "exec"),
+         namespace)
+    namespace["_dyn_warm_up"](worker)
+    steps = [c for c in calls if c[0] == "target"]
+    assert [len(c[1]) for c in steps] == [1, 2, 4, 8]  # one plain step per graph batch size
+    assert all(slot == 0 for c in steps for slot in c[2]) and all(c[3] for c in steps)  # slot 0; sampled
+    extends = [c for c in calls if c[0] == "draft_extend"]
+    if kv_only:  # the resume after each: the eager one-token draft extend over the last position
+        assert [c[0] for c in calls] == ["target", "kv_only", "draft_extend"] * 4
+        eager = [c[4] is None for c in extends] if release == "0.5.11" else [c[4:6] == (1, None) for c in extends]
+        assert [len(c[1]) for c in extends] == [1, 2, 4, 8] and all(eager)
+        assert all(c[2] == [runtime.WARMUP_SEQ_LEN] * len(c[2]) for c in extends)  # the plain step's position
+    else:  # the one-token draft extend is in the plain step; there is no resume to warm
+        assert [c[0] for c in calls] == ["target", "draft_extend"] * 4
+    assert all(slot == 0 for c in extends for slot in c[3])
+    assert worker._dyn_resync_pending is False  # the first real step does not resync a dummy batch
+    state = worker._dyn_plain_state
+    assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + the warm-up's 0.1
+    assert state.warmup_note == "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+    assert "warmed up at start" in runtime.plain_decode_message(state, "note")
+
+
+@only("0.5.11")
+def test_v1_warms_the_targets_plain_decode_at_every_plain_graph_size(release, runtime, real_batch_classes,
+                                                                     monkeypatch):
+    seen = []
+    monkeypatch.setattr(runtime, "plain_decode_forward", lambda target, state, batch, sample=False: seen.append(
+        (target, state, len(batch.seq_lens), batch.req_pool_indices.tolist(), sample)))
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
+    target = types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=64),
+                                   model_runner=types.SimpleNamespace(device="cpu", spec_algorithm=Algo.EAGLE3))
+    state = runtime.PlainDecodeState("backend", types.SimpleNamespace(capture_bs=[4, 1, 2]), "graphs", 0.2)
+    runtime.warm_up_plain_decode(target, state)
+    assert [(bs, rows) for _, _, bs, rows, _ in seen] == [(1, [0]), (2, [0, 0]), (4, [0] * 4)]
+    assert all(t is target and s is state for t, s, *_ in seen)
+    assert state.warmup_note.startswith("the target's plain decode warmed up at start for batch sizes 1..4")
+
+
+@only("0.5.11")
+def test_without_graphs_the_warmup_covers_each_kind_of_size_triton_compiles_apart(release, runtime):
+    state = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
+    sizes = runtime.warmup_batch_sizes(state)
+    assert 1 in sizes and any(bs % 16 == 0 for bs in sizes) and any(bs > 1 and bs % 16 for bs in sizes)
+
+
+@pytest.fixture()
+def future_map_module(tmp_path):
+    """0.5.11's real overlap_utils.py (FutureMap, untouched by the patch) from the wheel, loaded on
+    the CPU with its two GPU probes stood in."""
+    path = tmp_path / "overlap_utils.py"
+    path.write_bytes(wheels.pristine("sglang", "0.5.11").read(OVERLAP_UTILS))
+    with stub_modules({"sglang.srt.speculative.spec_utils": dict(spec_need_hidden_states=lambda: True),
+                       "sglang.srt.utils": dict(is_cuda=lambda: False, is_hip=lambda: False)}):
+        yield load_by_path("overlap_utils_0511_under_test", path)
+
+
+@only("0.5.11")
+def test_the_plain_steps_stale_marker_round_trips_through_the_real_future_map(release, worker_v2, cpu_streams,
+                                                                              future_map_module):
+    """The overlap scheduler hands a step's draft state to the next step through FutureMap
+    (store_to_map, then resolve_future): the plain step's top-k probability -1 must come out as
+    stored, so the resume recomputes exactly the requests that went plain and keeps the state of
+    a request whose future was stored by a speculative step or a prefill."""
+    worker, calls = worker_v2
+    future_map = future_map_module.FutureMap(8, 0, 64, "cpu", spec_algo=types.SimpleNamespace(is_none=lambda: False))
+    # a speculative step's draft state first (it sizes the map's buffers), for one request
+    prefilled = future_map.alloc_future_indices(1)
+    future_map.store_to_map(prefilled, Result(next_draft_input=DraftInput(
+        topk_p=torch.tensor([[0.9]]), topk_index=torch.tensor([[42]]), verified_id=torch.tensor([4], dtype=torch.int32),
+        new_seq_lens=torch.tensor([10]), hidden_states=torch.tensor([[2.0, 2.0]]))))
+    plain = future_map.alloc_future_indices(3)
+    result = worker._forward_plain_decode(decode_batch())
+    future_map.store_to_map(plain, result)
+    # the next step: requests 0 and 2 from the plain step, request 1 from the speculative one
+    indices = torch.stack([plain.indices[0], prefilled.indices[0], plain.indices[2]])
+    batch = decode_batch(seq_lens=(6, 10, 18), verified=(0, 0, 0))
+    batch.spec_info = DraftInput(future_indices=types.SimpleNamespace(indices=indices))
+    future_map.resolve_future(batch)
+    spec = batch.spec_info
+    assert spec.topk_p.tolist() == [[-1.0], [pytest.approx(0.9)], [-1.0]]
+    assert spec.verified_id.tolist() == [3, 4, 5] and spec.new_seq_lens.tolist() == [6, 10, 18]
+    calls.clear()
+    worker._dyn_resync_draft(batch)
+    (kind, predict, seq_lens, locs, runner), = calls
+    assert locs == [1000 + 2 * 32 + 5, 0, 1000 + 1 * 32 + 17]  # the speculative request's write goes to slot 0
+    assert spec.topk_index.tolist() == [[5], [42], [5]] and spec.hidden_states[1].tolist() == [2.0, 2.0]
+
+
 class RoutingVerify:
     def is_verify_input(self):
         return True
@@ -1072,7 +1492,7 @@ class ExtendInput:
 
 
 @pytest.fixture()
-def worker_0517(release_tree, runtime, policy, monkeypatch):
+def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
     """EAGLEWorkerV2's patched plain-step methods of 0.5.17 on a stand-in worker; the ScheduleBatch
     has 0.5.17's real field set."""
     calls = []
@@ -1085,7 +1505,9 @@ def worker_0517(release_tree, runtime, policy, monkeypatch):
 
     runtime_stub.__dict__.update(plain_decode_forward=plain_decode_forward, request_slots=runtime.request_slots,
                                  draft_kv_only_extend=draft_kv_only_extend, saved_fields=runtime.saved_fields,
-                                 DRAFT_EXTEND_FIELDS=runtime.DRAFT_EXTEND_FIELDS)
+                                 DRAFT_EXTEND_FIELDS=runtime.DRAFT_EXTEND_FIELDS,
+                                 force_spec_reason=runtime.force_spec_reason,
+                                 sync_sampled_tokens=runtime.sync_sampled_tokens)
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
@@ -1133,7 +1555,7 @@ def schedule_batch(seq_lens=(5, 9, 17), bonus=(11, 12, 13), **flags):
                       hidden_states=torch.zeros(len(seq_lens), 2))
     fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
                   seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
-                  return_logprob=False, has_grammar=False, return_hidden_states=False)
+                  return_logprob=False, has_grammar=False, return_hidden_states=False, sampling_info=sampling())
     fields.update(flags)
     return batch_class("0.5.17")(**fields)
 
@@ -1195,18 +1617,6 @@ def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it
     assert batch.spec_info is spec and batch.seq_lens.tolist() == [6, 10, 18]
     assert batch.seq_lens_cpu.tolist() == [6, 10, 18] and batch.seq_lens_sum == 34
     assert batch.forward_mode == Mode.DECODE and batch.input_ids is None and batch.out_cache_loc is None
-
-
-@only("0.5.17")
-@pytest.mark.parametrize("flag", ["return_logprob", "has_grammar", "return_hidden_states"])
-def test_0517_logprob_grammar_and_hidden_state_steps_keep_speculating(release, worker_0517, flag):
-    """Above the threshold a batch with such a request speculates without moving the switch: the
-    plain step does not lay out logprobs, vocab masks or per-token hidden states as 0.5.17's
-    output processor reads them."""
-    worker, _ = worker_0517
-    assert worker._dyn_decide(schedule_batch()) is False  # 3 > threshold 2: plain
-    assert worker._dyn_decide(schedule_batch(**{flag: True})) is True
-    assert worker.dyn_disable.speculating is False and worker.dyn_disable.forced_spec_steps == 1
 
 
 @only("0.5.17")
@@ -1301,6 +1711,11 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     worker = types.SimpleNamespace(_target_worker=types.SimpleNamespace(model_runner="target"),
                                    draft_worker=types.SimpleNamespace(draft_runner=draft,
                                                                       draft_tp_context=lambda g: nullcontext()))
+
+    def warm_up():  # before the line: its note and memory are in it
+        state.warmup_note = "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+
+    worker._dyn_warm_up = warm_up
     monkeypatch.delenv(policy.DRAFT_KV_ONLY_ENV, raising=False)
     with caplog.at_level(logging.INFO):
         namespace["_dyn_init_plain_path"](worker)
@@ -1309,6 +1724,7 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     line = caplog.records[-1].getMessage()
     assert line.startswith("Dynamic speculation disable: plain step is a decode forward on SimpleNamespace "
                            "with CUDA graphs for batch sizes 1..8; ")
-    assert words in line and line.endswith("extra GPU memory 0.25 GiB")
+    assert words in line and line.endswith(
+        "; plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); extra GPU memory 0.25 GiB")
     print_prefixes = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["print"]
     assert line.startswith(tuple(print_prefixes))

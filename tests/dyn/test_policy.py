@@ -121,6 +121,18 @@ def test_debug_skip_draft_kv_bad_value_names_the_variable(dyn, raw):
         dyn.debug_skip_draft_kv_from_env({dyn.DEBUG_SKIP_DRAFT_KV_ENV: raw})
 
 
+@pytest.mark.parametrize("raw, expected", [(None, 0.5), ("", 0.5), ("0", 0.0), (" 1.25 ", 1.25)])
+def test_reserve_defaults_to_the_estimate(dyn, raw, expected):
+    env = {} if raw is None else {dyn.RESERVE_GIB_ENV: raw}
+    assert dyn.reserve_gib_from_env(0.5, env) == expected
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1", "inf", "nan"])
+def test_reserve_bad_value_names_the_variable(dyn, raw):
+    with pytest.raises(dyn.DynDisableConfigError, match=dyn.RESERVE_GIB_ENV):
+        dyn.reserve_gib_from_env(0.5, {dyn.RESERVE_GIB_ENV: raw})
+
+
 def test_forced_spec_steps_do_not_move_the_switch(dyn):
     s = dyn.SpecSwitch(cfg(dyn, 5))
     assert s.decide(9) is False

@@ -1,0 +1,222 @@
+"""Device-side GPU checks for dyn-disable's rare paths (issue #33 items 2-4), written for the lead
+to run; not run yet. From the repo root, after gpu/run_dyn.sh setup (see gpu/README.md):
+
+  python3 gpu/rare_paths_device.py CHECK[,CHECK...] --out DIR [--budget-s 540] [--gpus 0,1]
+
+checks:
+  sampling   item 2: eagle3-v2-dyn at TP=2 (the first two --gpus; skipped with one GPU), threshold
+             5, 24 bursts across the threshold at temperature 1, top_p 0.9 (seeded per request).
+             Ranks that sampled different tokens would finish different requests: the batch sizes,
+             then the switch decisions and the collectives would differ (a hang, a crash, or switch
+             log lines that differ between the ranks). Pass: every request answered, the server
+             alive, both ranks' switch lines identical, transitions > 0, no error lines. (No per-rank
+             hash of the sampled ids: that needs a hook in the server.)
+  logit      item 3: baseline, eagle3-v2 and eagle3-v2-dyn (threshold 5) with
+             --enable-custom-logit-processor, the `sharp` pair. One greedy prompt alone gives the
+             token to ban (the first token of its answer); the same prompt with SGLang's
+             DisallowedTokensLogitsProcessor banning it is sent alone (below the threshold) and amid
+             16 requests (above it). Pass: on eagle3-v2-dyn both answers are equal (what the
+             request gets does not depend on load) and equal to stock eagle3-v2's; recorded too
+             whether each server's answer contains the banned token (stock v2's verify ignores the
+             processor; baseline obeys it).
+  memory     item 4: for eagle3-v2 and eagle3-v2-dyn on the `big` pair (dummy weights, 8B shape),
+             bisection over --mem-fraction-static in [0.80, 0.97] for the largest fraction at which
+             the server starts and survives a prompt of --chunked-prefill-size (8192) tokens.
+             Pass: dyn's largest fraction is within one step (0.005) of stock's (the plain path's
+             memory comes out of the KV cache, not the activation headroom). The start-up line of
+             every dyn start (reserve against what was taken) is recorded.
+Writes DIR/rare_paths.json (updated as it goes); server logs under /tmp/dyn-logs.
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shapes_device  # noqa: E402
+from dyn_device import LOGS, PROMPTS, el, say, server_info, wait_health  # noqa: E402
+from shapes_device import Server  # noqa: E402
+
+BUDGET = 540.0
+REPORT = {}
+
+
+def left():
+    return BUDGET - el()
+
+
+def save(out):
+    with open(os.path.join(out, "rare_paths.json"), "w") as f:
+        json.dump(REPORT, f, indent=1)
+
+
+def group(name, index, gpus, tp=1, mem=0.3, **extra):
+    return dict({"name": name, "index": index, "gpus": gpus, "tp": tp, "mem": mem, "kv_tokens": 32768,
+                 "max_running": 64}, **extra)
+
+
+async def post(s, srv, body):
+    async with s.post(srv.base + "/generate", json=body) as r:
+        j = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"{srv.name}: HTTP {r.status}: {str(j)[:300]}")
+        return j
+
+
+async def up(s, servers, timeout=300):
+    for srv in servers:
+        srv.start()
+    ok = await asyncio.gather(*(wait_health(s, srv, timeout) for srv in servers))
+    return {srv.name: w for srv, w in zip(servers, ok)}
+
+
+def stop(servers):
+    for srv in servers:
+        srv.stop()
+
+
+async def check_sampling(s, gpus):
+    if len(gpus) < 2:
+        return {"skipped": "needs two GPUs (nvidia-h200-x2)"}
+    srv = Server(group("sampling", 0, ",".join(gpus[:2]), tp=2, mem=0.2),
+                 {"profile": "eagle3-v2-dyn", "pair": "sharp", "backend": "triton"}, 0, 5)
+    rep = {"server": srv.name, "healthy": await up(s, [srv])}
+    try:
+        before = await server_info(s, srv)
+        answered, errors = 0, []
+        for c in range(24):
+            if left() < 60:
+                errors.append(f"budget: stopped after {c} bursts")
+                break
+            bodies = [{"text": PROMPTS[(c * 12 + k) % 32],
+                       "sampling_params": {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 24 + k % 7,
+                                           "sampling_seed": c * 100 + k}} for k in range(12)]
+            res = await asyncio.gather(*(post(s, srv, b) for b in bodies), return_exceptions=True)
+            errors += [repr(r)[:200] for r in res if isinstance(r, Exception)]
+            answered += sum(not isinstance(r, Exception) for r in res)
+        after = await server_info(s, srv)
+        d0 = (before or {}).get("dyn_spec_disable") or {}
+        d1 = (after or {}).get("dyn_spec_disable") or {}
+        seqs = srv.switch_sequences()
+        log = srv.scan_log()
+        rep.update(answered=answered, errors=errors[:8], alive=srv.alive(),
+                   transitions=sum(d1.get(k, 0) - d0.get(k, 0) for k in ("switches_off", "switches_on")),
+                   ranks=sorted(seqs), ranks_agree=len({json.dumps(v) for v in seqs.values()}) <= 1,
+                   error_lines=log["error_lines"], first_errors=log["first_errors"])
+        rep["pass"] = (not errors and rep["alive"] and rep["ranks_agree"] and len(seqs) == 2
+                       and rep["transitions"] > 0 and log["error_lines"] == 0)
+    finally:
+        stop([srv])
+    return rep
+
+
+async def check_logit(s, gpus):
+    flags = ["--enable-custom-logit-processor"]
+    servers = [Server(group("logit", 1, gpus[0], mem=0.08),
+                      {"profile": p, "pair": "sharp", "backend": "triton", "flags": flags}, i, 5)
+               for i, p in enumerate(["baseline", "eagle3-v2", "eagle3-v2-dyn"])]
+    rep = {"healthy": await up(s, servers)}
+    try:
+        from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+        processor = DisallowedTokensLogitsProcessor().to_str()
+        prompt = PROMPTS[3]
+        for srv in servers:
+            plain = await post(s, srv, {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 24}})
+            banned = plain["output_ids"][0]
+            body = {"text": prompt, "custom_logit_processor": processor,
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 24,
+                                        "custom_params": {"token_ids": [banned]}}}
+            alone = await post(s, srv, body)
+            load = [{"text": PROMPTS[(k + 5) % 32], "sampling_params": {"temperature": 0, "max_new_tokens": 64,
+                                                                        "ignore_eos": True}} for k in range(16)]
+            background = [asyncio.ensure_future(post(s, srv, b)) for b in load]
+            await asyncio.sleep(1.0)  # the 16 are decoding: above the threshold
+            loaded = await post(s, srv, body)
+            await asyncio.gather(*background, return_exceptions=True)
+            info = (await server_info(s, srv) or {}).get("dyn_spec_disable")
+            rep[srv.label] = {"banned": banned, "alone": alone["output_ids"], "loaded": loaded["output_ids"],
+                              "banned_in_alone": banned in alone["output_ids"],
+                              "banned_in_loaded": banned in loaded["output_ids"], "dyn": info}
+        dyn, stock = rep["eagle3-v2-dyn"], rep["eagle3-v2"]
+        rep["pass"] = dyn["alone"] == dyn["loaded"] and dyn["alone"] == stock["alone"]
+    finally:
+        stop(servers)
+    return rep
+
+
+async def survives(s, profile, mem, gpu):
+    srv = Server(group("memory", 2, gpu, mem=mem, kv_tokens=None),
+                 {"profile": profile, "pair": "big", "backend": "triton",
+                  "flags": ["--chunked-prefill-size", "8192"], "label": f"{profile}-{mem:.3f}"}, 0, 8)
+    # size the KV cache from the fraction alone
+    i = srv.cmd.index("--max-total-tokens")
+    del srv.cmd[i:i + 2]
+    try:
+        healthy = (await up(s, [srv], timeout=240))[srv.name]
+        if healthy is None:
+            return False, None
+        ids = [random.Random(0).randrange(10, 1000) for _ in range(8192)]
+        try:
+            await post(s, srv, {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+        except Exception as e:  # noqa: BLE001 - a crashed server is the answer
+            say(f"{srv.name}: {e!r}"[:300])
+        await asyncio.sleep(2)
+        line = [l for l in srv.log_lines() if "plain step is a decode forward" in l][:1]
+        return srv.alive(), line[0] if line else None
+    finally:
+        stop([srv])
+
+
+async def check_memory(s, gpus):
+    rep = {}
+    for profile in ("eagle3-v2", "eagle3-v2-dyn"):
+        lo, hi, tries = 0.80, 0.97, []
+        ok_hi, line = await survives(s, profile, hi, gpus[0])
+        tries.append((hi, ok_hi, line))
+        if ok_hi:
+            lo = hi
+        while hi - lo > 0.005 and left() > 120 and not ok_hi:
+            mid = round((lo + hi) / 2, 4)
+            ok, line = await survives(s, profile, mid, gpus[0])
+            tries.append((mid, ok, line))
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        rep[profile] = {"largest_ok": lo, "tries": tries}
+        REPORT["memory"] = rep
+    if all(p in rep for p in ("eagle3-v2", "eagle3-v2-dyn")):
+        rep["pass"] = rep["eagle3-v2-dyn"]["largest_ok"] >= rep["eagle3-v2"]["largest_ok"] - 0.0051
+    return rep
+
+
+async def main():
+    global BUDGET
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checks")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--gpus", default=os.environ.get("GPUS", "0"))
+    a = ap.parse_args()
+    BUDGET = a.budget_s
+    shapes_device.BUDGET = a.budget_s
+    os.makedirs(LOGS, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    gpus = a.gpus.split(",")
+    runs = {"sampling": check_sampling, "logit": check_logit, "memory": check_memory}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
+        for name in a.checks.split(","):
+            t0 = time.time()
+            try:
+                REPORT[name] = await runs[name](s, gpus)
+            except Exception as e:  # noqa: BLE001 - the next check still runs
+                REPORT[name] = {"error": repr(e)[:400]}
+            REPORT[name]["wall_s"] = round(time.time() - t0, 1)
+            say(f"{name}: pass={REPORT[name].get('pass')} {json.dumps(REPORT[name])[:300]}")
+            save(a.out)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
