@@ -10,7 +10,7 @@ import pytest
 from toolkit.bench.metrics import compute
 from toolkit.bench.prompts import BenchRequest, PromptSource
 from toolkit.bench.runner import run_level
-from toolkit.client import OpenAIClient, _stale_connection
+from toolkit.client import OpenAIClient, RequestRecord, _stale_connection
 
 
 def chat(base_url, content="hello", **kwargs):
@@ -48,17 +48,55 @@ def test_events_written_together_are_one_arrival_and_no_zero_gap(fake_server):
 
 
 def test_a_held_back_stream_is_visible_as_one_piece(fake_server):
-    # the first token, then the other 19 in one write after 19 x 10 ms (what the EAGLE servers did)
-    server = fake_server(chunks=20, delay=0.01, mode="held")
-    record, _ = chat(server.base_url, max_tokens=20)
-    assert record.ok and record.chunks == 20 and len(record.arrivals) == 2
-    assert record.held_back and record.itl[0] >= 0.15
-    assert "20 tokens in 20 content event(s), 2 arrival(s)" in record.stream_shape()
-    assert "held back" in record.stream_shape()
+    # the first token, then the other 39 made 10 ms apart but written in one piece at the end
+    # (what the EAGLE servers did): 390 ms of silence, then 97% of the text
+    server = fake_server(chunks=40, delay=0.01, mode="held")
+    record, _ = chat(server.base_url, max_tokens=40)
+    assert record.ok and record.chunks == 40 and len(record.arrivals) == 2
+    assert record.one_piece and record.held_back and record.itl[0] >= 0.35
+    assert record.silence_before_largest >= 0.35
+    assert "40 tokens in 40 content event(s), 2 arrival(s)" in record.stream_shape()
+    assert "ms of silence before it: the stream was held back" in record.stream_shape()
     assert compute([record], duration_s=1.0)["held_back_streams"] == 1
     # the same answer streamed token by token is not held back
-    streamed, _ = chat(fake_server(chunks=20, delay=0.01).base_url, max_tokens=20)
-    assert len(streamed.arrivals) == 20 and not streamed.held_back
+    streamed, _ = chat(fake_server(chunks=40, delay=0.01).base_url, max_tokens=40)
+    assert len(streamed.arrivals) == 40 and not streamed.one_piece and not streamed.held_back
+
+
+def test_an_answer_made_faster_than_a_read_is_one_piece_but_not_held_back(fake_server):
+    # a fast server: the whole answer made and written within one read of the client
+    server = fake_server(chunks=40, delay=0.0, mode="buffered")
+    record, _ = chat(server.base_url, max_tokens=40)
+    assert record.ok and len(record.arrivals) == 1 and record.one_piece
+    assert not record.held_back
+    assert "too fast to tell" in record.stream_shape()
+    assert compute([record], duration_s=1.0)["held_back_streams"] == 0
+
+
+def test_a_whole_answer_sent_at_the_end_is_held_back(fake_server):
+    # nothing but the headers until the end, then all 40 events in one piece
+    server = fake_server(chunks=40, delay=0.01, mode="buffered")
+    record, _ = chat(server.base_url, max_tokens=40)
+    assert record.ok and len(record.arrivals) == 1 and record.held_back
+    assert record.headers_at is not None and record.headers_at < record.arrivals[0] - 0.35
+
+
+def test_the_servers_own_event_times_decide_where_they_are_exact(fake_server):
+    # exact stamps: the server says it made the 39 held events over ~0.4 s
+    held, _ = chat(fake_server(chunks=40, delay=0.01, mode="held", stamps="float").base_url, max_tokens=40)
+    seconds, exact = held.server_production
+    assert exact and seconds >= 0.35 and held.held_back
+    assert "per the server's event times" in held.stream_shape()
+    # whole-second stamps within one second say nothing: the client's silence decides
+    coarse, _ = chat(fake_server(chunks=40, delay=0.01, mode="held").base_url, max_tokens=40)
+    assert coarse.server_production in (None, (0.0, False))
+    assert coarse.held_back and "of silence before it" in coarse.stream_shape()
+    # exact stamps of a server that made the answer at once outweigh a long wait before it
+    # (e.g. a queue or a prefill): nothing was held back
+    fast = RequestRecord(ok=True, completion_tokens=40, arrivals=[0.9], arrival_chars=[160],
+                         arrival_created=[(1000.25, 1000.26)])
+    assert fast.one_piece and fast.silence_before_largest == pytest.approx(0.9)
+    assert fast.server_production == pytest.approx((0.01, True)) and not fast.held_back
 
 
 def test_several_tokens_per_event_count_by_usage(fake_server):
