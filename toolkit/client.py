@@ -37,6 +37,7 @@ import aiohttp
 # Fields some servers (SGLang, vLLM) take but the OpenAI API does not define.
 NON_OPENAI_FIELDS = ("ignore_eos", "top_k", "min_tokens", "repetition_penalty")
 CONNECT_TIMEOUT = 10.0
+ACCEPT_PROBE_TOKENS = 128      # the accept-length probe's answer (one request alone on the server)
 # A stream whose largest single arrival carries at least this share of its text, for an answer
 # of at least HELD_BACK_MIN_TOKENS tokens, reached the user in one piece, not as a stream.
 HELD_BACK_SHARE = 0.9
@@ -438,6 +439,18 @@ class OpenAIClient:
         except ValueError:
             raise ClientError(f"POST /generate: not JSON: {text_body[:200]!r}") from None
         return data if isinstance(data, dict) else None
+
+    async def accept_length_probe(self, text: str, max_new_tokens: int = ACCEPT_PROBE_TOKENS) -> tuple[float | None, str]:
+        """The accept length of one request sent alone through SGLang's native /generate (its
+        meta_info), or None and why not: no such endpoint, no speculation, or the error."""
+        try:
+            answer = await self.native_generate(text, max_new_tokens=max_new_tokens)
+        except ClientError as exc:
+            return None, str(exc)
+        if answer is None:
+            return None, "the server has no native /generate"
+        value = spec_accept_length(answer.get("meta_info"))
+        return value, "" if value is not None else "the server reports no speculative verify steps"
 
     # --- chat ------------------------------------------------------------------------------
     def _payload(self, messages: list[dict], *, max_tokens: int, temperature: float, stream: bool,

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
-from .client import ClientError, OpenAIClient, RequestRecord, spec_accept_length
+from .client import ClientError, OpenAIClient, RequestRecord
 
 FIBONACCI_PROMPT = "Write a Python function to compute fibonacci numbers. Be brief."
 CHAT_MAX_TOKENS = 200
@@ -43,8 +43,6 @@ STREAM_MIN_TOKENS = 128
 STALL_FACTOR = 25
 STALL_FLOOR_S = 2.0
 STALL_MIN_GAPS = 10           # fewer gaps than this in the whole burst: no median to judge by
-# The accept-length probe: one request on SGLang's native /generate, alone on the server.
-ACCEPT_PROBE_TOKENS = 128
 LOOP_TICK_S = 0.01
 
 # Log lines that mean trouble. A Python traceback is taken as one block (through its final
@@ -243,26 +241,13 @@ def burst_gaps(records: list[RequestRecord], started: float, client_stall_s: flo
 
 
 # --- accept length ----------------------------------------------------------------------------
-async def accept_probe(client: OpenAIClient) -> tuple[float | None, str]:
-    """One request alone on the server through SGLang's native /generate: its accept length
-    (meta_info), or None and why not."""
-    try:
-        answer = await client.native_generate(FIBONACCI_PROMPT, max_new_tokens=ACCEPT_PROBE_TOKENS)
-    except ClientError as exc:
-        return None, str(exc)
-    if answer is None:
-        return None, "the server has no native /generate"
-    value = spec_accept_length(answer.get("meta_info"))
-    return value, "" if value is not None else "the server reports no speculative verify steps"
-
-
 def _dyn(state: dict) -> dict:
     dyn = state.get("dyn_spec_disable")
     return dyn if isinstance(dyn, dict) else {}
 
 
 def accept_phases(before: tuple[float | None, str], after: tuple[float | None, str], state_before: dict,
-                  state_after: dict, simulated: str | None = None) -> dict:
+                  state_after: dict, simulated: str | bool | None = None) -> dict:
     """The accept length before the burst and after its resume, with what the dyn-disable
     counters say about the crossings (SGLang /server_info: internal_states[0])."""
     dyn_before, dyn_after = _dyn(state_before), _dyn(state_after)
@@ -298,7 +283,7 @@ def describe_accept(phases: dict) -> str:
         text += " the burst (which did not cross the threshold)"
     else:
         text += f" the burst's resume (drafting stopped {crossings}x, resumed {resumes}x)"
-    if phases.get("simulated") is not None:
+    if isinstance(phases.get("simulated"), str):
         text += f"; simulated: SGLANG_SIMULATE_ACC_LEN={phases['simulated']}"
     return text
 
@@ -381,7 +366,10 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
                           chat_max_tokens: int = CHAT_MAX_TOKENS,
                           request_timeout: float = 300.0, log_allow=DEFAULT_LOG_ALLOW,
                           on_check: Callable[[str], None | Awaitable[None]] | None = None,
-                          model: str | None = None, simulated_accept_length: str | None = None) -> SmokeResult:
+                          model: str | None = None,
+                          simulated_accept_length: str | bool | None = None) -> SmokeResult:
+    """`simulated_accept_length`: SGLANG_SIMULATE_ACC_LEN as the server runs with it (False: not
+    set, None: unknown), reported beside the accept length."""
     result = SmokeResult(base_url=base_url)
     state: dict = {}
 
@@ -425,7 +413,7 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
             return f"{shape}, {done}; {detail}"
 
         async def burst_check() -> str:
-            before = await accept_probe(client)
+            before = await client.accept_length_probe(FIBONACCI_PROMPT)
             state_before = await client.server_state()
             messages = [[{"role": "user", "content": f"{FIBONACCI_PROMPT} (variant {i})"}] for i in range(burst)]
             async with LoopWatch() as watch:
@@ -443,7 +431,7 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
             gaps = burst_gaps(records, started, watch.longest)
             result.burst_gaps = gaps.to_dict()
             state_after = await client.server_state()
-            after = await accept_probe(client)
+            after = await client.accept_length_probe(FIBONACCI_PROMPT)
             result.accept_length = accept_phases(before, after, state_before, state_after,
                                                  simulated_accept_length)
             tokens = sum(r.completion_tokens for r in records)

@@ -6,6 +6,8 @@ The stream check asks for STREAM_MIN_TOKENS all the same.
 """
 from __future__ import annotations
 
+import re
+
 from tests.client import sglang_info
 from toolkit.smoke import (CHECK_NAMES, STALL_FLOOR_S, STREAM_MIN_TOKENS, burst_size, run_smoke,
                            scan_log)
@@ -119,12 +121,15 @@ def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
     assert "valid UTF-8, so not the server's hold-back of partial characters" in stream.detail
     # the stream check asked for a long answer whatever the chat checks' max_tokens
     assert held.requests[-3]["max_tokens"] == STREAM_MIN_TOKENS and held.requests[-3]["stream"]
-    # events written in groups of 4 still stream: 32 arrivals over time, the check passes
+    # events written in groups of 4 still stream: up to 32 arrivals over time (a busy machine
+    # may read two writes at once), the check passes
     grouped = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.005, group=4)
     result = run_smoke(grouped.base_url, burst=2, chat_max_tokens=SHORT)
     stream = _check(result, "stream")
     assert stream.status == "pass", stream.detail
-    assert f"{STREAM_MIN_TOKENS} tokens in {STREAM_MIN_TOKENS} content event(s), 32 arrival(s)" in stream.detail
+    arrivals = re.search(rf"{STREAM_MIN_TOKENS} tokens in {STREAM_MIN_TOKENS} content event\(s\), (\d+) arrival",
+                         stream.detail)
+    assert arrivals and 2 <= int(arrivals.group(1)) <= 32 and "one arrival" not in stream.detail
 
 
 def test_a_whole_answer_sent_at_the_end_fails_the_stream_check(fake_server):
