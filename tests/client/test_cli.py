@@ -53,7 +53,9 @@ def test_bench_sweep_on_the_cpu_server_writes_jsonl_csv_png(cpu_server, tmp_path
 
 
 def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
-    slow = fake_server(chunks=4, delay=0.05)     # 0.2 s a request
+    # 1 s a request: the levels after the first take >= 4 s more, time enough for the SIGINT
+    # to land before they finish even on a busy machine
+    slow = fake_server(chunks=4, delay=0.25)
     out = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "invoke", "bench", "--url", slow.base_url, "--concurrency", "1,2,4,8",

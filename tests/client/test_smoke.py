@@ -108,9 +108,9 @@ def _check(result, name):
 
 
 def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
-    # the first token, then the other 127 made 5 ms apart and sent in one piece (what the
-    # speculative SGLang servers sent): 0.6 s of silence before 99% of the text
-    held = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.005, mode="held")
+    # the first token, then the other 127 made 10 ms apart and sent in one piece (what the
+    # speculative SGLang servers sent): 1.3 s of silence before 99% of the text
+    held = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.01, mode="held")
     result = run_smoke(held.base_url, burst=2, chat_max_tokens=SHORT)
     stream = _check(result, "stream")
     assert stream.status == "fail" and not result.ok
@@ -133,7 +133,7 @@ def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
 
 
 def test_a_whole_answer_sent_at_the_end_fails_the_stream_check(fake_server):
-    buffered = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.005, mode="buffered")
+    buffered = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.01, mode="buffered")
     stream = _check(run_smoke(buffered.base_url, burst=2, chat_max_tokens=SHORT), "stream")
     assert stream.status == "fail"
     assert f"{STREAM_MIN_TOKENS} content event(s), 1 arrival(s)" in stream.detail
