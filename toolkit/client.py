@@ -10,8 +10,9 @@ in one read (the server wrote them together, or they queued in the socket) are s
 same moment and count as one **arrival**. Each request keeps the arrival times of the reads
 that brought content, the characters each brought, and the number of content events
 (`chunks`; one event may carry several tokens, e.g. with speculative decoding). ITL is the gap
-between consecutive arrivals; a stream whose content comes in one or two arrivals ("held
-back") is visible as such (`stream_shape`).
+between consecutive arrivals; a stream whose content comes in one or two arrivals is visible
+as such (`stream_shape`), and called "held back" only when the server demonstrably took long
+enough over that content for it to have come in many arrivals (`held_back`).
 
 Tolerant of the servers it meets:
 - a stream that ends without `data: [DONE]` (transformers serve) is complete when the
@@ -36,10 +37,17 @@ import aiohttp
 # Fields some servers (SGLang, vLLM) take but the OpenAI API does not define.
 NON_OPENAI_FIELDS = ("ignore_eos", "top_k", "min_tokens", "repetition_penalty")
 CONNECT_TIMEOUT = 10.0
+ACCEPT_PROBE_TOKENS = 128      # the accept-length probe's answer (one request alone on the server)
 # A stream whose largest single arrival carries at least this share of its text, for an answer
 # of at least HELD_BACK_MIN_TOKENS tokens, reached the user in one piece, not as a stream.
 HELD_BACK_SHARE = 0.9
 HELD_BACK_MIN_TOKENS = 8
+# ... and it was held back when the server worked at least this long on that piece before sending
+# it. A server that streams writes within a few ms of making a token (transformers serve's loop
+# takes the GIL back within Python's 5 ms switch interval), so a quarter second of silence followed
+# by most of the answer is the server's doing; a fast server that makes a whole answer within one
+# read of the client is not holding anything back, and is reported as too fast to tell.
+HELD_BACK_MIN_SILENCE = 0.25
 
 
 class ClientError(RuntimeError):
@@ -59,9 +67,12 @@ class RequestRecord:
     start: float = 0.0
     ttft: float | None = None             # first arrival with content (or reasoning), since start
     first_event: float | None = None      # first event with `choices`, even a role-only one
+    headers_at: float | None = None       # the response's headers arrived
     latency: float | None = None          # end-to-end: start to the end of the body
     arrivals: list[float] = field(default_factory=list)    # each network read that brought content
     arrival_chars: list[int] = field(default_factory=list)  # characters of content each brought
+    # the server's own `created` stamps of the content events each arrival brought: (first, last)
+    arrival_created: list[tuple[float, float] | None] = field(default_factory=list)
     text: str = ""
     reasoning: str = ""
     prompt_tokens: int | None = None
@@ -89,12 +100,69 @@ class RequestRecord:
         return max(self.arrival_chars) / total if total else None
 
     @property
-    def held_back(self) -> bool:
+    def one_piece(self) -> bool:
         """The answer (long enough to stream) reached the client in one piece, or the first
-        token and then everything else at once."""
+        token and then (almost) everything else at once."""
         share = self.largest_arrival_share
         return (self.ok and (self.completion_tokens or 0) >= HELD_BACK_MIN_TOKENS
                 and share is not None and share >= HELD_BACK_SHARE)
+
+    def _largest(self) -> int:
+        return max(range(len(self.arrival_chars)), key=self.arrival_chars.__getitem__)
+
+    @property
+    def silence_before_largest(self) -> float | None:
+        """Seconds between the last thing the client received before the largest arrival (the
+        headers, an event without content, the arrival before) and that arrival: how long the
+        server was silent while it made that content (a short prompt's prefill included)."""
+        if not self.arrivals:
+            return None
+        index = self._largest()
+        at = self.arrivals[index]
+        before = [t for t in (self.headers_at, self.first_event) if t is not None and t < at]
+        if index > 0:
+            before.append(self.arrivals[index - 1])
+        return at - max(before, default=0.0)
+
+    @property
+    def server_production(self) -> tuple[float, bool] | None:
+        """What the server's own `created` stamps say about how long it worked on the largest
+        arrival's content (counted from the stamp of the arrival before it, if any), and whether
+        that is exact: it is where the stamps have sub-second parts; where they are whole seconds
+        (OpenAI's format) a span of s seconds proves at least s - 1. None where they say nothing
+        (no stamps, or one stamp for the whole request, as SGLang sends)."""
+        if not self.arrivals or len(self.arrival_created) != len(self.arrivals):
+            return None
+        index = self._largest()
+        stamps = self.arrival_created[index]
+        if stamps is None:
+            return None
+        earlier = [pair[1] for pair in self.arrival_created[:index] if pair is not None]
+        start = earlier[-1] if earlier else stamps[0]
+        span = stamps[1] - start
+        if span <= 0:
+            return None
+        if all(float(t).is_integer() for t in (start, *stamps)):
+            return max(0.0, span - 1.0), False
+        return span, True
+
+    def hold_evidence(self) -> tuple[float, str] | None:
+        """(seconds the server provably worked on the largest arrival's content, from what):
+        its own event stamps where they are exact or prove more than the client saw, else the
+        client's silence before that arrival."""
+        silence = self.silence_before_largest
+        server = self.server_production
+        if server is not None and (server[1] or server[0] > (silence or 0.0)):
+            return server[0], "per the server's event times"
+        return (silence, "of silence before it") if silence is not None else None
+
+    @property
+    def held_back(self) -> bool:
+        """In one piece although the server worked long enough on it to have streamed it."""
+        if not self.one_piece:
+            return False
+        evidence = self.hold_evidence()
+        return evidence is not None and evidence[0] >= HELD_BACK_MIN_SILENCE
 
     @property
     def replacement_chars(self) -> int:
@@ -104,25 +172,47 @@ class RequestRecord:
         return self.text.count("\ufffd")
 
     def stream_shape(self) -> str:
-        """'T tokens in N content events, A arrivals over S ms' (+ a warning when held back,
-        saying whether invalid UTF-8 can explain it)."""
+        """'T tokens in N content events, A arrivals over S ms' (+ what an answer in one piece
+        means: held back, saying whether invalid UTF-8 can explain it, or too fast to tell)."""
         tokens = "?" if self.completion_tokens is None else str(self.completion_tokens)
         text = (f"{tokens} tokens in {self.chunks} content event(s), {len(self.arrivals)} arrival(s) "
                 f"over {self.span * 1000:.1f} ms")
-        if self.held_back:
-            text += (f"; {self.largest_arrival_share:.0%} of the text came in one arrival: "
-                     f"the stream was held back and reached the client in one piece")
-            if self.replacement_chars:
-                text += (f" ({self.replacement_chars} of {len(self.text)} characters are U+FFFD: "
-                         f"output that is not valid UTF-8, which the server holds back)")
-            else:
-                text += " (the text is valid UTF-8, so not the server's hold-back of partial characters)"
+        if not self.one_piece:
+            return text
+        seconds, source = self.hold_evidence() or (0.0, "")
+        share = f"{self.largest_arrival_share:.0%} of the text came in one arrival"
+        if not self.held_back:
+            return (f"{text}; {share}, made within {seconds * 1000:.0f} ms (under "
+                    f"{HELD_BACK_MIN_SILENCE * 1000:.0f} ms: too fast to tell a stream from an answer "
+                    f"sent whole; ask for a longer answer to tell)")
+        text += (f"; {share} after {seconds * 1000:.0f} ms {source}: "
+                 f"the stream was held back and reached the client in one piece")
+        if self.replacement_chars:
+            text += (f" ({self.replacement_chars} of {len(self.text)} characters are U+FFFD: "
+                     f"output that is not valid UTF-8, which the server holds back)")
+        else:
+            text += " (the text is valid UTF-8, so not the server's hold-back of partial characters)"
         return text
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["itl"] = self.itl
         return data
+
+
+def spec_accept_length(meta_info: dict | None) -> float | None:
+    """One request's accept length (tokens per verify step, the bonus token included) from
+    SGLang's native `meta_info`: `spec_accept_length`, else completion_tokens / spec_verify_ct;
+    None where the request was not speculated (no verify steps, or a server without them)."""
+    if not isinstance(meta_info, dict):
+        return None
+    value = meta_info.get("spec_accept_length")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    verify, tokens = meta_info.get("spec_verify_ct"), meta_info.get("completion_tokens")
+    if isinstance(verify, int) and isinstance(tokens, int) and verify > 0:
+        return tokens / verify
+    return None
 
 
 def _usage_into(record: RequestRecord, usage: dict | None) -> None:
@@ -322,6 +412,46 @@ class OpenAIClient:
             state["dyn_spec_disable"] = states[0].get("dyn_spec_disable")
         return {k: v for k, v in state.items() if v is not None}
 
+    async def native_generate(self, text: str, *, max_new_tokens: int, timeout: float | None = None) -> dict | None:
+        """SGLang's native `POST /generate` at temperature 0 with `ignore_eos` (its answer: `text`,
+        `meta_info`, which holds the per-request speculative counters); None where the server has
+        no such endpoint (HTTP 404/405: transformers serve, vLLM). ClientError when it fails."""
+        body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                                             "ignore_eos": True}}).encode()
+
+        async def go():
+            async with self._http().post(self.base_url + "/generate", data=body,
+                                         headers={"Content-Type": "application/json"}) as response:
+                return response.status, await response.read()
+        try:
+            status, raw = await asyncio.wait_for(go(), timeout or self.timeout)
+        except asyncio.TimeoutError:
+            raise ClientError(f"POST /generate: no answer in {timeout or self.timeout:.0f} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ClientError(f"POST /generate: {_describe(exc)}") from None
+        if status in (404, 405):
+            return None
+        text_body = raw.decode("utf-8", "replace")
+        if status != 200:
+            raise ClientError(f"POST /generate: HTTP {status}: {text_body[:300]}")
+        try:
+            data = json.loads(text_body)
+        except ValueError:
+            raise ClientError(f"POST /generate: not JSON: {text_body[:200]!r}") from None
+        return data if isinstance(data, dict) else None
+
+    async def accept_length_probe(self, text: str, max_new_tokens: int = ACCEPT_PROBE_TOKENS) -> tuple[float | None, str]:
+        """The accept length of one request sent alone through SGLang's native /generate (its
+        meta_info), or None and why not: no such endpoint, no speculation, or the error."""
+        try:
+            answer = await self.native_generate(text, max_new_tokens=max_new_tokens)
+        except ClientError as exc:
+            return None, str(exc)
+        if answer is None:
+            return None, "the server has no native /generate"
+        value = spec_accept_length(answer.get("meta_info"))
+        return value, "" if value is not None else "the server reports no speculative verify steps"
+
     # --- chat ------------------------------------------------------------------------------
     def _payload(self, messages: list[dict], *, max_tokens: int, temperature: float, stream: bool,
                  extra: dict | None) -> tuple[dict, list[str]]:
@@ -372,6 +502,7 @@ class OpenAIClient:
                 async with self._http().post(url, data=body,
                                              headers={"Content-Type": "application/json"}) as response:
                     record.status_code = response.status
+                    record.headers_at = time.perf_counter() - record.start
                     if response.status != 200:
                         text = (await response.read()).decode("utf-8", "replace")
                         record.error = f"HTTP {response.status}: {text[:500]}"
@@ -422,6 +553,7 @@ class OpenAIClient:
         def take(payloads: list[str], now: float) -> bool:
             """Handle the events of one read; False to stop reading (an error)."""
             chars = 0
+            stamps: list[float] = []
             for data in payloads:
                 if data == "[DONE]":
                     record.saw_done = True     # read on to the end, so the connection stays usable
@@ -447,6 +579,9 @@ class OpenAIClient:
                     content = delta.get("content") or ""
                     reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
                     if content or reasoning:
+                        created = chunk.get("created")
+                        if isinstance(created, (int, float)) and not isinstance(created, bool):
+                            stamps.append(float(created))
                         record.chunks += 1
                         chars += len(content) + len(reasoning)
                         text_parts.append(content)
@@ -458,6 +593,7 @@ class OpenAIClient:
                     record.ttft = now
                 record.arrivals.append(now)
                 record.arrival_chars.append(chars)
+                record.arrival_created.append((min(stamps), max(stamps)) if stamps else None)
             return True
 
         try:

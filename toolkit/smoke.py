@@ -5,9 +5,12 @@ chat         the fibonacci prompt at temperature 0: non-empty answer, consistent
 determinism  the same request twice more: those two answers must be identical; the first
              answer (computed before the prompt was in the server's prefix cache) may differ
              from them, which is reported, not failed (see _determinism_detail)
-stream       a streamed request arrives as a stream: several arrivals of content over time, not
-             the whole answer in one piece (a missing `data: [DONE]` is fine)
-burst        more concurrent requests than the profile's dyn-disable threshold, all complete
+stream       a streamed request (at least STREAM_MIN_TOKENS tokens) arrives as a stream: not in
+             one piece after the server worked long enough on it to have streamed it (a
+             missing `data: [DONE]` is fine; an answer made too fast to tell is reported)
+burst        more concurrent requests than the profile's dyn-disable threshold, all complete,
+             and no stream stops for far longer than the server's median step (a stall);
+             the server's accept length before the burst and after it (where it reports one)
 health       the server still answers afterwards
 log          the server log since start holds no traceback or error line (minus an allow-list)
 
@@ -18,7 +21,9 @@ Every failure becomes a failed check with a message; nothing here raises for a b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
@@ -30,6 +35,15 @@ CHAT_MAX_TOKENS = 200
 DEFAULT_BURST = 8
 BURST_MAX_TOKENS = 64
 CHECK_NAMES = ("models", "chat", "determinism", "stream", "burst", "health", "log")
+# The stream check asks for at least this many tokens (ignore_eos where the server takes it), so
+# that a server that streams makes them over many reads of the client.
+STREAM_MIN_TOKENS = 128
+# A burst stream stalled when one gap between its arrivals exceeds
+#   max(STALL_FACTOR x the burst's median gap, STALL_FLOOR_S)     (docs/smoke.md: why these)
+STALL_FACTOR = 25
+STALL_FLOOR_S = 2.0
+STALL_MIN_GAPS = 10           # fewer gaps than this in the whole burst: no median to judge by
+LOOP_TICK_S = 0.01
 
 # Log lines that mean trouble. A Python traceback is taken as one block (through its final
 # exception line), so an allow-list entry can excuse a whole known-harmless traceback.
@@ -60,6 +74,8 @@ class SmokeResult:
     model: str | None = None
     checks: list[Check] = field(default_factory=list)
     rejected_fields: list[str] = field(default_factory=list)
+    burst_gaps: dict = field(default_factory=dict)       # GapReport.to_dict() of the burst
+    accept_length: dict = field(default_factory=dict)    # accept_phases(...)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +83,8 @@ class SmokeResult:
 
     def to_dict(self) -> dict:
         return {"base_url": self.base_url, "model": self.model, "ok": self.ok,
-                "rejected_fields": self.rejected_fields,
+                "rejected_fields": self.rejected_fields, "burst_gaps": self.burst_gaps,
+                "accept_length": self.accept_length,
                 "checks": [asdict(check) for check in self.checks]}
 
 
@@ -135,6 +152,142 @@ def scan_log(text: str, allow=DEFAULT_LOG_ALLOW) -> tuple[list[LogProblem], list
     return problems, excused
 
 
+# --- time as the client saw it ---------------------------------------------------------------
+class LoopWatch:
+    """The longest time this event loop could not run while inside the block (a ticker's
+    lateness): a gap in a stream no longer than that may be this machine's, not the server's."""
+
+    def __init__(self, tick: float = LOOP_TICK_S):
+        self.tick = tick
+        self.longest = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.tick)
+            self.longest = max(self.longest, loop.time() - before - self.tick)
+
+    async def __aenter__(self) -> "LoopWatch":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+@dataclass
+class GapReport:
+    """The burst's streams' gaps between arrivals: the longest, where, and the median (the
+    server's step as the streams show it: one arrival per step at steady state)."""
+    gaps: int = 0
+    longest_s: float | None = None
+    median_s: float | None = None
+    stream: int | None = None          # which request (0-based) had the longest gap
+    arrival: int | None = None         # ... before its arrival number (1-based)
+    arrivals: int | None = None        # ... of that many
+    at_s: float | None = None          # ... ending this long after the burst started
+    client_stall_s: float = 0.0        # the longest this machine kept the client from running
+
+    @property
+    def bound_s(self) -> float | None:
+        return None if self.median_s is None else max(STALL_FACTOR * self.median_s, STALL_FLOOR_S)
+
+    @property
+    def judged(self) -> bool:
+        """Enough gaps for a median, and the client ran often enough to see a stall as one."""
+        return (self.gaps >= STALL_MIN_GAPS and self.longest_s is not None
+                and self.client_stall_s < self.longest_s / 2)
+
+    @property
+    def stalled(self) -> bool:
+        return self.judged and self.longest_s > self.bound_s
+
+    def describe(self) -> str:
+        if self.longest_s is None or self.median_s is None:
+            return "no gaps between arrivals to judge a stall by"
+        text = (f"longest gap {self.longest_s * 1000:.0f} ms (request {self.stream}, before arrival "
+                f"{self.arrival} of {self.arrivals}, {self.at_s:.2f} s into the burst), median step "
+                f"{self.median_s * 1000:.1f} ms over {self.gaps} gaps")
+        bound = (f"bound max({STALL_FACTOR} x median, {STALL_FLOOR_S:.0f} s) = {self.bound_s:.2f} s")
+        if self.gaps < STALL_MIN_GAPS:
+            return f"{text}; too few gaps to judge a stall (fewer than {STALL_MIN_GAPS})"
+        if not self.judged:
+            return (f"{text}; not judged: this machine kept the client from running for "
+                    f"{self.client_stall_s * 1000:.0f} ms during the burst")
+        return f"{text}; {'over the' if self.stalled else 'within the'} {bound}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bound_s": self.bound_s, "judged": self.judged, "stalled": self.stalled}
+
+
+def burst_gaps(records: list[RequestRecord], started: float, client_stall_s: float = 0.0) -> GapReport:
+    """The gaps of the burst's streams (`started`: time.perf_counter() when it was sent)."""
+    report = GapReport(client_stall_s=client_stall_s)
+    pooled = []
+    for number, record in enumerate(records):
+        for index, gap in enumerate(record.itl):
+            pooled.append(gap)
+            if report.longest_s is None or gap > report.longest_s:
+                report.longest_s, report.stream = gap, number
+                report.arrival, report.arrivals = index + 2, len(record.arrivals)
+                report.at_s = record.start + record.arrivals[index + 1] - started
+    report.gaps = len(pooled)
+    report.median_s = statistics.median(pooled) if pooled else None
+    return report
+
+
+# --- accept length ----------------------------------------------------------------------------
+def _dyn(state: dict) -> dict:
+    dyn = state.get("dyn_spec_disable")
+    return dyn if isinstance(dyn, dict) else {}
+
+
+def accept_phases(before: tuple[float | None, str], after: tuple[float | None, str], state_before: dict,
+                  state_after: dict, simulated: str | bool | None = None) -> dict:
+    """The accept length before the burst and after its resume, with what the dyn-disable
+    counters say about the crossings (SGLang /server_info: internal_states[0])."""
+    dyn_before, dyn_after = _dyn(state_before), _dyn(state_after)
+    off_before = dyn_before.get("switches_off")
+    crossings = (dyn_after.get("switches_off", 0) - off_before
+                 if isinstance(off_before, int) and isinstance(dyn_after.get("switches_off"), int) else None)
+    resumes = (dyn_after.get("switches_on", 0) - dyn_before.get("switches_on", 0)
+               if isinstance(dyn_before.get("switches_on"), int) and isinstance(dyn_after.get("switches_on"), int)
+               else None)
+    return {"before": before[0], "after_resume": after[0],
+            "why_not": before[1] or after[1] or None,
+            "source": "SGLang /generate meta_info (one request alone)" if before[0] or after[0] else None,
+            "earlier_crossings": off_before, "burst_crossings": crossings, "burst_resumes": resumes,
+            "server_cumulative": state_after.get("avg_spec_accept_length"),
+            "simulated": simulated}
+
+
+def describe_accept(phases: dict) -> str:
+    """'accept length 2.61 before the first crossing, 2.58 after the burst's resume ...' or n/a."""
+    def value(v):
+        return "n/a" if v is None else f"{v:.2f}"
+
+    if phases.get("before") is None and phases.get("after_resume") is None:
+        return f"accept length n/a ({phases.get('why_not') or 'not reported'})"
+    earlier = phases.get("earlier_crossings")
+    when = ("before the first crossing" if earlier == 0 else
+            f"before the burst (after {earlier} earlier crossing(s))" if earlier else "before the burst")
+    text = f"accept length {value(phases.get('before'))} {when}, {value(phases.get('after_resume'))} after"
+    crossings, resumes = phases.get("burst_crossings"), phases.get("burst_resumes")
+    if crossings is None:
+        text += " the burst"
+    elif crossings == 0:
+        text += " the burst (which did not cross the threshold)"
+    else:
+        text += f" the burst's resume (drafting stopped {crossings}x, resumed {resumes}x)"
+    if isinstance(phases.get("simulated"), str):
+        text += f"; simulated: SGLANG_SIMULATE_ACC_LEN={phases['simulated']}"
+    return text
+
+
 # --- the checks -------------------------------------------------------------------------------
 def _usage_problem(record: RequestRecord, max_tokens: int) -> str:
     p, c, t = record.prompt_tokens, record.completion_tokens, record.total_tokens
@@ -153,9 +306,10 @@ def _answer_of(record: RequestRecord) -> str:
     return record.text or record.reasoning
 
 
-async def _chat_check(client: OpenAIClient, *, stream: bool, max_tokens: int) -> tuple[RequestRecord, str]:
+async def _chat_check(client: OpenAIClient, *, stream: bool, max_tokens: int,
+                      extra: dict | None = None) -> tuple[RequestRecord, str]:
     record = await client.chat([{"role": "user", "content": FIBONACCI_PROMPT}],
-                               max_tokens=max_tokens, temperature=0.0, stream=stream)
+                               max_tokens=max_tokens, temperature=0.0, stream=stream, extra=extra)
     if not record.ok:
         raise CheckFailed(record.error or "request failed")
     if not _answer_of(record).strip():
@@ -212,7 +366,10 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
                           chat_max_tokens: int = CHAT_MAX_TOKENS,
                           request_timeout: float = 300.0, log_allow=DEFAULT_LOG_ALLOW,
                           on_check: Callable[[str], None | Awaitable[None]] | None = None,
-                          model: str | None = None) -> SmokeResult:
+                          model: str | None = None,
+                          simulated_accept_length: str | bool | None = None) -> SmokeResult:
+    """`simulated_accept_length`: SGLANG_SIMULATE_ACC_LEN as the server runs with it (False: not
+    set, None: unknown), reported beside the accept length."""
     result = SmokeResult(base_url=base_url)
     state: dict = {}
 
@@ -240,31 +397,49 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
             return _determinism_detail(first, *again)
 
         async def stream() -> str:
-            record, detail = await _chat_check(client, stream=True, max_tokens=chat_max_tokens)
+            async with LoopWatch() as watch:
+                record, detail = await _chat_check(client, stream=True,
+                                                   max_tokens=max(chat_max_tokens, STREAM_MIN_TOKENS),
+                                                   extra={"ignore_eos": True})
             ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.0f}"
             shape = f"first content at {ttft} ms; {record.stream_shape()}"
-            if record.held_back:
-                raise CheckFailed(f"not streamed: {shape}")
-            if len(record.arrivals) < 2 and (record.completion_tokens or 0) > 1:
-                raise CheckFailed(f"not streamed: {shape}")
             done = "[DONE] seen" if record.saw_done else "no [DONE] (tolerated)"
+            if record.held_back:
+                held_for = record.hold_evidence()[0]
+                if watch.longest < held_for / 2:
+                    raise CheckFailed(f"not streamed: {shape}")
+                return (f"{shape}; not judged: this machine kept the client from reading for "
+                        f"{watch.longest * 1000:.0f} ms of it, {done}; {detail}")
             return f"{shape}, {done}; {detail}"
 
         async def burst_check() -> str:
+            before = await client.accept_length_probe(FIBONACCI_PROMPT)
+            state_before = await client.server_state()
             messages = [[{"role": "user", "content": f"{FIBONACCI_PROMPT} (variant {i})"}] for i in range(burst)]
-            started = time.perf_counter()
-            records = await asyncio.gather(*(
-                client.chat(m, max_tokens=burst_max_tokens, temperature=0.0, stream=True,
-                            extra={"ignore_eos": True}) for m in messages))
-            elapsed = time.perf_counter() - started
+            async with LoopWatch() as watch:
+                started = time.perf_counter()
+                records = await asyncio.gather(*(
+                    client.chat(m, max_tokens=burst_max_tokens, temperature=0.0, stream=True,
+                                extra={"ignore_eos": True}) for m in messages))
+                elapsed = time.perf_counter() - started
             failed = [r for r in records if not r.ok]
             no_usage = [r for r in records if r.ok and r.completion_tokens is None]
             if failed:
                 raise CheckFailed(f"{len(failed)}/{burst} failed; first: {failed[0].error}")
             if no_usage:
                 raise CheckFailed(f"{len(no_usage)}/{burst} streams carried no usage")
+            gaps = burst_gaps(records, started, watch.longest)
+            result.burst_gaps = gaps.to_dict()
+            state_after = await client.server_state()
+            after = await client.accept_length_probe(FIBONACCI_PROMPT)
+            result.accept_length = accept_phases(before, after, state_before, state_after,
+                                                 simulated_accept_length)
             tokens = sum(r.completion_tokens for r in records)
-            return f"{burst} concurrent streams ok, {tokens} tokens in {elapsed:.2f} s"
+            text = (f"{burst} concurrent streams ok, {tokens} tokens in {elapsed:.2f} s; {gaps.describe()}; "
+                    f"{describe_accept(result.accept_length)}")
+            if gaps.stalled:
+                raise CheckFailed(f"stalled: {text}")
+            return text
 
         async def health() -> str:
             problem = await client.healthy()

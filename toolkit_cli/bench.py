@@ -75,6 +75,20 @@ def _throughput_cell(metrics: dict) -> str:
     return _fmt(metrics["output_throughput"]) + (f" [{_fmt(spread[0])}-{_fmt(spread[1])}]" if spread else "")
 
 
+def _accept_cell(server: dict) -> str:
+    """'2.61 -> 2.58' (one request alone before the first level -> after this level), 'sim 2.6'
+    appended where SGLANG_SIMULATE_ACC_LEN forced it; the server's cumulative average where no
+    probe answered; '-' where the server reports none."""
+    accept = server.get("accept_length") if isinstance(server.get("accept_length"), dict) else {}
+    before, after = accept.get("before_first_level"), accept.get("after_level")
+    if before is None and after is None:
+        text = _fmt(server.get("avg_spec_accept_length"), 2)
+    else:
+        text = f"{_fmt(before, 2)} -> {_fmt(after, 2)}"
+    simulated = accept.get("simulated")
+    return text + (f" (sim {simulated})" if isinstance(simulated, str) else "")
+
+
 def print_levels(records: list[dict]) -> None:
     """One row per profile and level: the median of the runs where a level was repeated."""
     throughput, latency, held = [], [], []
@@ -84,7 +98,7 @@ def print_levels(records: list[dict]) -> None:
         throughput.append((*level, f"{_fmt(m['completed'], 0)}/{_fmt(m['completed'] + m['failed'], 0)}",
                            _fmt(m.get("mean_input_tokens")), _fmt(m["request_throughput"], 2), _throughput_cell(m),
                            _fmt(m["mean_request_output_throughput_tok_s"]),
-                           _fmt(r.get("server", {}).get("avg_spec_accept_length"), 2)))
+                           _accept_cell(r.get("server", {}))))
         latency.append((*level, _fmt(m["median_ttft_ms"]), _fmt(m["p99_ttft_ms"]), _fmt(m["median_tpot_ms"], 2),
                         _fmt(m["median_itl_ms"], 2), _fmt(m["median_e2el_ms"], 0),
                         _fmt(m.get("mean_arrivals_per_request")), _fmt(m.get("mean_tokens_per_arrival"), 2)))
@@ -96,7 +110,7 @@ def print_levels(records: list[dict]) -> None:
             held.append(f"{r['profile']} c={r['concurrency']}: {m['held_back_streams']}/{m['completed']} streams "
                         f"held back (most of the answer in one arrival); their ITL is the whole decode{why}")
     report.table("bench: throughput per level", ["profile", "conc", "ok", "in tok", "req/s", "out tok/s",
-                                                 "per-req tok/s", "accept len"], throughput)
+                                                 "per-req tok/s", "accept len before -> after"], throughput)
     report.table("bench: latency per level (ms)", ["profile", "conc", "TTFT p50", "TTFT p99", "TPOT p50",
                                                    "ITL p50", "E2E p50", "arrivals/req", "tok/arrival"], latency)
     for line in held:

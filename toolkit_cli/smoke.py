@@ -5,6 +5,7 @@ from rich.markup import escape
 
 from toolkit import report, server
 from toolkit import smoke as engine
+from toolkit.bench.hosts import simulated_accept_length
 from toolkit.inventory import Host
 
 from .common import HOST_HELP, fail, finish, run_on_hosts
@@ -30,9 +31,10 @@ def smoke_host(host: Host, burst: int | None = None,
     about = {"host": host.name, "profile": state.profile, "kind": state.kind,
              "dyn_threshold": state.dyn_threshold}
     size = burst or engine.burst_size(state.dyn_threshold)
+    simulated = simulated_accept_length(host, state, state.overrides or None)
     with server.endpoint(host, state) as url:
         result = engine.run_smoke(url, read_log=lambda: server.read_log(host, since_start=True), burst=size,
-                                  chat_max_tokens=max_tokens)
+                                  chat_max_tokens=max_tokens, simulated_accept_length=simulated)
     return result, about
 
 

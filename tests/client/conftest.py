@@ -111,9 +111,11 @@ def fake_server():
 
 
 @contextmanager
-def cpu_ref_inventory_host(name: str, tmp_path, cpu_ref_venv, ref_model_dir, host_lines: str = ""):
+def cpu_ref_inventory_host(name: str, tmp_path, cpu_ref_venv, ref_model_dir, host_lines: str = "",
+                           server_lines: str = ""):
     """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers
-    serve with the reference model; yields (host, env) and stops its server afterwards."""
+    serve with the reference model; yields (host, env) and stops its server afterwards.
+    `host_lines` / `server_lines` go into its table / its server table."""
     from toolkit import server
     from toolkit.inventory import resolve_hosts
 
@@ -123,7 +125,7 @@ def cpu_ref_inventory_host(name: str, tmp_path, cpu_ref_venv, ref_model_dir, hos
         f"key = \"{base.key}\"\nknown_hosts = \"{base.known_hosts}\"\nvenv = \"{cpu_ref_venv}\"\n"
         f"{host_lines}state_dir = \"{tmp_path / 'state'}\"\n"
         f"[{name}.server]\nmodel = \"{ref_model_dir}\"\nbind = \"127.0.0.1\"\nport = {free_port()}\n"
-        f"memory_wait_s = 5\n")
+        f"memory_wait_s = 5\n{server_lines}")
     env = {"TOOLKIT_INVENTORY": str(tmp_path / "hosts.toml")}
     saved = os.environ.get("TOOLKIT_INVENTORY")
     os.environ.update(env)

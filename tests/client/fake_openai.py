@@ -14,7 +14,17 @@ first answer that differs from the later ones, as SGLang's prefix cache can make
 
 Stream timing: `delay` seconds before each write; `group` events per write (several events in
 one write reach the client in one read, as transformers serve sends them under load);
-`tokens_per_chunk` tokens in each event's content (as speculative decoding sends them).
+`tokens_per_chunk` tokens in each event's content (as speculative decoding sends them). Every
+event carries `created` as the time it was made: whole seconds as OpenAI, SGLang and
+transformers serve send it, or with `stamps="float"` the exact time, `stamps=None` none.
+`stall_s` / `stall_at`: once, when `stall_at` streams are in flight, every stream stops for
+`stall_s` seconds before its next event (what the first crossing of the dyn-disable threshold
+did on the GPU); later bursts do not stall.
+
+`server_info` (a dict, or a callable giving one per request) answers SGLang's /server_info;
+`native` (a callable(n) giving the n-th answer's extra `meta_info`, e.g. `spec_verify_ct` and
+`spec_accept_length`) makes SGLang's native POST /generate answer; None: 404 like a server
+without them.
 
 Modes (per server, or per request with the user message "mode:NAME"):
   ok            `chunks` content chunks, a finish chunk with usage, then `data: [DONE]`
@@ -24,8 +34,9 @@ Modes (per server, or per request with the user message "mode:NAME"):
   truncated     the chunks, then a clean end of the body: no finish_reason, no usage, no [DONE]
   error500      HTTP 500
   strict        HTTP 422 when the request has fields outside the OpenAI API (like transformers serve)
-  held          the first event, then all the others in one write after (chunks - 1) x delay: a
-                stream held back until the end, as the speculative SGLang servers' streams arrived
+  held          the first event, then the others made one every `delay` but all written in one
+                piece at the end: a stream held back, as the speculative SGLang servers' arrived
+  buffered      every event made one every `delay`, all written in one piece at the end
 """
 from __future__ import annotations
 
@@ -44,13 +55,19 @@ class FakeOpenAI:
     def __init__(self, *, mode: str = "ok", chunks: int = 8, delay: float = 0.0, host: str = "127.0.0.1",
                  port: int = 0, strict: bool = False, close_idle: bool = False, group: int = 1,
                  tokens_per_chunk: int = 1, server_info: dict | None = None, model_info: dict | None = None,
-                 prompt_tokens=None, answer=None):
+                 prompt_tokens=None, answer=None, stamps: str | None = "int", stall_s: float = 0.0,
+                 stall_at: int = 2, native=None):
         self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
         self.group, self.tokens_per_chunk = max(1, group), max(1, tokens_per_chunk)
         self.server_info, self.model_info = server_info, model_info   # None: 404 like a non-SGLang server
         self.prompt_tokens = prompt_tokens      # callable(text) -> count; default: words in the last message
         self.answer = answer                    # callable(n) -> the words of the n-th non-streamed answer
         self.answers_sent = 0
+        self.stamps = stamps
+        self.stall_s, self.stall_at = stall_s, stall_at
+        self.stall_until: float | None = None
+        self.native = native                    # callable(n) -> extra meta_info of the n-th /generate
+        self.native_requests: list[dict] = []
         self.close_idle = close_idle          # close every connection after one answer, unannounced
         self.connections = 0
         self.host, self.port = host, port
@@ -144,15 +161,36 @@ class FakeOpenAI:
         elif method == "GET" and path == "/v1/models":
             self._send(writer, "200 OK", {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
         elif method == "GET" and path in ("/server_info", "/get_server_info") and self.server_info is not None:
-            self._send(writer, "200 OK", self.server_info)
+            self._send(writer, "200 OK", self.server_info() if callable(self.server_info) else self.server_info)
         elif method == "GET" and path in ("/model_info", "/get_model_info") and self.model_info is not None:
             self._send(writer, "200 OK", self.model_info)
         elif method == "POST" and path == "/v1/chat/completions":
             return await self._chat(json.loads(body or b"{}"), writer)
+        elif method == "POST" and path == "/generate" and self.native is not None:
+            self._generate(json.loads(body or b"{}"), writer)
         else:
             self._send(writer, "404 Not Found", {"detail": "Not Found"})
         await writer.drain()
         return True
+
+    def _generate(self, request: dict, writer) -> None:
+        """SGLang's native /generate, non-streamed: text and meta_info."""
+        self.native_requests.append(request)
+        tokens = int((request.get("sampling_params") or {}).get("max_new_tokens") or 16)
+        prompt = max(1, len(str(request.get("text", "")).split()))
+        extra = self.native(len(self.native_requests) - 1) or {}
+        self._send(writer, "200 OK", {"text": "tok " * tokens, "meta_info": {
+            "id": "x", "finish_reason": {"type": "length", "length": tokens}, "prompt_tokens": prompt,
+            "completion_tokens": tokens, "cached_tokens": 0, "e2e_latency": 0.1, **extra}})
+
+    async def _stall(self) -> None:
+        if self.stall_s and self.stall_until is None and self.in_flight >= self.stall_at:
+            self.stall_until = time.monotonic() + self.stall_s
+        if self.stall_until is not None and self.stall_until > time.monotonic():
+            await asyncio.sleep(self.stall_until - time.monotonic())
+
+    def _created(self):
+        return {"int": int(time.time()), "float": time.time()}.get(self.stamps)
 
     async def _chat(self, request: dict, writer) -> bool:
         self.requests.append(request)
@@ -203,14 +241,20 @@ class FakeOpenAI:
                 pending.clear()
                 await writer.drain()
 
+            one_piece = mode in ("held", "buffered")
             for i in range(chunks):
-                # a write goes out before the first event, every `group` events, and (held) after the first
-                starts_write = i == 0 or (i == 1 if mode == "held" else i % self.group == 0)
-                if self.delay and starts_write:
-                    await asyncio.sleep(self.delay * (chunks - 1 if mode == "held" and i == 1 else 1))
-                event({"id": "x", "object": "chat.completion.chunk",
+                if i > 0:
+                    await self._stall()
+                # a write goes out before the first event and every `group` events; held and
+                # buffered streams make every event `delay` apart but write them together
+                if self.delay and (one_piece or i % self.group == 0):
+                    await asyncio.sleep(self.delay)
+                event({"id": "x", "object": "chat.completion.chunk", "created": self._created(),
                        "choices": [{"index": 0, "delta": {"content": "tok " * self.tokens_per_chunk}}]})
-                ends_write = i == chunks - 1 or (i == 0 if mode == "held" else (i + 1) % self.group == 0)
+                if one_piece:
+                    ends_write = i == chunks - 1 or (i == 0 and mode == "held")
+                else:
+                    ends_write = i == chunks - 1 or (i + 1) % self.group == 0
                 if ends_write:
                     await flush()
                 if mode == "break" and i == 1:

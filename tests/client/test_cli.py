@@ -53,7 +53,9 @@ def test_bench_sweep_on_the_cpu_server_writes_jsonl_csv_png(cpu_server, tmp_path
 
 
 def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
-    slow = fake_server(chunks=4, delay=0.05)     # 0.2 s a request
+    # 1 s a request: the levels after the first take >= 4 s more, time enough for the SIGINT
+    # to land before they finish even on a busy machine
+    slow = fake_server(chunks=4, delay=0.25)
     out = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "invoke", "bench", "--url", slow.base_url, "--concurrency", "1,2,4,8",
@@ -98,8 +100,14 @@ def test_smoke_url_against_a_dead_port_fails_by_check():
 
 @pytest.fixture
 def inventory_host(sandbox_env, cpu_ref_venv, ref_model_dir, tmp_path):
-    """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers serve."""
-    with cpu_ref_inventory_host("client-test", tmp_path, cpu_ref_venv, ref_model_dir) as found:
+    """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers
+    serve. Its env file (sourced by the launch script, never in the launch plan) sets
+    SGLANG_SIMULATE_ACC_LEN, which transformers serve ignores: only the server process's own
+    environment can tell the reports that the acceptance would be simulated."""
+    env_file = tmp_path / "server.env"
+    env_file.write_text("SGLANG_SIMULATE_ACC_LEN=2.6\n")
+    with cpu_ref_inventory_host("client-test", tmp_path, cpu_ref_venv, ref_model_dir,
+                                server_lines=f'env_file = "{env_file}"\n') as found:
         yield found
 
 
@@ -115,6 +123,9 @@ def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
     report = json.loads(smoke.stdout)[host.name]
     assert report["ok"] and report["profile"] == "cpu-ref"
     assert {c["name"]: c["status"] for c in report["checks"]}["log"] == "pass"   # the real server log, over SSH
+    # no accept length from transformers serve, but the server's environment says it would be simulated
+    assert report["accept_length"]["before"] is None and report["accept_length"]["simulated"] == "2.6"
+    assert report["burst_gaps"]["judged"] and not report["burst_gaps"]["stalled"]
 
     # --no-restart benches the running server; then a normal sweep starts and stops cpu-ref itself
     kept = invoke("bench", "--host", host.name, "--no-restart", "--concurrency", "2", "--requests", "4",
@@ -127,4 +138,6 @@ def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "swept" / "results.jsonl").read_text().splitlines()]
     assert [r["concurrency"] for r in records] == [1, 2]
     assert records[0]["server"]["kind"] == "transformers-serve" and records[0]["host"]["name"] == host.name
+    accept = records[0]["server"]["accept_length"]
+    assert accept["after_level"] is None and accept["simulated"] == "2.6"
     assert server.status(host) is None, "bench stops the server it started for the sweep"

@@ -103,6 +103,9 @@ def test_the_cpu_reference_server_records_what_the_profile_and_model_config_say(
     assert got["dyn_disable"] == "off" and got["config_source"]["dyn_disable"] == "profile"
     assert got["speculative_algorithm"] is None and got["config_source"]["speculative_algorithm"] is None
     assert model_config(host, str(ref_model_dir / "missing")) is None
+    # no accept length to report, and no error for it
+    assert got["accept_length"]["after_level"] is None
+    assert got["accept_length"]["why_not"] == "the server has no native /generate"
 
 
 def test_the_launch_plan_fallback_reads_the_shipped_profiles():
@@ -135,3 +138,45 @@ def test_upstream_adaptive_mode_is_recorded_from_the_server_and_from_the_launch_
     assert plan["speculative_adaptive"] is True and plan["speculative_algorithm"] == "EAGLE3"
     assert "speculative_adaptive" not in serverconfig.from_launch(argv[:2], tp_size=1, dyn_threshold=None,
                                                                   dyn_hysteresis=None)
+
+
+def test_records_carry_the_accept_length_before_the_first_level_and_after_each(fake_server):
+    # SGLang's native /generate answers with each request's accept length in meta_info: the
+    # probe after the warm-up (2.61), then after each level: 2.56 after c=1, 1.6 after c=2
+    verify = [49, 50, 80]
+    server = fake_server(chunks=4, server_info=sglang_info.server_info(EAGLE3_V1, accept_length=2.4, dyn=DYN),
+                         native=lambda n: {"spec_verify_ct": verify[n], "spec_accepted_drafts": 128 - verify[n]})
+    options = BenchOptions(concurrency=[1, 2], requests=2, prompts=PromptSource(output_len=4), warmup=1)
+    records = []
+
+    class Simulated(OneServer):
+        @contextlib.contextmanager
+        def serve(self, profile):
+            yield ServedProfile(profile, self.url, {"kind": "test", "simulated_accept_length": "2.6"})
+
+    result = run_sweep(["eagle3-dyn"], options, Simulated(server.base_url), on_level=records.append)
+    assert not result.errors, result.errors
+    accepts = [r["server"]["accept_length"] for r in records]
+    assert [a["before_first_level"] for a in accepts] == [128 / 49, 128 / 49]
+    assert [a["after_level"] for a in accepts] == [128 / 50, 128 / 80]
+    assert all(a["simulated"] == "2.6" and a["why_not"] is None for a in accepts)
+    assert accepts[0]["source"] == "SGLang /generate meta_info (one request alone)"
+    # the probes were one request each, alone, at temperature 0 with ignore_eos
+    assert [r["sampling_params"] for r in server.native_requests] == [
+        {"max_new_tokens": 128, "temperature": 0.0, "ignore_eos": True}] * 3
+    from toolkit.bench.outputs import csv_row
+    row = csv_row(records[1])
+    assert (row["accept_length_before_first_level"], row["accept_length_after_level"],
+            row["simulated_accept_length"]) == (round(128 / 49, 3), 1.6, "2.6")
+
+
+def test_a_server_without_an_accept_length_records_none_and_why(fake_server):
+    # a baseline SGLang server: /generate answers without speculative counters
+    baseline = fake_server(chunks=4, server_info=sglang_info.server_info({"tp_size": 1}), native=lambda n: {})
+    accept = bench_once(baseline.base_url, "baseline")["accept_length"]
+    assert accept["before_first_level"] is None and accept["after_level"] is None
+    assert accept["why_not"] == "the server reports no speculative verify steps" and accept["source"] is None
+    # a server with no native endpoint at all (transformers serve, vLLM)
+    plain = fake_server(chunks=4)
+    accept = bench_once(plain.base_url, "cpu-ref")["accept_length"]
+    assert accept["after_level"] is None and accept["why_not"] == "the server has no native /generate"

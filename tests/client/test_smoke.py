@@ -2,10 +2,15 @@
 
 The chat checks ask for fewer tokens than the command's 200 (CHAT_MAX_TOKENS): the reference
 model always runs to max_tokens, and 200 tokens one at a time take ~10 s on a busy 2-core box.
+The stream check asks for STREAM_MIN_TOKENS all the same.
 """
 from __future__ import annotations
 
-from toolkit.smoke import CHECK_NAMES, burst_size, run_smoke, scan_log
+import re
+
+from tests.client import sglang_info
+from toolkit.smoke import (CHECK_NAMES, STALL_FLOOR_S, STREAM_MIN_TOKENS, burst_size, run_smoke,
+                           scan_log)
 
 SHORT = 32
 
@@ -59,10 +64,18 @@ def test_smoke_passes_against_the_real_cpu_server(cpu_server):
     assert by_name["determinism"].detail.endswith("characters three times")
     assert "no [DONE] (tolerated)" in by_name["stream"].detail
     # transformers serve sends one token per event: as many events as tokens, over a span
-    assert f"{SHORT} tokens in {SHORT} content event(s)" in by_name["stream"].detail
+    assert f"{STREAM_MIN_TOKENS} tokens in {STREAM_MIN_TOKENS} content event(s)" in by_name["stream"].detail
     assert "held back" not in by_name["stream"].detail
-    # transformers serve rejects ignore_eos with HTTP 422; the burst went through without it
+    # transformers serve rejects ignore_eos with HTTP 422; the stream and the burst went through without it
     assert result.rejected_fields == ["ignore_eos"]
+    # no stall in the burst, judged against the CPU server's own median step
+    gaps = result.burst_gaps
+    assert gaps["judged"] and not gaps["stalled"] and gaps["gaps"] >= 8 * 10
+    assert 0 < gaps["median_s"] <= gaps["longest_s"] <= gaps["bound_s"]
+    assert "within the bound max(25 x median, 2 s)" in by_name["burst"].detail
+    # the CPU server reports no accept length: n/a, not an error
+    assert result.accept_length["before"] is None and result.accept_length["after_resume"] is None
+    assert "accept length n/a (the server has no native /generate)" in by_name["burst"].detail
 
 
 def test_a_traceback_in_the_log_fails_the_log_check(cpu_server):
@@ -90,23 +103,102 @@ def test_server_killed_mid_smoke_fails_named_checks(fresh_cpu_server):
     assert not result.ok
 
 
+def _check(result, name):
+    return next(check for check in result.checks if check.name == name)
+
+
 def test_a_stream_held_back_until_the_end_fails_the_stream_check(fake_server):
-    # the first token, then the other 31 in one piece (what the speculative SGLang servers sent)
-    held = fake_server(chunks=SHORT, delay=0.005, mode="held")
+    # the first token, then the other 127 made 10 ms apart and sent in one piece (what the
+    # speculative SGLang servers sent): 1.3 s of silence before 99% of the text
+    held = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.01, mode="held")
     result = run_smoke(held.base_url, burst=2, chat_max_tokens=SHORT)
-    stream = next(check for check in result.checks if check.name == "stream")
+    stream = _check(result, "stream")
     assert stream.status == "fail" and not result.ok
     assert stream.detail.startswith("not streamed: first content at ")
-    assert f"{SHORT} tokens in {SHORT} content event(s), 2 arrival(s)" in stream.detail
+    assert f"{STREAM_MIN_TOKENS} tokens in {STREAM_MIN_TOKENS} content event(s), 2 arrival(s)" in stream.detail
     assert "held back and reached the client in one piece" in stream.detail
     # its text is plain ASCII: the detail rules out the server's wait for complete UTF-8 characters
     assert "valid UTF-8, so not the server's hold-back of partial characters" in stream.detail
-    # events written in groups of 4 still stream: 8 arrivals over time, the check passes
-    grouped = fake_server(chunks=SHORT, delay=0.005, group=4)
+    # the stream check asked for a long answer whatever the chat checks' max_tokens
+    assert held.requests[-3]["max_tokens"] == STREAM_MIN_TOKENS and held.requests[-3]["stream"]
+    # events written in groups of 4 still stream: up to 32 arrivals over time (a busy machine
+    # may read two writes at once), the check passes
+    grouped = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.005, group=4)
     result = run_smoke(grouped.base_url, burst=2, chat_max_tokens=SHORT)
-    stream = next(check for check in result.checks if check.name == "stream")
+    stream = _check(result, "stream")
     assert stream.status == "pass", stream.detail
-    assert f"{SHORT} tokens in {SHORT} content event(s), 8 arrival(s)" in stream.detail
+    arrivals = re.search(rf"{STREAM_MIN_TOKENS} tokens in {STREAM_MIN_TOKENS} content event\(s\), (\d+) arrival",
+                         stream.detail)
+    assert arrivals and 2 <= int(arrivals.group(1)) <= 32 and "one arrival" not in stream.detail
+
+
+def test_a_whole_answer_sent_at_the_end_fails_the_stream_check(fake_server):
+    buffered = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.01, mode="buffered")
+    stream = _check(run_smoke(buffered.base_url, burst=2, chat_max_tokens=SHORT), "stream")
+    assert stream.status == "fail"
+    assert f"{STREAM_MIN_TOKENS} content event(s), 1 arrival(s)" in stream.detail
+    assert "100% of the text came in one arrival after" in stream.detail
+
+
+def test_an_answer_made_within_one_read_is_reported_not_failed(fake_server):
+    # a server fast enough to make the whole answer before the client reads once: nothing
+    # says it holds anything back (the flaky verdict of issue 25)
+    fast = fake_server(chunks=STREAM_MIN_TOKENS, delay=0.0, mode="buffered")
+    result = run_smoke(fast.base_url, burst=2, chat_max_tokens=SHORT)
+    stream = _check(result, "stream")
+    assert stream.status == "pass", stream.detail
+    assert "1 arrival(s)" in stream.detail and "too fast to tell" in stream.detail
+
+
+def test_a_burst_that_stalls_for_seconds_fails_and_says_where(fake_server):
+    # once all 8 streams are in flight, every one stops for 3 x the floor (the first crossing
+    # of the dyn-disable threshold on the GPU stopped for 7 s)
+    stall = 3 * STALL_FLOOR_S
+    server = fake_server(chunks=64, delay=0.01, stall_s=stall, stall_at=8)
+    result = run_smoke(server.base_url, burst=8, chat_max_tokens=SHORT)
+    burst = _check(result, "burst")
+    assert burst.status == "fail" and not result.ok
+    assert burst.detail.startswith("stalled: 8 concurrent streams ok, 512 tokens")
+    assert "over the bound max(25 x median, 2 s) = 2.00 s" in burst.detail
+    gaps = result.burst_gaps
+    assert gaps["stalled"] and gaps["longest_s"] >= stall - 0.5 and gaps["median_s"] < 0.5
+    assert [c.name for c in result.checks if c.status == "fail"] == ["burst"]
+    # a normal burst of the same server shape passes
+    normal = fake_server(chunks=64, delay=0.01)
+    result = run_smoke(normal.base_url, burst=8, chat_max_tokens=SHORT)
+    burst = _check(result, "burst")
+    assert burst.status == "pass", burst.detail
+    assert "within the bound" in burst.detail and not result.burst_gaps["stalled"]
+
+
+def test_accept_length_before_and_after_the_bursts_resume(fake_server):
+    # an SGLang-shaped dyn server: /server_info counts the switches once the burst crossed its
+    # threshold (3); /generate's meta_info gives each request's accept length
+    threshold = 3
+    server = None
+
+    def info():
+        crossed = int(server.max_in_flight > threshold)
+        return sglang_info.server_info(
+            {"speculative_algorithm": "EAGLE3", "speculative_num_draft_tokens": 4}, accept_length=2.4,
+            dyn={"threshold": threshold, "hysteresis": 1, "speculating": True, "spec_steps": 100,
+                 "plain_steps": 20 * crossed, "forced_spec_steps": 0, "switches_off": crossed,
+                 "switches_on": crossed})
+
+    verify = [49, 100]       # 128 tokens: 2.61 before, collapsed to 1.28 after the resume
+    server = fake_server(chunks=16, delay=0.002, server_info=info,
+                         native=lambda n: {"spec_verify_ct": verify[n], "spec_accept_length": 128 / verify[n]})
+    result = run_smoke(server.base_url, burst=burst_size(threshold), chat_max_tokens=SHORT,
+                       simulated_accept_length="2.6")
+    burst = _check(result, "burst")
+    assert burst.status == "pass", burst.detail
+    assert ("accept length 2.61 before the first crossing, 1.28 after the burst's resume "
+            "(drafting stopped 1x, resumed 1x); simulated: SGLANG_SIMULATE_ACC_LEN=2.6") in burst.detail
+    phases = result.accept_length
+    assert phases["before"] == 128 / 49 and phases["after_resume"] == 1.28
+    assert phases["earlier_crossings"] == 0 and phases["burst_crossings"] == 1
+    assert phases["server_cumulative"] == 2.4 and phases["simulated"] == "2.6"
+    assert [r["sampling_params"]["max_new_tokens"] for r in server.native_requests] == [128, 128]
 
 
 def _determinism(result):

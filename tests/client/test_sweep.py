@@ -73,3 +73,25 @@ def test_repeat_runs_whole_passes_and_every_run_is_kept(tmp_path):
     order = [(r["repeat"], r["concurrency"]) for r in load_records(tmp_path)]
     assert order == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]   # passes, not runs in a row
     assert all(r["params"]["repeat"] == 3 and r["metrics"]["completed"] == 4 for r in result.records)
+
+
+def test_an_interrupt_right_after_a_level_reached_the_disk_keeps_that_level(tmp_path, monkeypatch):
+    # Ctrl-C as the first level's line is written (what a user, or `invoke bench`'s Ctrl-C test,
+    # does on seeing it): the CSV and the plot still hold that level
+    from toolkit.bench import session
+
+    written = RunWriter.append
+
+    def append_then_interrupt(self, record):
+        written(self, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunWriter, "append", append_then_interrupt)
+    servers = FakeServers()
+    plan = session.BenchPlan(["baseline"], servers, "fake")
+    options = BenchOptions(concurrency=[1, 2], requests=2, prompts=PromptSource(output_len=4), warmup=0)
+    outcome = session.run(plan, options, tmp_path / "run")
+    assert outcome.interrupted
+    assert [(r["profile"], r["concurrency"]) for r in outcome.records] == [("baseline", 1)]
+    assert (tmp_path / "run" / "results.csv").read_text().count("\n") == 2     # header + the level
+    assert (tmp_path / "run" / "throughput.png").exists()

@@ -135,7 +135,10 @@ def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, s
         except Exception as exc:  # the connection breaks under it
             errors.append(exc)
 
-    with armed("after-rename-7", action="sleep:3" if host_process_survives else "sleep:120", pidfile=pidfile):
+    # the host run waits at the checkpoint until released (not for a fixed time, which a busy
+    # machine could outlast before the cut), so the connection always drops mid-apply
+    release = tmp_path / "release"
+    with armed("after-rename-7", action="sleep:120", pidfile=pidfile, release=release):
         worker = threading.Thread(target=cut_run)
         worker.start()
         script_pid = _wait_for(pidfile)
@@ -145,6 +148,7 @@ def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, s
         if not host_process_survives:
             os.kill(script_pid, signal.SIGKILL)
         worker.join(60)
+        release.touch()   # a surviving host run carries on without its connection
     assert not worker.is_alive() and errors and isinstance(errors[0], (TransportError, hostrun.HostScriptError))
     result = patching.verify(host)  # waits for a surviving host run (lock), or recovers a dead one
     if not host_process_survives:

@@ -18,11 +18,13 @@ from . import serverconfig
 from .runner import BenchError, ServedProfile
 
 FACT_PACKAGES = ["sglang", "sglang-kernel", "torch", "flashinfer-python", "transformers", "vllm"]
+SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
 
 
-def server_facts(host: Host, state: server.ServerState) -> dict:
+def server_facts(host: Host, state: server.ServerState, overrides: dict | None = None) -> dict:
     return {"host": host.name, "kind": state.kind, "served_model": state.model,
-            "draft_model": state.draft_model}
+            "draft_model": state.draft_model,
+            "simulated_accept_length": simulated_accept_length(host, state, overrides or state.overrides or None)}
 
 
 def model_config(host: Host, model: str | None) -> dict | None:
@@ -34,6 +36,26 @@ def model_config(host: Host, model: str | None) -> dict | None:
             result = transport.run(f"cat {shlex.quote(posixpath.join(model, 'config.json'))}", timeout=60)
         return json.loads(result.stdout) if result.ok else None
     except Exception:   # a fact for the record, never a reason to fail the bench
+        return None
+
+
+def simulated_accept_length(host: Host, state: server.ServerState, overrides: dict | None = None) -> str | bool | None:
+    """SGLANG_SIMULATE_ACC_LEN as the server runs with it: its value, False where it is not set,
+    None where nobody can say. The server process's own environment on the host comes first (an
+    env_file counts; only that one variable leaves the host), then the launch plan."""
+    name = SIMULATE_ACC_LEN
+    command = (f"f=/proc/{int(state.pid)}/environ; test -r $f || exit 3; "
+               f"tr '\\0' '\\n' < $f | sed -n 's/^{name}=//p' | head -n 1")
+    try:
+        with host.connect() as transport:
+            result = transport.run(command, timeout=30)
+        if result.ok:
+            return result.stdout.strip() or False
+    except Exception:   # a fact for the report, never a reason to fail
+        pass
+    try:
+        return server.plan(host, state.profile, overrides).env.get(name) or False
+    except Exception:
         return None
 
 
@@ -62,7 +84,7 @@ def config_fallback(host: Host, state: server.ServerState, overrides: dict | Non
 def served(host: Host, profile: str, url: str, state: server.ServerState,
            overrides: dict | None = None) -> ServedProfile:
     fallback, sources = config_fallback(host, state, overrides)
-    return ServedProfile(profile, url, server_facts(host, state), fallback, sources)
+    return ServedProfile(profile, url, server_facts(host, state, overrides), fallback, sources)
 
 
 class HostServers:

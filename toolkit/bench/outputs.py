@@ -26,6 +26,7 @@ CSV_METRICS = (["completed", "failed", "duration_s", "total_input_tokens", "tota
 CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests", "dataset", "output_len",
                 "input_len", "seed", "server_kind", "attention_backend", "tp_size", "architecture",
                 "speculative_algorithm", "dyn_threshold", "dyn_hysteresis", "avg_spec_accept_length",
+                "accept_length_before_first_level", "accept_length_after_level", "simulated_accept_length",
                 "stopped_early"]
                + CSV_METRICS)
 
@@ -33,6 +34,7 @@ CSV_COLUMNS = (["run_id", "time", "profile", "concurrency", "repeat", "requests"
 # float noise. Columns not named here are written as they are (integers, text).
 _CSV_DECIMALS = {"duration_s": 3, "request_throughput": 3, "output_throughput": 1, "total_token_throughput": 1,
                  "mean_input_tokens": 1, "mean_output_tokens": 1, "avg_spec_accept_length": 3,
+                 "accept_length_before_first_level": 3, "accept_length_after_level": 3,
                  "mean_events_per_request": 1, "mean_arrivals_per_request": 1, "mean_tokens_per_arrival": 2,
                  "coalesced_event_share": 3, "held_back_replacement_share": 3,
                  **{f"{stat}_{m}_ms": 2 for m in LATENCY_METRICS for stat in _STATS},
@@ -85,6 +87,7 @@ def csv_row(record: dict) -> dict:
     server = record.get("server", {})
     metrics = record.get("metrics", {})
     dyn = server.get("dyn_disable") if isinstance(server.get("dyn_disable"), dict) else {}
+    accept = server.get("accept_length") if isinstance(server.get("accept_length"), dict) else {}
     row = {"run_id": record.get("run_id"), "time": record.get("time"), "profile": record.get("profile"),
            "concurrency": record.get("concurrency"), "repeat": record.get("repeat", 0),
            "requests": record.get("requests"),
@@ -95,6 +98,9 @@ def csv_row(record: dict) -> dict:
            "speculative_algorithm": server.get("speculative_algorithm"),
            "dyn_threshold": dyn.get("threshold"), "dyn_hysteresis": dyn.get("hysteresis"),
            "avg_spec_accept_length": server.get("avg_spec_accept_length"),
+           "accept_length_before_first_level": accept.get("before_first_level"),
+           "accept_length_after_level": accept.get("after_level"),
+           "simulated_accept_length": accept.get("simulated"),
            "stopped_early": record.get("stopped_early")}
     row.update({name: metrics.get(name) for name in CSV_METRICS})
     return {name: _rounded(name, value) for name, value in row.items()}

@@ -182,9 +182,29 @@ def client_facts() -> dict:
             "http": f"aiohttp {aiohttp.__version__}"}
 
 
-async def _server_state(base_url: str) -> dict:
-    async with OpenAIClient(base_url, timeout=30.0, max_connections=2) as client:
-        return await client.server_state()
+ACCEPT_PROBE_PROMPT = "Write a Python function to compute fibonacci numbers. Be brief."
+
+
+async def _server_state(base_url: str, *, probe: bool = True) -> dict:
+    """What the server says about its state (`OpenAIClient.server_state`) and, with `probe`, the
+    accept length of one request sent alone right now (`accept_probe`: value, why not)."""
+    async with OpenAIClient(base_url, timeout=120.0, max_connections=2) as client:
+        state = await client.server_state()
+        if probe and "unreachable" not in state:
+            state["accept_probe"] = await client.accept_length_probe(ACCEPT_PROBE_PROMPT)
+        return state
+
+
+def accept_record(before: tuple | None, after: tuple | None, simulated) -> dict:
+    """A record's `server.accept_length`: one request's accept length alone on the server before
+    the first level (after the warm-up) and right after this level (after the resume, where the
+    level crossed the dyn-disable threshold), and SGLANG_SIMULATE_ACC_LEN (False: not set, None:
+    unknown)."""
+    why = [probe[1] for probe in (before, after) if probe and probe[0] is None and probe[1]]
+    return {"before_first_level": before[0] if before else None, "after_level": after[0] if after else None,
+            "why_not": why[0] if why else None, "simulated": simulated,
+            "source": "SGLang /generate meta_info (one request alone)"
+            if (before and before[0]) or (after and after[0]) else None}
 
 
 async def _prompt_tokens(client: OpenAIClient, contents: list[str]) -> list[int]:
@@ -267,6 +287,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                 warm = asyncio.run(_warm_up(served.base_url, options,
                                             options.prompts.is_synthetic and calibration is None, served))
                 calibration = warm.get("calibration", calibration)
+                accept_before = asyncio.run(_server_state(served.base_url)).get("accept_probe")
                 if calibration is not None:
                     warm["calibration"] = calibration
                 # whole passes over the levels, not each level N times in a row: slow drift on
@@ -283,6 +304,8 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                                       on_request=listener.request_done,
                                       rejected_fields=warm.get("rejected_fields"))
                     state = asyncio.run(_server_state(served.base_url))
+                    state["accept_length"] = accept_record(accept_before, state.pop("accept_probe", None),
+                                                           served.facts.get("simulated_accept_length"))
                     record = level_record(result.run_id, served, options, level, warm, state, run_facts)
                     record["repeat"] = repeat
                     result.records.append(record)
@@ -303,7 +326,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
 def level_record(run_id: str, served: ServedProfile, options: BenchOptions, level: LevelRun,
                  warm: dict, state: dict, run_facts: dict | None) -> dict:
     server = {**served.facts, "model": warm.get("model"), **warm.get("config", {})}
-    for key in ("version", "avg_spec_accept_length", "dyn_spec_disable"):
+    for key in ("version", "avg_spec_accept_length", "dyn_spec_disable", "accept_length"):
         if state.get(key) is not None:
             server[key] = state[key]
     return {

@@ -17,7 +17,7 @@ from .. import server, stack
 from ..inventory import Host, InventoryError, load_inventory
 from . import recommend as recommend_mod
 from .hosts import HostServers, RunningOnHost, host_facts
-from .outputs import OutputError, RunWriter
+from .outputs import OutputError, RunWriter, load_records
 from .plot import plot_throughput
 from .runner import (BenchError, BenchOptions, RunningServer, ServerControl, SweepListener, new_run_id,
                      run_sweep)
@@ -170,6 +170,10 @@ def run(plan: BenchPlan, options: BenchOptions, out_dir: Path, *, run_id: str | 
         outcome.errors = result.errors
     except KeyboardInterrupt:
         outcome.interrupted = True
+        if writer.jsonl.exists():
+            # the file is what finished: an interrupt that lands between a level's line going to
+            # disk and `keep` taking it in memory must not leave that level out of the CSV
+            outcome.records = load_records(writer.jsonl)
     title = f"bench {outcome.run_id} ({options.prompts.dataset}, output {options.prompts.output_len} tokens)"
     outcome.recommendations, outcome.written = finalize(writer, outcome.records, title)
     return outcome
