@@ -194,6 +194,7 @@ def summarize(run, raw, smoke, servers, tp=1):
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     runs = []
+    stock_healthy = set(raw.get("stock", {}).get("jit_healthy", []))
     for srv in servers:
         if srv.label not in by:
             continue
@@ -208,6 +209,9 @@ def summarize(run, raw, smoke, servers, tp=1):
                      "jit_new_after_healthy": jit_modules(new),
                      "jit_new_after_healthy_files": new[:60],
                      "jit_new_by_end": jit_modules(new_end),
+                     # what the server compiled before healthy that the stock one did not (the fix's warm-up)
+                     "jit_at_healthy_beyond_stock": (jit_modules(sorted(set(healthy) - stock_healthy))
+                                                     if stock_healthy and srv.label != "stock" else None),
                      "log_after_healthy": snap.get("log_after_first_crossing"),
                      "errors": sum(1 for r in recs if r.get("error"))})
     startup = {}

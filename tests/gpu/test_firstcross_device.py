@@ -60,6 +60,10 @@ async def run_all(tmp_path, crossings=3, budget=300, smoke_raises=False):
         with open(os.path.join(dirs["triton"][1], "at-start.cubin"), "w") as f:
             f.write("x")
         lazy = os.path.join(dirs["tvm-ffi"][1], "clamp_position_abc123", "clamp_position.so")
+        if label == "new-a":  # the fix compiles it at start
+            os.makedirs(os.path.dirname(lazy))
+            with open(lazy, "w") as f:
+                f.write("so")
         standin = CompilingStandIn(str(tmp_path / f"{label}.log"), jit_file=lazy if label == "old-a" else None, **kw)
         if label == "new-a":
             standin.write("[TP0] Dynamic speculation disable enabled: threshold=3 hysteresis=1; "
@@ -137,6 +141,8 @@ def test_the_first_crossings_stall_and_what_it_compiled(result):
     assert old["jit_new_after_healthy_files"] == ["tvm-ffi:clamp_position_abc123/clamp_position.so"]
     # what was there when the server turned healthy is not "new"
     assert new["jit_new_after_healthy"] == [] and runs["stock"]["jit_new_by_end"] == []
+    assert new["jit_at_healthy_beyond_stock"] == ["tvm-ffi:clamp_position_abc123"]
+    assert old["jit_at_healthy_beyond_stock"] == [] and runs["stock"]["jit_at_healthy_beyond_stock"] is None
 
 
 def test_startup_memory_and_transitions(result):
