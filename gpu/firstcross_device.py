@@ -194,7 +194,7 @@ def summarize(run, raw, smoke, servers, tp=1):
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     runs = []
-    stock_healthy = set(raw.get("stock", {}).get("jit_healthy", []))
+    stock_healthy = set(raw["stock"]["jit_healthy"]) if "stock" in raw else None
     for srv in servers:
         if srv.label not in by:
             continue
@@ -211,7 +211,7 @@ def summarize(run, raw, smoke, servers, tp=1):
                      "jit_new_by_end": jit_modules(new_end),
                      # what the server compiled before healthy that the stock one did not (the fix's warm-up)
                      "jit_at_healthy_beyond_stock": (jit_modules(sorted(set(healthy) - stock_healthy))
-                                                     if stock_healthy and srv.label != "stock" else None),
+                                                     if stock_healthy is not None and srv.label != "stock" else None),
                      "log_after_healthy": snap.get("log_after_first_crossing"),
                      "errors": sum(1 for r in recs if r.get("error"))})
     startup = {}
@@ -229,6 +229,21 @@ def summarize(run, raw, smoke, servers, tp=1):
             "note": ("gaps: client-side inter-chunk gaps of streamed /generate requests in each "
                      "crossing's window (burst) and resume's (after it); 'stock' (eagle3-v2) is the "
                      "reference; JIT caches per server, empty at start")}
+
+
+def gpu_memory():
+    """nvidia-smi's per-process GPU memory (text), or why not."""
+    import subprocess
+    try:
+        return subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        return [repr(e)[:200]]
+
+
+def write_result(out, result):
+    with open(os.path.join(out, "firstcross.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 async def measure(s, servers, prompts, plan, out, smoke_fn=None, reserve_s=20):
@@ -253,8 +268,7 @@ async def measure(s, servers, prompts, plan, out, smoke_fn=None, reserve_s=20):
         raw[srv.label]["jit_end"] = jit_snapshot(srv)
     run.flush()
     result = summarize(run, raw, smoke, servers)
-    with open(os.path.join(out, "firstcross.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(out, result)
     return result
 
 
@@ -270,24 +284,32 @@ async def main():
     ap.add_argument("--models", default="/tmp/models")
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--mem", type=float, default=0.8)
+    ap.add_argument("--jit-root", default=JIT_ROOT)
+    ap.add_argument("--logs", default="/tmp/dyn-logs")
     a = ap.parse_args()
     import dyn_device
     import shapes_device
     ad.BUDGET = ad.el() + a.budget_s
     shapes_device.BUDGET = dyn_device.el() + a.budget_s
     shapes_device.MODELS = dyn_device.MODELS = a.models
+    shapes_device.LOGS = dyn_device.LOGS = a.logs
     os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.logs, exist_ok=True)
     plan = ad.Plan(threshold=a.threshold, crossings=a.crossings, before_n=0, eq_n=0,
                    burst_extra=a.burst - 2 * a.threshold, burst_tokens=a.answer_tokens,
                    span_tokens=3 * a.answer_tokens, span_lead=8, resume_n=3, resume_tokens=32)
     prompts = make_prompts(a.crossings * (plan.burst + 1 + plan.resume_n), a.prompt_len)
-    servers = make_servers(a.servers.split(","), a.threshold, a.mem)
+    servers = make_servers(a.servers.split(","), a.threshold, a.mem, jit_root=a.jit_root)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as s:
         try:
             await shapes_device.start_servers(servers, False, 2)
             health = await shapes_device.wait_up(s, servers, max(10, min(200, ad.left() - 50)))
             live = [srv for srv in servers if health.get(srv.name) is not None]
+            memory = gpu_memory()
             result = await measure(s, live, prompts, plan, a.out)
+            result.update(healthy_after_s={srv.label: health.get(srv.name) for srv in servers},
+                          gpu_memory_after_healthy=memory, pids={srv.label: srv.proc.pid for srv in servers if srv.proc})
+            write_result(a.out, result)
             for r in result["runs"]:
                 ad.say("stall", r["server"], r["patch"], json.dumps({k: r[k] for k in (
                     "first_crossing_max_gap_ms", "later_crossings_max_gap_ms_median",
@@ -299,6 +321,8 @@ async def main():
                 ad.say("smoke", label, json.dumps({k: row[k] for k in (
                     "ok", "burst_status", "burst_longest_gap_ms", "burst_median_step_ms", "burst_bound_ms")}))
         finally:
+            if not os.path.exists(os.path.join(a.out, "firstcross.json")):  # ended before measuring
+                write_result(a.out, {"runs": [], "alive_at_end": {srv.label: srv.alive() for srv in servers}})
             ad.stop_all(servers)
             scans = {srv.label: srv.scan_log() for srv in servers}
             with open(os.path.join(a.out, "firstcross_logs_scan.json"), "w") as f:

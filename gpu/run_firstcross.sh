@@ -18,7 +18,7 @@ BUDGET_S=${BUDGET_S:-200}
 OUT=${OUT:-/tmp/out}
 LOGS=/tmp/dyn-logs
 WORK=$LOGS/firstcross
-mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 finish() {

@@ -210,3 +210,31 @@ def test_servers_run_the_profiles_on_their_sglang_with_their_own_jit_caches():
         assert "SGLANG_SIMULATE_ACC_LEN" in s.env
         assert s.env.get("SGLANG_SPEC_DISABLE_THRESHOLD") == (None if label == "stock" else "12")
     assert len({s.env["TVM_FFI_CACHE_DIR"] for s in servers.values()}) == 5
+
+
+def test_main_end_to_end_on_stand_in_servers(tmp_path):
+    """The driver as run_firstcross.sh runs it, its five servers started as processes (a stand-in
+    sglang.launch_server on loopback), the real toolkit smoke against the -b ones."""
+    import subprocess
+    import sys
+    from tests.gpu.scripts import ROOT
+    env = dict(os.environ, EXTRA_PYTHONPATH=str(ROOT / "tests" / "gpu" / "fake_sglang"))
+    out, jit = tmp_path / "out", tmp_path / "jit"
+    p = subprocess.run([sys.executable, str(ROOT / "gpu" / "firstcross_device.py"), "--out", str(out),
+                        "--budget-s", "120", "--threshold", "3", "--burst", "8", "--prompt-len", "6",
+                        "--answer-tokens", "10", "--crossings", "3", "--models", str(tmp_path / "models"),
+                        "--jit-root", str(jit), "--logs", str(tmp_path / "logs")], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((out / "firstcross.json").read_text())
+    assert all(w is not None for w in res["healthy_after_s"].values()), res["healthy_after_s"]
+    runs = {r["server"]: r for r in res["runs"]}
+    assert set(runs) == {"stock", "old-a", "new-a"} and all(r["crossings"] == 3 for r in runs.values())
+    assert runs["old-a"]["first_crossing_max_gap_ms"] >= 500 > runs["new-a"]["first_crossing_max_gap_ms"]
+    assert runs["old-a"]["jit_new_after_healthy"] == ["tvm-ffi:clamp_position_0"]
+    assert runs["new-a"]["jit_at_healthy_beyond_stock"] == ["tvm-ffi:clamp_position_0"]
+    assert {k: v["extra_gpu_memory_gib"] for k, v in res["startup"].items()} == {
+        "old-a": 0.12, "old-b": 0.12, "new-a": 0.31, "new-b": 0.31}
+    assert set(res["smoke"]) == {"old-b", "new-b"}  # the stand-in has no /v1: the smoke fails, and says so
+    assert all(row["ok"] is False for row in res["smoke"].values())
+    assert res["transitions"]["old-a"]["stopped_lines"] == 3
+    assert (out / "firstcross_logs_scan.json").exists()
