@@ -212,18 +212,22 @@ def test_servers_run_the_profiles_on_their_sglang_with_their_own_jit_caches():
     assert len({s.env["TVM_FFI_CACHE_DIR"] for s in servers.values()}) == 5
 
 
-def test_main_end_to_end_on_stand_in_servers(tmp_path):
+def run_main(tmp_path, **env_extra):
     """The driver as run_firstcross.sh runs it, its five servers started as processes (a stand-in
     sglang.launch_server on loopback), the real toolkit smoke against the -b ones."""
     import subprocess
     import sys
     from tests.gpu.scripts import ROOT
-    env = dict(os.environ, EXTRA_PYTHONPATH=str(ROOT / "tests" / "gpu" / "fake_sglang"))
+    env = dict(os.environ, EXTRA_PYTHONPATH=str(ROOT / "tests" / "gpu" / "fake_sglang"), **env_extra)
     out, jit = tmp_path / "out", tmp_path / "jit"
-    p = subprocess.run([sys.executable, str(ROOT / "gpu" / "firstcross_device.py"), "--out", str(out),
+    return out, subprocess.run([sys.executable, str(ROOT / "gpu" / "firstcross_device.py"), "--out", str(out),
                         "--budget-s", "120", "--threshold", "3", "--burst", "8", "--prompt-len", "6",
                         "--answer-tokens", "10", "--crossings", "3", "--models", str(tmp_path / "models"),
                         "--jit-root", str(jit), "--logs", str(tmp_path / "logs")], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_main_end_to_end_on_stand_in_servers(tmp_path):
+    out, p = run_main(tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((out / "firstcross.json").read_text())
     assert all(w is not None for w in res["healthy_after_s"].values()), res["healthy_after_s"]
@@ -238,3 +242,15 @@ def test_main_end_to_end_on_stand_in_servers(tmp_path):
     assert all(row["ok"] is False for row in res["smoke"].values())
     assert res["transitions"]["old-a"]["stopped_lines"] == 3
     assert (out / "firstcross_logs_scan.json").exists()
+
+
+def test_main_measures_the_servers_that_came_up_when_others_died_at_start(tmp_path):
+    out, p = run_main(tmp_path, FAKE_SGLANG_OLD_DIES="1")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((out / "firstcross.json").read_text())
+    assert res["healthy_after_s"]["old-a"] is None and res["healthy_after_s"]["old-b"] is None
+    assert res["healthy_after_s"]["new-a"] is not None
+    assert {r["server"] for r in res["runs"]} == {"stock", "new-a"}
+    assert set(res["smoke"]) == {"new-b"}
+    scan = json.loads((out / "firstcross_logs_scan.json").read_text())
+    assert scan["old-a"]["error_lines"] >= 1  # the dead server's last words are in the scan

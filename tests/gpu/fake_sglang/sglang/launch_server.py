@@ -31,6 +31,8 @@ async def main():
     port = int(argv[argv.index("--port") + 1])
     threshold = os.environ.get("SGLANG_SPEC_DISABLE_THRESHOLD")
     old = "site-r8" in os.environ["PYTHONPATH"].split(":")[0]
+    if old and os.environ.get("FAKE_SGLANG_OLD_DIES"):
+        sys.exit("RuntimeError: Not enough memory")
     s = StandIn("/dev/stdout", accept=2.5 if "--speculative-algorithm" in argv else None,
                 threshold=int(threshold) if threshold else None, first_off_stall_s=1.0 if old else 0.0)
     if threshold and not old:
