@@ -266,7 +266,11 @@ async def measure(s, servers, prompts, plan, out, smoke_fn=None, reserve_s=20):
         ad.say("budget: protocol cut short")
     for srv in servers:
         raw[srv.label]["jit_end"] = jit_snapshot(srv)
-    run.flush()
+    # 1024 random ids per prompt would make the records most of the returned tgz
+    with open(os.path.join(out, "records.jsonl"), "w") as f:
+        for r in run.records:
+            ids = r.get("prompt_ids") or []
+            f.write(json.dumps(dict(r, prompt_ids=None, prompt_len=len(ids), prompt_head=ids[:4])) + "\n")
     result = summarize(run, raw, smoke, servers)
     write_result(out, result)
     return result

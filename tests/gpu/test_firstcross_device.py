@@ -127,6 +127,7 @@ def test_runs_in_the_issues_form_for_the_gap_servers_only(result):
     # 3 gap servers x 3 crossings x (1 span + 8 burst + 2 resume); the smoke servers get none
     assert len(records) == 3 * 3 * 11
     assert {r["server"] for r in records} == {"stock", "old-a", "new-a"}
+    assert all(r["prompt_ids"] is None and r["prompt_len"] == 6 and len(r["prompt_head"]) == 4 for r in records)
 
 
 def test_the_first_crossings_stall_and_what_it_compiled(result):
