@@ -168,7 +168,8 @@ async def run_smoke(srv):
     threshold = srv.env_shown.get("SGLANG_SPEC_DISABLE_THRESHOLD")
     result = await run_smoke_async(srv.base, read_log=srv.read_log,
                                    burst=burst_size(int(threshold) if threshold else None))
-    return {"ok": result.ok, "checks": [
+    # burst_gaps: the burst's stall figures, where the smoke reports them (docs/smoke.md)
+    return {"ok": result.ok, "burst_gaps": getattr(result, "burst_gaps", None), "checks": [
         {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
         for c in result.checks]}
 

@@ -1,0 +1,1 @@
+"""A stand-in `sglang` package for running gpu/firstcross_device.py's main() on the CPU."""
