@@ -12,7 +12,7 @@ from . import sm120
 from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
 from .parsing import command
 
-ACTIONS = ("start", "stop", "restart", "status", "logs", "model", "profiles", "render")
+ACTIONS = ("start", "stop", "restart", "status", "watch", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
   start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N] [--hysteresis N]
                 [--skip-patch-check] [--dry-run]
@@ -24,6 +24,11 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
                            stop the running server and start it again with the options it was started
                            with (options given now replace those); PROFILE: start that one instead
   status [--json]          running?, profile, pid, port, uptime, health
+  watch [--interval S] [--once] [--polls N] [--json] [--record FILE]
+                           a live table, one row per host: profile, patches, running/queued requests,
+                           drafting on/off and since when, switches, accept length, gen tok/s, KV use,
+                           each TP rank's scheduler process; from SGLang's /metrics (or /server_info)
+                           through the SSH tunnel; Ctrl-C leaves; --once --json for scripts
   logs [PROFILE] [-f] [--rank N] [--lines N] [--duration S] [--run N] [--list]
                            the log of the current/last run (every start keeps its own log); --run 1 is the
                            run before it; --list names the kept logs
@@ -67,12 +72,16 @@ def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     "list_": "logs: list the kept logs of the profile (path, size, time) instead of printing one",
     "out": "model: folder on the host (default: host's server.model, else <venv>/../models/tiny-llama)",
     "seed": "model: seed of the random weights (default 0)",
-    "json_": "status/start/stop/restart: print JSON instead of a table",
+    "json_": "status/start/stop/restart: print JSON instead of a table; watch: one JSON line per poll",
+    "interval": "watch: seconds between polls (default 2)",
+    "once": "watch: poll once, print, exit (non-zero when a host's server is not up)",
+    "polls": "watch: stop after N polls (default: until Ctrl-C)",
+    "record": "watch: append every /metrics reading to FILE (JSONL; what the dashboard renderer draws)",
 }, name="server")
 def server_task(c, action=None, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
                 model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False,
                 dry_run=False, follow=False, rank=None, lines=None, duration=None, run=None, list_=False, out=None,
-                seed=None, json_=False):
+                seed=None, json_=False, interval=None, once=False, polls=None, record=None):
     """The model server on a host: start a profile, stop or restart it, status, logs; make the reference model."""
     if help_or_bad_action(server_task, action, ACTIONS, profile):
         return
@@ -100,6 +109,11 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
                          None if memory_wait is None else float(memory_wait), json_)
         if action == "status":
             return _status(host, json_)
+        if action == "watch":
+            from . import watch as watch_cli
+
+            return watch_cli.watch(host, float(interval or 2.0), once, int_option(polls, "--polls"), json_,
+                                   record or None)
         if action == "logs":
             if list_:
                 return _list_logs(host, profile)
