@@ -150,16 +150,22 @@ def level_change(before: dict | None, after: dict | None) -> dict | None:
     return delta
 
 
-def read_series(path: Path) -> list[Snapshot]:
-    """A JSONL time series (one Snapshot per line), oldest first; blank lines skipped."""
-    out = []
+def read_series(path: Path, host: str | None = None) -> list[Snapshot]:
+    """A JSONL time series (one Snapshot per line, with a "host" key where several hosts were
+    recorded into one file), oldest first; `host` keeps that host's lines only."""
+    out, hosts = [], set()
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append(Snapshot.from_json(json.loads(line)))
-        except (ValueError, KeyError, TypeError) as exc:
+            data = json.loads(line)
+            hosts.add(data.get("host"))
+            if host is None or data.get("host") == host:
+                out.append(Snapshot.from_json(data))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ScrapeError(f"{path}:{number}: not a scrape line ({exc})") from None
+    if host is None and len(hosts) > 1:
+        raise ScrapeError(f"{path} holds scrapes of several hosts ({', '.join(sorted(map(str, hosts)))}): name one")
     return sorted(out, key=lambda s: s.t)
 
 
