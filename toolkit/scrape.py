@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 DYN_PREFIX = "sglang:spec_dyn_disable_"
 DYN_COUNTERS = ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on")
 # labels SGLang puts on every scheduler/tokenizer metric; other labels make separate keys
@@ -47,6 +45,8 @@ def _key(name: str, labels: dict) -> str:
 
 def parse(text: str) -> dict[str, float]:
     """The samples of an exposition as {key: value} (see the module's doc)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     values: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):

@@ -41,7 +41,10 @@ def row(view: engine.HostView) -> list[str]:
     dyn = view.dyn or {}
     drafting = "-" if not dyn else ("on" if dyn.get("speculating") else "off") + f" (>{dyn.get('threshold')})"
     switches = "-" if not dyn or dyn.get("switches_off") is None else f"{dyn['switches_off']}/{dyn['switches_on']}"
-    ranks = "-" if not view.ranks else " ".join(f"TP{r}:{v}" for r, v in view.ranks.items())
+    ranks = "-"
+    if view.ranks:
+        gone = [f"TP{r}" for r, v in view.ranks.items() if v != "ok"]
+        ranks = f"{len(view.ranks) - len(gone)}/{len(view.ranks)} ok" + (f", gone: {','.join(gone)}" if gone else "")
     running = "-" if view.running is None else f"{_num(view.running)}/{_num(view.queued)}"
     usage = "-" if view.token_usage is None else f"{view.token_usage:.0%}"
     return [view.host, view.state, view.profile or "-", ",".join(view.patch_stack) or "-", running, drafting,

@@ -136,7 +136,7 @@ def test_live_table_then_ctrl_c_leaves_cleanly(cli):
     table = cli("--polls", "2", "--interval", "0.2")
     out, err = table.communicate(timeout=120)
     assert table.returncode == 0, err
-    assert "watched" in out and "off (>8)" in out and "7/6" in out and "TP1:ok" in out
+    assert "watched" in out and "off (>8)" in out and "7/6" in out and "2/2 ok" in out
     assert "watch ended after 2 poll(s)" in err
 
     live = cli("--json", "--interval", "0.2")
