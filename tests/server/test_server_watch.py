@@ -148,6 +148,18 @@ def test_live_table_then_ctrl_c_leaves_cleanly(cli):
     assert "Traceback" not in err and "watch ended after" in err
 
 
+def test_ctrl_c_in_the_live_table(cli, tmp_path):
+    record = tmp_path / "live.jsonl"
+    live = cli("--interval", "0.2", "--record", str(record))
+    deadline = time.monotonic() + 60
+    while (not record.exists() or not record.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)                          # the first poll is done when its reading is on disk
+    live.send_signal(signal.SIGINT)
+    out, err = live.communicate(timeout=120)
+    assert live.returncode == 0, err
+    assert "Traceback" not in err and "watch ended after" in err and "off (>8)" in out
+
+
 def test_the_cpu_reference_server(running_cpu_ref):
     host, state = running_cpu_ref
     [view] = poll_once([host])
