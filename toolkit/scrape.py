@@ -6,7 +6,7 @@ plus the labels that are not SGLang's standard ones (`sglang:cuda_graph_passes_t
 histogram buckets and `_created` samples are left out, and so are ranks other than TP rank 0
 where a server exports every scheduler's metrics. `Snapshot` is one such reading with its time;
 `dyn_state` takes the dyn-disable patch's state from it (the `sglang:spec_dyn_disable_*`
-metrics of patchsets/dyn-disable/0.5.11/0002-dyn-disable-metrics.patch), or from `/server_info`
+metrics of patchsets/dyn-disable/<release>/0002-dyn-disable-metrics.patch), or from `/server_info`
 where the server does not export metrics (`dyn_from_server_info`). A time series is a JSONL
 file, one `Snapshot.to_json()` per line.
 """

@@ -1,8 +1,10 @@
-"""The dyn-disable metrics diff (0002-dyn-disable-metrics.patch) on SGLang 0.5.11's files, with its
-0001 below it: the patched `dyn_disable_metrics` module driven by the patch's own `SpecSwitch`,
-exported with the real prometheus_client and read back from the exposition text, in-process and
-in prometheus_client's multiprocess mode as SGLang serves it; and the scheduler's patched
-`report_decode_stats` executed with a stand-in scheduler, so the hook itself is what is tested."""
+"""The dyn-disable metrics diff (0002-dyn-disable-metrics.patch) on the files of each release the
+patchset has diffs for (0.5.11 and 0.5.17), with its 0001 below it: the patched
+`dyn_disable_metrics` module driven by the patch's own `SpecSwitch`, exported with the real
+prometheus_client and read back from the exposition text, in-process and in prometheus_client's
+multiprocess mode as SGLang serves it; and the patched `report_decode_stats`
+(0.5.11: the scheduler's metrics mixin; 0.5.17: its SchedulerMetricsReporter) executed with a
+stand-in scheduler, so the hook itself is what is tested."""
 from __future__ import annotations
 
 import subprocess
@@ -15,26 +17,32 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from toolkit import patchsets, scrape
 
-from .conftest import PATCHSET, load_by_path, method_source, stub_modules, tree_with
+from .conftest import PATCHSET, RELEASES, load_by_path, method_source, stub_modules, tree_with
 
-METRICS_PATCH = PATCHSET / "0.5.11" / "0002-dyn-disable-metrics.patch"
 LABELS = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return tree_with(tmp_path_factory.mktemp("dyn-metrics"), [PATCHSET / "0.5.11" / "0001-dyn-disable.patch",
-                                                              METRICS_PATCH])
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def dyn(tree):
-    return load_by_path("dyn_disable_for_metrics", tree / "sglang/srt/speculative/dyn_disable.py")
+def tree(tmp_path_factory, release):
+    folder = PATCHSET / release
+    return tree_with(tmp_path_factory.mktemp(f"dyn-metrics-{release}"),
+                     [folder / "0001-dyn-disable.patch", folder / "0002-dyn-disable-metrics.patch"], release)
 
 
 @pytest.fixture(scope="module")
-def metrics_mod(tree):
-    return load_by_path("dyn_disable_metrics_under_test", tree / "sglang/srt/speculative/dyn_disable_metrics.py")
+def dyn(tree, release):
+    return load_by_path(f"dyn_disable_for_metrics_{release}", tree / "sglang/srt/speculative/dyn_disable.py")
+
+
+@pytest.fixture(scope="module")
+def metrics_mod(tree, release):
+    return load_by_path(f"dyn_disable_metrics_under_test_{release}",
+                        tree / "sglang/srt/speculative/dyn_disable_metrics.py")
 
 
 def switch(dyn, threshold=8, hysteresis=2):
@@ -47,8 +55,9 @@ def exposition(registry) -> dict:
 
 def test_the_metrics_diff_is_applied_after_0001_in_file_name_order():
     dyn_disable = patchsets.load_all()["dyn-disable"]
-    assert [p.name for p in dyn_disable.patches("0.5.11")] == ["0001-dyn-disable.patch",
-                                                               "0002-dyn-disable-metrics.patch"]
+    for release in RELEASES:
+        assert [p.name for p in dyn_disable.patches(release)] == ["0001-dyn-disable.patch",
+                                                                  "0002-dyn-disable-metrics.patch"]
 
 
 def test_switch_state_reads_back_from_the_exposition(dyn, metrics_mod):
@@ -93,21 +102,26 @@ def test_help_text_and_types_follow_sglang(dyn, metrics_mod):
 
 
 def test_attach_makes_nothing_when_inert_or_metrics_are_off(dyn, metrics_mod):
-    def scheduler(enabled, dyn_switch):
+    def reporter(enabled):
         return types.SimpleNamespace(current_scheduler_metrics_enabled=enabled,
-                                     draft_worker=types.SimpleNamespace(dyn_disable=dyn_switch),
                                      metrics_collector=types.SimpleNamespace(labels=dict(LABELS)))
 
-    assert metrics_mod.attach(scheduler(True, None)) is None          # patch inert: no threshold
-    assert metrics_mod.attach(scheduler(False, switch(dyn))) is None  # --enable-metrics off, or rank 1..
-    no_draft = types.SimpleNamespace(current_scheduler_metrics_enabled=True, draft_worker=None)
-    assert metrics_mod.attach(no_draft) is None                       # no speculative decoding at all
+    def draft(dyn_switch):
+        return types.SimpleNamespace(dyn_disable=dyn_switch)
+
+    assert metrics_mod.attach(reporter(True), draft(None)) is None          # patch inert: no threshold
+    assert metrics_mod.attach(reporter(False), draft(switch(dyn))) is None  # --enable-metrics off, or rank 1..
+    assert metrics_mod.attach(reporter(True), None) is None                 # no speculative decoding at all
 
 
-def _report_decode_stats(tree):
-    """The patched SchedulerMetricsMixin.report_decode_stats as a plain function."""
-    source = method_source(tree / "sglang/srt/observability/scheduler_metrics_mixin.py",
-                           "SchedulerMetricsMixin", "report_decode_stats")
+REPORTERS = {"0.5.11": ("sglang/srt/observability/scheduler_metrics_mixin.py", "SchedulerMetricsMixin"),
+             "0.5.17": ("sglang/srt/managers/scheduler_components/metrics_reporter.py", "SchedulerMetricsReporter")}
+
+
+def _report_decode_stats(tree, release):
+    """The patched report_decode_stats of the release as a plain function."""
+    path, owner = REPORTERS[release]
+    source = method_source(tree / path, owner, "report_decode_stats")
     namespace = {"ScheduleBatch": object}
     exec(compile("from __future__ import annotations\n" + source, "report_decode_stats", "exec"), namespace)
     return namespace["report_decode_stats"]
@@ -123,20 +137,25 @@ class _Collector:
 
 
 def _scheduler(dyn_switch, enabled=True):
+    """The object report_decode_stats runs on: 0.5.11's scheduler (the mixin's self) and 0.5.17's
+    metrics reporter (its `scheduler` attribute) in one."""
     batch = types.SimpleNamespace(batch_size=lambda: 12, dp_cooperation_info=None)
+    draft_worker = types.SimpleNamespace(dyn_disable=dyn_switch)
     return types.SimpleNamespace(
         current_scheduler_metrics_enabled=enabled, running_batch=batch, metrics_collector=_Collector(),
-        enable_mfu_metrics=False, scheduler_status_logger=None, forward_ct_decode=1,
+        enable_mfu_metrics=False, scheduler_status_logger=None, forward_ct_decode=1, decode_log_interval=40,
         server_args=types.SimpleNamespace(decode_log_interval=40), is_stats_logging_rank=enabled,
-        draft_worker=types.SimpleNamespace(dyn_disable=dyn_switch))
+        draft_worker=draft_worker, waiting_queue=[],
+        scheduler=types.SimpleNamespace(running_batch=batch, draft_worker=draft_worker, waiting_queue=[]))
 
 
-def test_every_decode_step_of_the_scheduler_brings_the_metrics_up_to_date(tree, dyn, metrics_mod, monkeypatch):
+def test_every_decode_step_of_the_scheduler_brings_the_metrics_up_to_date(tree, release, dyn, metrics_mod,
+                                                                          monkeypatch):
     registry = CollectorRegistry()
     real = metrics_mod.DynDisableMetrics
     monkeypatch.setattr(metrics_mod, "DynDisableMetrics",
                         lambda sw, labels: real(sw, labels, registry=registry))
-    report = _report_decode_stats(tree)
+    report = _report_decode_stats(tree, release)
     sw = switch(dyn, threshold=4, hysteresis=1)
     sched = _scheduler(sw)
     with stub_modules({"sglang.srt.speculative.dyn_disable_metrics": vars(metrics_mod)}):
@@ -151,8 +170,8 @@ def test_every_decode_step_of_the_scheduler_brings_the_metrics_up_to_date(tree, 
     assert values["sglang:spec_dyn_disable_drafting"] == 1
 
 
-def test_no_metrics_object_on_a_scheduler_that_does_not_export(tree, dyn, metrics_mod):
-    report = _report_decode_stats(tree)
+def test_no_metrics_object_on_a_scheduler_that_does_not_export(tree, release, dyn, metrics_mod):
+    report = _report_decode_stats(tree, release)
     for sched in (_scheduler(switch(dyn), enabled=False), _scheduler(None)):
         if sched.draft_worker.dyn_disable is not None:
             sched.draft_worker.dyn_disable.decide(9)

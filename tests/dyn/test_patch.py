@@ -142,7 +142,7 @@ def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):
     meta = tomllib.loads((PATCHSET / "patchset.toml").read_text())
     releases = patchsets.load_all(REPO / "patchsets")["dyn-disable"].releases
     assert {release: names[0] for release, names in releases.items()} == {
-        release: patch_for(release).name for release in RELEASES}   # 0.5.11 adds 0002 (metrics)
+        release: patch_for(release).name for release in RELEASES}   # then 0002 (metrics)
     startup = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"})).startup_message()
     assert meta["logs"]["startup"] and all(startup.startswith(line) for line in meta["logs"]["startup"])
     switch = dyn.SpecSwitch(dyn.config_from_env({dyn.THRESHOLD_ENV: "5"}))
