@@ -59,7 +59,7 @@ def test_every_help_way_prints_the_same_text():
 
 @pytest.mark.parametrize("name, actions", [
     ("patch", "list | check | apply | verify | revert | edit | refresh | port"),
-    ("server", "start | stop | restart | status | logs | model | profiles | render"),
+    ("server", "start | stop | restart | status | watch | dashboard | logs | model | profiles | render"),
     ("sandbox", "up | down | status"),
     ("wheelhouse", "build"),
 ])

@@ -349,6 +349,19 @@ class OpenAIClient:
         except ValueError:
             raise ClientError(f"GET {path}: not JSON: {text[:200]!r}") from None
 
+    async def get_text(self, path: str, *, timeout: float | None = None) -> str | None:
+        """The body of GET `path` as text; None on HTTP 404 (the server has no such endpoint)."""
+        try:
+            status, body = await self._get(path, timeout or self.timeout)
+        except TransportError as exc:
+            raise ClientError(f"GET {path}: {exc}") from None
+        text = body.decode("utf-8", "replace")
+        if status == 404:
+            return None
+        if status != 200:
+            raise ClientError(f"GET {path}: HTTP {status}: {text[:300]}")
+        return text
+
     async def list_models(self) -> list[str]:
         data = await self.get_json("/v1/models")
         models = [m.get("id") for m in (data.get("data") or []) if isinstance(m, dict) and m.get("id")]

@@ -88,6 +88,7 @@ class ServerState:
     check_patches: bool = True
     patch_stack: list[str] = field(default_factory=list)  # patchsets applied on the host when it started
     print_lines: list[str] = field(default_factory=list)  # `[logs] print` lines, "[TP0,TP1] text"
+    ranks: dict | None = None        # status: {"0": pid, ...} of SGLang's live scheduler processes
 
     @property
     def started_at_iso(self) -> str:
@@ -490,16 +491,17 @@ def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None 
                       round_trips=answer["round_trips"], notes=answer.get("notes", []))
 
 
-def status(host: Host) -> ServerState | None:
-    """The recorded server (status ready/starting/dead, health, uptime), or None when none is recorded."""
-    with host.connect() as transport:
-        answer = _ctl(transport, host, "status", 60)
+def status(host: Host, transport: Transport | None = None) -> ServerState | None:
+    """The recorded server (status ready/starting/dead, health, uptime, live scheduler ranks), or
+    None when none is recorded. `transport`: an open connection to reuse (`server watch`)."""
+    with contextlib.nullcontext(transport) if transport is not None else host.connect() as link:
+        answer = _ctl(link, host, "status", 60)
     record = answer.get("record")
     if record is None:
         return None
     status_word = "dead" if not answer["running"] else record.get("status", "ready")
     return _state_from_record(host, record, status=status_word, healthy=answer.get("healthy"),
-                              uptime_s=answer.get("uptime_s"))
+                              uptime_s=answer.get("uptime_s"), ranks=answer.get("ranks"))
 
 
 def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, since_start: bool = True,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import posixpath
 import signal
+from pathlib import Path
 import threading
 from datetime import datetime, timezone
 
@@ -12,7 +13,7 @@ from . import sm120
 from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
 from .parsing import command
 
-ACTIONS = ("start", "stop", "restart", "status", "logs", "model", "profiles", "render")
+ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
   start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N] [--hysteresis N]
                 [--skip-patch-check] [--dry-run]
@@ -24,6 +25,15 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
                            stop the running server and start it again with the options it was started
                            with (options given now replace those); PROFILE: start that one instead
   status [--json]          running?, profile, pid, port, uptime, health
+  watch [--interval S] [--once] [--polls N] [--json] [--record FILE]
+                           a live table, one row per host: profile, patches, running/queued requests,
+                           drafting on/off and since when, switches, accept length, gen tok/s, KV use,
+                           each TP rank's scheduler process; from SGLang's /metrics (or /server_info)
+                           through the SSH tunnel; Ctrl-C leaves; --once --json for scripts
+  dashboard --record FILE [--out PNG] [--host NAME]
+                           draw dashboards/sglang-dyn-disable.json's panels from a recorded scrape
+                           (watch --record, gpu/scrape_metrics.py) into a PNG (no host contact;
+                           --host picks one host's lines of a file that holds several)
   logs [PROFILE] [-f] [--rank N] [--lines N] [--duration S] [--run N] [--list]
                            the log of the current/last run (every start keeps its own log); --run 1 is the
                            run before it; --list names the kept logs
@@ -65,14 +75,19 @@ def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     "duration": "logs -f: stop following after S seconds (default 600)",
     "run": "logs: 0 = the current/last run (default), 1 = the run before it, ...",
     "list_": "logs: list the kept logs of the profile (path, size, time) instead of printing one",
-    "out": "model: folder on the host (default: host's server.model, else <venv>/../models/tiny-llama)",
+    "out": "model: folder on the host (default: host's server.model, else <venv>/../models/tiny-llama); "
+           "dashboard: the PNG to write (default: the record file with .png)",
     "seed": "model: seed of the random weights (default 0)",
-    "json_": "status/start/stop/restart: print JSON instead of a table",
+    "json_": "status/start/stop/restart: print JSON instead of a table; watch: one JSON line per poll",
+    "interval": "watch: seconds between polls (default 2)",
+    "once": "watch: poll once, print, exit (non-zero when a host's server is not up)",
+    "polls": "watch: stop after N polls (default: until Ctrl-C)",
+    "record": "watch: append every /metrics reading to FILE (JSONL); dashboard: the file to draw",
 }, name="server")
 def server_task(c, action=None, profile=None, host=None, timeout=None, grace=None, memory_wait=None, port=None,
                 model=None, draft_model=None, tp=None, threshold=None, hysteresis=None, skip_patch_check=False,
                 dry_run=False, follow=False, rank=None, lines=None, duration=None, run=None, list_=False, out=None,
-                seed=None, json_=False):
+                seed=None, json_=False, interval=None, once=False, polls=None, record=None):
     """The model server on a host: start a profile, stop or restart it, status, logs; make the reference model."""
     if help_or_bad_action(server_task, action, ACTIONS, profile):
         return
@@ -100,6 +115,13 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
                          None if memory_wait is None else float(memory_wait), json_)
         if action == "status":
             return _status(host, json_)
+        if action == "dashboard":
+            return _dashboard(record, out, host)
+        if action == "watch":
+            from . import watch as watch_cli
+
+            return watch_cli.watch(host, float(interval or 2.0), once, int_option(polls, "--polls"), json_,
+                                   record or None)
         if action == "logs":
             if list_:
                 return _list_logs(host, profile)
@@ -261,6 +283,21 @@ def _status(host_spec, json_) -> None:
                              _uptime(s.uptime_s), health if s.status != "dead" else "-"])
         report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
     finish(outcomes, failed=lambda s: s is not None and s.status == "dead")
+
+
+def _dashboard(record, out, host) -> None:
+    from toolkit import dashboard, scrape
+
+    if not record:
+        fail("`invoke server dashboard` needs --record FILE (written by `invoke server watch --record FILE`)", code=2)
+    path = Path(record)
+    if not path.is_file():
+        fail(f"--record {record}: no such file", code=2)
+    try:
+        written = dashboard.render(path, Path(out) if out else path.with_suffix(".png"), host=host or None)
+    except (scrape.ScrapeError, dashboard.DashboardError) as exc:
+        fail(str(exc))
+    report.line(f"wrote {written}")
 
 
 def _uptime(seconds) -> str:

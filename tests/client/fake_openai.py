@@ -9,6 +9,9 @@ measure how many requests per second a client can drive (benchmarks/bench_client
     python tests/client/fake_openai.py PORT [--chunks N] [--delay S] [--group N] [--mode M]
         [--tokens-per-chunk N]                          (standalone, its own process, for the benchmarks)
 
+`metrics` / `server_info`: a callable giving the current /metrics text / /server_info answer
+(a server_info dict is served as it is), for numbers that move as requests come in.
+
 `answer`: a callable(n) giving the words of the n-th non-streamed answer (0, 1, ...), e.g. a
 first answer that differs from the later ones, as SGLang's prefix cache can make it.
 
@@ -56,10 +59,11 @@ class FakeOpenAI:
                  port: int = 0, strict: bool = False, close_idle: bool = False, group: int = 1,
                  tokens_per_chunk: int = 1, server_info: dict | None = None, model_info: dict | None = None,
                  prompt_tokens=None, answer=None, stamps: str | None = "int", stall_s: float = 0.0,
-                 stall_at: int = 2, native=None):
+                 stall_at: int = 2, native=None, metrics=None):
         self.mode, self.chunks, self.delay, self.strict = mode, chunks, delay, strict
         self.group, self.tokens_per_chunk = max(1, group), max(1, tokens_per_chunk)
         self.server_info, self.model_info = server_info, model_info   # None: 404 like a non-SGLang server
+        self.metrics = metrics     # callable() -> Prometheus text (tests/client/sglang_metrics.py); None: 404
         self.prompt_tokens = prompt_tokens      # callable(text) -> count; default: words in the last message
         self.answer = answer                    # callable(n) -> the words of the n-th non-streamed answer
         self.answers_sent = 0
@@ -162,6 +166,10 @@ class FakeOpenAI:
             self._send(writer, "200 OK", {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
         elif method == "GET" and path in ("/server_info", "/get_server_info") and self.server_info is not None:
             self._send(writer, "200 OK", self.server_info() if callable(self.server_info) else self.server_info)
+        elif method == "GET" and path == "/metrics" and self.metrics is not None:
+            data = self.metrics().encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+                         + f"content-length: {len(data)}\r\n\r\n".encode() + data)
         elif method == "GET" and path in ("/model_info", "/get_model_info") and self.model_info is not None:
             self._send(writer, "200 OK", self.model_info)
         elif method == "POST" and path == "/v1/chat/completions":

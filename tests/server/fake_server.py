@@ -5,6 +5,11 @@ covers that). Standard library only.
 
     fake_server.py BIND PORT [--tp N] [--rank-line TEXT] [--line-of-rank R TEXT] [--skip-rank R]
                    [--ignore-term] [--child] [--die-at-start] [--no-health]
+                   [--metrics FILE] [--server-info FILE] [--scheduler-procs]
+
+--metrics / --server-info serve a file's current content at /metrics / /server_info (a test
+rewrites it to move the numbers); --scheduler-procs runs one child per TP rank titled as SGLang
+titles its scheduler processes (sglang::scheduler_TP<r>), for `server watch`'s rank health.
 """
 import argparse
 import http.server
@@ -28,6 +33,9 @@ def main():
     parser.add_argument("--child", action="store_true", help="also run a child (a 'TP worker') in the group")
     parser.add_argument("--die-at-start", action="store_true")
     parser.add_argument("--no-health", action="store_true", help="never answer /health")
+    parser.add_argument("--metrics", help="serve this file at /metrics")
+    parser.add_argument("--server-info", help="serve this file at /server_info")
+    parser.add_argument("--scheduler-procs", action="store_true")
     options = parser.parse_args()
 
     if options.ignore_term:
@@ -42,6 +50,10 @@ def main():
         code += "time.sleep(3600)\n"
         child = subprocess.Popen([sys.executable, "-c", code])
         print("fake server: worker pid %d" % child.pid, flush=True)
+    if options.scheduler_procs:
+        for rank in range(options.tp):
+            title = "sglang::scheduler_TP%d" % rank if options.tp > 1 else "sglang::scheduler"
+            subprocess.Popen([title, "-c", "import time; time.sleep(3600)"], executable=sys.executable)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for rank in range(options.tp):
         if rank in options.skip_rank:
@@ -52,6 +64,15 @@ def main():
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            served = {"/metrics": options.metrics, "/server_info": options.server_info}.get(self.path)
+            if served:
+                with open(served, "rb") as handle:
+                    body = handle.read()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             ok = self.path == "/health" and not options.no_health
             self.send_response(200 if ok else 503)
             self.end_headers()

@@ -22,6 +22,7 @@ from typing import Callable, ContextManager, Iterator, Protocol
 import aiohttp
 
 from ..client import OpenAIClient, RequestRecord
+from . import dynlevel
 from . import metrics as metrics_mod
 from . import serverconfig
 from .prompts import BenchRequest, PromptError, PromptSource, SyntheticCalibration, calibration_prompts
@@ -297,6 +298,7 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                     count = options.requests_for(concurrency)
                     listener.level_started(profile, concurrency, count)
                     requests = options.prompts.requests(count, options.seed)
+                    dyn_before = asyncio.run(dynlevel.reading(served.base_url))
                     level = run_level(served.base_url, requests, concurrency,
                                       max_seconds=options.max_level_seconds,
                                       request_timeout=options.request_timeout,
@@ -307,6 +309,9 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                     state["accept_length"] = accept_record(accept_before, state.pop("accept_probe", None),
                                                            served.facts.get("simulated_accept_length"))
                     record = level_record(result.run_id, served, options, level, warm, state, run_facts)
+                    dyn_level = dynlevel.level_entry(dyn_before, asyncio.run(dynlevel.reading(served.base_url)))
+                    if dyn_level is not None:
+                        record["dyn_disable_level"] = dyn_level
                     record["repeat"] = repeat
                     result.records.append(record)
                     on_level(record)

@@ -118,6 +118,21 @@ def _cmdline(pid):
         return ""
 
 
+_SCHEDULER_TITLE = re.compile(r"^sglang::scheduler(\S*)")
+
+
+def _scheduler_ranks(members):
+    """{tp rank: pid} of SGLang's scheduler processes among members: each sets its title to
+    sglang::scheduler_TP<r> (plain sglang::scheduler at TP 1)."""
+    ranks = {}
+    for pid in members:
+        title = _SCHEDULER_TITLE.match(_cmdline(pid))
+        if title:
+            tp = re.search(r"_TP(\d+)", title.group(1))
+            ranks[str(int(tp.group(1)) if tp else 0)] = pid
+    return ranks
+
+
 def _group_members(leader):
     """Live pids whose process group or session is the leader's (TP workers, their helpers)."""
     if not leader:
@@ -605,6 +620,7 @@ def status(args):
     if record:
         answer["healthy"] = bool(members) and _healthy(record["base_url_on_host"] + record["health_endpoint"])
         answer["uptime_s"] = round(time.time() - record["started_at"], 1)
+        answer["ranks"] = _scheduler_ranks(members)
     return answer
 
 
