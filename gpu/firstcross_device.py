@@ -16,9 +16,10 @@ compile from the others (the fixed servers compile clamp_position at start). Fla
 cache stays shared (its ninja files hold absolute paths, a copy would rebuild); its entries are
 listed too.
 Once every server is healthy, at the same time:
-- stock, old-a, new-a: crossings 1..N (accept_device's crossing: a streamed request spanning it,
-  a burst of 48 streamed requests with 1024-token prompts and 64-token answers, then 3 fresh c=1
-  streamed requests while drafting resumes); per crossing and resume the longest inter-chunk gap
+- stock, old-a, new-a: crossings 1..N (accept_device's crossing: streamed requests spanning it,
+  a burst of 48 streamed requests with 1024-token prompts and 64-token answers; drafting resumes
+  once it has drained, seen by the spanning requests, or by 3 fresh c=1 streamed requests with
+  accept_device before its round two: make_plan); per crossing and resume the longest inter-chunk gap
   (accept_analysis.stall_gaps); the JIT caches' files new since healthy (after crossing 1 and
   at the end) and the log lines after healthy;
 - old-b, new-b: the toolkit's smoke right away (its burst is the server's first crossing).
@@ -115,6 +116,25 @@ def make_prompts(n, length, seed=0):
     that would make later crossings' prefills cheaper than the first's)."""
     rnd = random.Random(seed)
     return [[rnd.randrange(10, 30000) for _ in range(length)] for _ in range(n)]
+
+
+def make_plan(threshold, crossings, burst, answer_tokens, span_tokens=None):
+    """accept_device.Plan for this protocol: no c=1/c=4 phases, `burst` requests per crossing;
+    the resume seen by the spanning requests (span_n of them, in accept_device since its round
+    two) or by 3 fresh c=1 requests after the burst (before it). Both Plan versions take it."""
+    import inspect
+    params = inspect.signature(ad.Plan).parameters
+    kw = dict(threshold=threshold, crossings=crossings, before_n=0, eq_n=0,
+              burst_extra=burst - 2 * threshold, burst_tokens=answer_tokens,
+              span_tokens=span_tokens or 3 * answer_tokens, span_lead=8,
+              resume_n=3, resume_tokens=32, span_n=2, control_n=0)
+    return ad.Plan(**{k: v for k, v in kw.items() if k in params})
+
+
+def prompts_needed(plan):
+    """Prompts for every request of the crossings (either Plan version), none used twice."""
+    per = plan.burst + getattr(plan, "span_n", 1) + getattr(plan, "resume_n", 0)
+    return plan.crossings * per + 8
 
 
 def make_servers(labels, threshold, mem, pair="kimi", kv_tokens=65536, jit_root=JIT_ROOT):
@@ -299,10 +319,8 @@ async def main():
     shapes_device.LOGS = dyn_device.LOGS = a.logs
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.logs, exist_ok=True)
-    plan = ad.Plan(threshold=a.threshold, crossings=a.crossings, before_n=0, eq_n=0,
-                   burst_extra=a.burst - 2 * a.threshold, burst_tokens=a.answer_tokens,
-                   span_tokens=3 * a.answer_tokens, span_lead=8, resume_n=3, resume_tokens=32)
-    prompts = make_prompts(a.crossings * (plan.burst + 1 + plan.resume_n), a.prompt_len)
+    plan = make_plan(a.threshold, a.crossings, a.burst, a.answer_tokens)
+    prompts = make_prompts(prompts_needed(plan), a.prompt_len)
     servers = make_servers(a.servers.split(","), a.threshold, a.mem, jit_root=a.jit_root)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as s:
         try:

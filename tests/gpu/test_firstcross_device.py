@@ -24,8 +24,8 @@ class CompilingStandIn(sa.StandIn):
         super().__init__(log_path, **kw)
         self.jit_file = jit_file
 
-    async def step(self, k):
-        out = await super().step(k)
+    async def step(self, *args):  # the stand-in's own arguments, whichever they are
+        out = await super().step(*args)
         if self.off and self.jit_file and not os.path.exists(self.jit_file):
             os.makedirs(os.path.dirname(self.jit_file), exist_ok=True)
             with open(self.jit_file, "w") as f:
@@ -34,8 +34,7 @@ class CompilingStandIn(sa.StandIn):
 
 
 def plan(crossings):
-    return ad.Plan(threshold=THRESHOLD, crossings=crossings, before_n=0, eq_n=0, burst_extra=2,
-                   burst_tokens=10, span_tokens=40, span_lead=4, resume_n=2, resume_tokens=10)
+    return fc.make_plan(THRESHOLD, crossings, 2 * THRESHOLD + 2, 10, span_tokens=40)
 
 
 def smoke_result(longest_s, stalled):
@@ -93,7 +92,7 @@ async def run_all(tmp_path, crossings=3, budget=300, smoke_raises=False):
         return smoke_result(7.0, True) if srv.label == "old-b" else smoke_result(0.3, False)
 
     servers = handles + [SmokeOnly("old-b"), SmokeOnly("new-b")]
-    prompts = fc.make_prompts(crossings * (2 * THRESHOLD + 2 + 1 + 2), 6)
+    prompts = fc.make_prompts(fc.prompts_needed(plan(crossings)), 6)
     try:
         async with aiohttp.ClientSession() as s:
             result = await fc.measure(s, servers, prompts, plan(crossings), str(tmp_path), smoke_fn=smoke_fn,
@@ -124,9 +123,14 @@ def test_runs_in_the_issues_form_for_the_gap_servers_only(result):
             assert k in r, k
         assert r["tp"] == 1 and r["crossings"] == 3 and r["errors"] == 0
     records = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
-    # 3 gap servers x 3 crossings x (1 span + 8 burst + 2 resume); the smoke servers get none
-    assert len(records) == 3 * 3 * 11
+    # 3 gap servers x 3 crossings x 8 burst requests (+ spanning and resume ones); none to the smoke servers
+    assert sum(1 for r in records if r["phase"] == "burst") == 3 * 3 * 8
+    assert sum(1 for r in records if r["phase"] == "span") >= 3 * 3
     assert {r["server"] for r in records} == {"stock", "old-a", "new-a"}
+    # every request had a prompt of its own (a radix-cache hit would make a later prefill cheaper)
+    for label in ("stock", "old-a", "new-a"):
+        heads = [tuple(r["prompt_head"]) for r in records if r["server"] == label]
+        assert len(set(heads)) == len(heads) >= 30
     assert all(r["prompt_ids"] is None and r["prompt_len"] == 6 and len(r["prompt_head"]) == 4 for r in records)
 
 
