@@ -375,13 +375,20 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
 def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bool = False,
            package: str = "sglang", note=_quiet) -> RevertResult:
     known = load_patchsets()
+    touched = set()
+    if name and name in known:
+        touched = set(known[name].touched())
     with host.connect() as transport:
         note(f"{host.name}: probing patch state")
-        probe = patchhost.probe(transport, host, package)
+        probe = patchhost.probe(transport, host, package, touched)
         state = probe["state"]
         current = _stack_of(state)
         result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"],
                               notes=_probe_notes(probe))
+        if name and name not in known and name not in current:
+            patchsets.get(name, known)  # raises, naming the known patchsets
+        if name and name not in current and not (state or {}).get("damaged"):
+            return _not_applied(transport, host, name, probe, result)
         if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
             result.notes.append("no patchset applied; nothing to revert")
             result.round_trips = transport.round_trips
@@ -463,6 +470,22 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                 result.notes.append(f"{w['path']} hashes to {got} after the restore, not to RECORD")
         result.round_trips = transport.round_trips
         return result
+
+
+def _not_applied(transport, host, name, probe, result) -> RevertResult:
+    """`revert NAME` whose goal already holds: NAME is not applied and its files hold what the
+    state says (pristine, or another patchset's image). A file that does not is refused."""
+    recorded = (probe["state"] or {}).get("files", {})
+    differ = [p for p, found in sorted(probe["files"].items())
+              if found != (recorded[p]["expected"] if p in recorded else probe["record"].get(p))]
+    if differ:
+        raise PatchRefused(f"{name} is not applied on {host.name}, but {', '.join(differ)}"
+                           f" {'hold' if len(differ) > 1 else 'holds'} neither the pristine bytes nor"
+                           f" the image of what is applied (`invoke patch verify --host {host.name}` shows them);"
+                           f" nothing written")
+    result.notes.append(f"{name} is not applied: nothing to do")
+    result.round_trips = transport.round_trips
+    return result
 
 
 def _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged,

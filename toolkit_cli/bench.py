@@ -32,8 +32,11 @@ every option with its help: invoke --help bench"""
 
 
 def _ints(text: str, what: str) -> list[int]:
+    parts = [part.strip() for part in str(text).split(",")]
+    if "" in parts:
+        fail(f"{what} has an empty item in {text!r}: give integers separated by single commas", code=2)
     try:
-        values = [int(part) for part in str(text).split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         fail(f"{what} takes comma-separated integers, got {text!r}", code=2)
     if not values or any(v < 1 for v in values):

@@ -78,6 +78,9 @@ def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
 def test_bench_and_smoke_reject_bad_input(tmp_path):
     bad = invoke("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x")
     assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
+    for typed in ("1,,2", "1,2,", ",1"):
+        empty = invoke("bench", "--url", "http://127.0.0.1:9", "--concurrency", typed)
+        assert empty.returncode == 2 and f"--concurrency has an empty item in {typed!r}" in empty.stderr
     no_files = invoke("bench", "compare")
     assert no_files.returncode == 2 and "needs runs" in no_files.stderr
     missing = invoke("bench", "compare", str(tmp_path / "nope"))
