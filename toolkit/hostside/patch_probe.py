@@ -59,7 +59,7 @@ def _probe(args):
     if args.get("all_files"):
         mismatch, checked = {}, 0
         for p, expected in sorted(record.items()):
-            if expected is None or p.startswith("..") or os.path.isabs(p):
+            if expected is None or p.startswith("..") or os.path.isabs(p) or p.endswith("/"):  # a folder row
                 continue
             checked += 1
             found = sha256_file(full_path(site, p))  # noqa: F821
