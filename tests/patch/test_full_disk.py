@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -67,8 +68,8 @@ def disk_host(small_disk, sandbox_host, sglang_wheel, patchsets_dir):
             (site / rel).write_bytes(sglang_wheel.read(rel))
     dist = site / f"sglang-{VERSION}.dist-info"
     dist.mkdir()
-    for name in ("METADATA", "RECORD"):
-        with __import__("zipfile").ZipFile(sglang_wheel.path) as wheel:
+    with zipfile.ZipFile(sglang_wheel.path) as wheel:
+        for name in ("METADATA", "RECORD"):
             (dist / name).write_bytes(wheel.read(f"{sglang_wheel.dist_info}/{name}"))
     host = dataclasses.replace(sandbox_host, name="sandbox", venv=None, pythonpath=str(site), state_dir=None)
     return host, site

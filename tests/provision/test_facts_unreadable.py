@@ -65,7 +65,7 @@ def test_a_venv_whose_interpreter_links_into_an_unreadable_folder_says_so(linked
     assert rows["venv"] == f"{venv} (cannot be used: {why})"
     assert rows["target python"] == f"not runnable: {why}"
     with pytest.raises(provision.ProvisionError, match="is there but cannot be used: .*not readable by nobody"):
-        provision.preflight(dataclasses.replace(cpu_ref), found, host)  # no venv made over it
+        provision.preflight(cpu_ref, found, host)  # no venv is made over it
 
     missing = dataclasses.replace(host, venv=str(venv.parent / "absent"))
     gone = facts.gather(missing, cpu_ref, transport=AsUser("nobody"))
