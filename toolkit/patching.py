@@ -389,6 +389,8 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                                 f" restores {', '.join(sorted(damaged))} (from the backups, else from the wheel)")
         for p, why in sorted((probe.get("blocked") or {}).items()):
             result.notes.append(f"{p} cannot be replaced, so apply/revert will refuse to touch it: {why}")
+        if probe.get("state_blocked"):
+            result.notes.append(f"apply/revert will refuse: {probe['state_blocked']}")
         result.round_trips = transport.round_trips
         return result
 

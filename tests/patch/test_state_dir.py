@@ -82,11 +82,12 @@ def nobody_host(base_venv, monkeypatch):
 
 def test_a_state_folder_of_another_user_is_refused_naming_the_owner(nobody_host, patchsets_dir, sglang_wheel):
     host, venv, site = nobody_host
-    assert patching.verify(host).ok   # nobody can read all of it
-    expected = (f"shared: the toolkit's state folder {venv}/.toolkit/patch cannot be written by nobody: folder"
-                f" {venv}/.toolkit belongs to root (mode 755); {venv} belongs to root: run the patch commands as"
-                f" root (`user = \"root\"` in the inventory) or give nobody write access to {venv}/.toolkit;"
-                f" nothing written")
+    why = (f"the toolkit's state folder {venv}/.toolkit/patch cannot be written by nobody: folder"
+           f" {venv}/.toolkit belongs to root (mode 755); {venv} belongs to root: run the patch commands as"
+           f" root (`user = \"root\"` in the inventory) or give nobody write access to {venv}/.toolkit")
+    expected = f"shared: {why}; nothing written"
+    checked = patching.verify(host)   # nobody can read all of it, and is told what a write would meet
+    assert checked.ok and checked.notes == [f"apply/revert will refuse: {why}"]
     for dry_run in (True, False):
         with pytest.raises(patching.PatchRefused) as refused:
             patching.apply(host, "three", dry_run=dry_run)
@@ -104,7 +105,7 @@ def test_a_state_folder_of_another_user_is_refused_naming_the_owner(nobody_host,
             "state": {"format": 1, "package": "sglang", "version": "0.5.11", "stack": [], "files": {}},
             "state_changed": True}
     answer = hostrun.run_script(AsUser("nobody"), "patch_apply", plan)
-    assert answer == {"refused": expected.split(": ", 1)[1]}
+    assert answer == {"refused": f"{why}; nothing written"}
 
     shutil.chown(venv / ".toolkit", "nobody")   # once the state folder is the user's, the same apply runs
     applied = patching.apply(host, "three")
