@@ -93,10 +93,9 @@ class _Space(object):
                 backups.append(os.path.getsize(path))
         new_sizes = [len(data) for data in new_data.values() if data is not None]
         meta = meta_estimate(state, sd.read_state()[0], writes)[:-1]  # noqa: F821 (the lock is made by now)
-        self.short = space_shortfalls(self.site_space, self.state_space, new_sizes, backups, meta)  # noqa: F821
-        everything = space_shortfalls(dict(self.site_space, free=-1), dict(self.state_space, free=-1),  # noqa: F821
-                                      new_sizes, backups, meta)
-        self.need = dict((os.stat(folder).st_dev, need) for folder, need, _ in everything)
+        sizes = (self.site_space, self.state_space, new_sizes, backups, meta)
+        self.short = space_shortfalls(*sizes)  # noqa: F821
+        self.need = dict((space["dev"], need) for space, need in space_needs(*sizes))  # noqa: F821
 
     def refuse_short(self):
         if self.short:

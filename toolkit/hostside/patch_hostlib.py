@@ -334,10 +334,6 @@ def state_dir_blocker(sd, base=None):
     return text
 
 
-class NoSpace(Exception):
-    """A write failed for want of space (ENOSPC, EDQUOT); the message says where and how much."""
-
-
 def fs_space(path):
     """{path, dev, free, block} of the file system that holds `path` (or would: its nearest folder)."""
     folder = _nearest_existing(path)
@@ -350,16 +346,22 @@ def _blocks(size, block):
     return -(-size // block) * block if size else 0
 
 
-def space_shortfalls(site_space, state_space, new_sizes, backup_sizes, meta_sizes):
-    """[(folder, bytes needed, bytes free)] for each file system a run would not fit on: every new
-    file is written beside its target (site), the files it replaces are backed up unless a
-    backup exists (state), and the journal, state and lock take meta_sizes (state). Each file
-    is rounded up to the file system's block size."""
+def space_needs(site_space, state_space, new_sizes, backup_sizes, meta_sizes):
+    """[(file system as fs_space gives it, bytes a run needs there)]: every new file is written
+    beside its target (site), the files it replaces are backed up unless a backup exists
+    (state), and the journal, state and lock take meta_sizes (state). Each file is rounded up to
+    the file system's block size."""
     needs = {}
     for space, sizes in ((site_space, new_sizes), (state_space, list(backup_sizes) + list(meta_sizes))):
         entry = needs.setdefault(space["dev"], [space, 0])
         entry[1] += sum(_blocks(size, space["block"]) for size in sizes if size)
-    return [(space["path"], need, space["free"]) for space, need in needs.values() if need > space["free"]]
+    return [tuple(entry) for entry in needs.values()]
+
+
+def space_shortfalls(*sizes):
+    """[(folder, bytes needed, bytes free)] for each file system a run would not fit on
+    (arguments as space_needs)."""
+    return [(space["path"], need, space["free"]) for space, need in space_needs(*sizes) if need > space["free"]]
 
 
 def meta_estimate(new_state, old_state, writes):
