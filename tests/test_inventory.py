@@ -42,3 +42,34 @@ def test_broken_toml_is_an_error_naming_the_file(monkeypatch, tmp_path):
     monkeypatch.setenv("TOOLKIT_INVENTORY", str(bad))
     with pytest.raises(InventoryError, match="broken.toml"):
         resolve_hosts("sandbox")
+
+
+def _inventory(monkeypatch, tmp_path, text):
+    path = tmp_path / "lab.toml"
+    path.write_text(text)
+    monkeypatch.setenv("TOOLKIT_INVENTORY", str(path))
+
+
+def test_host_without_address_is_refused_at_load_naming_host_and_file(monkeypatch, tmp_path):
+    _inventory(monkeypatch, tmp_path, '[gpu-a]\nport = 2322\nuser = "ml"\nkey = "k"\nvenv = "/v"\n')
+    with pytest.raises(InventoryError, match=r"lab.toml: host 'gpu-a' has no address"):
+        resolve_hosts("gpu-a")
+    _inventory(monkeypatch, tmp_path, '[gpu-a]\naddress = "  "\nvenv = "/v"\n')
+    with pytest.raises(InventoryError, match=r"lab.toml: host 'gpu-a' has no address"):
+        resolve_hosts("sandbox")  # the whole inventory is checked, whichever host is asked for
+    _inventory(monkeypatch, tmp_path, '[box]\ntransport = "local"\nvenv = "/v"\n')
+    assert resolve_hosts("box")[0].address == ""  # a local host needs none
+
+
+def test_a_value_of_the_wrong_kind_names_its_key(monkeypatch, tmp_path):
+    cases = {'port = "twenty-two"': "port must be an integer, got 'twenty-two'",
+             "port = 70000": "port must be 1-65535, got 70000",
+             "port = true": "port must be an integer, got True",
+             "gpus = 8.0": "gpus must be an integer, got 8.0",
+             'labels = "lab"': "labels must be a list of strings, got 'lab'",
+             "labels = [1]": r"labels must be a list of strings, got \[1\]",
+             "venv = 3": "venv must be a string, got 3"}
+    for line, message in cases.items():
+        _inventory(monkeypatch, tmp_path, f'[gpu-a]\naddress = "gpu-a.example"\n{line}\n')
+        with pytest.raises(InventoryError, match=f"lab.toml: host 'gpu-a': {message}"):
+            resolve_hosts("gpu-a")

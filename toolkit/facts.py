@@ -121,7 +121,9 @@ class Facts:
                             + ("" if r["creator"]["ensurepip"] else "; cannot make venvs: no ensurepip"))]
         venv = r.get("venv", {})
         if venv.get("path"):
-            rows.append(("venv", f"{venv['path']} ({'present' if venv['exists'] else 'missing'})"))
+            state = "present" if venv["exists"] else (f"cannot be used: {venv['unreadable']}"
+                                                      if venv.get("unreadable") else "missing")
+            rows.append(("venv", f"{venv['path']} ({state})"))
         if r.get("pythonpath"):
             rows.append(("pythonpath", r["pythonpath"]))
         if target.get("runs"):

@@ -91,10 +91,34 @@ def _expand(path: str | None) -> str | None:
 _FIELDS = set(Host.__dataclass_fields__) - {"unreachable_advice"}
 
 
+# What each key of a host table holds; checked at load, so a wrong value is named with its host
+# and file before anything connects.
+_TYPES = {"transport": str, "address": str, "port": int, "user": str, "key": str, "known_hosts": str,
+          "venv": str, "python": str, "pythonpath": str, "state_dir": str, "gpus": int, "stack": str,
+          "labels": list, "server": dict}
+_WORDS = {str: "a string", int: "an integer", list: "a list of strings", dict: "a table"}
+
+
+def _check_table(name: str, table: dict, where: str) -> None:
+    for key, value in table.items():
+        kind = _TYPES[key]
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or \
+            (kind is list and not all(isinstance(item, str) for item in value))
+        if wrong:
+            raise InventoryError(f"{where}: host {name!r}: {key} must be {_WORDS[kind]}, got {value!r}")
+    port = table.get("port", 22)
+    if not 1 <= port <= 65535:
+        raise InventoryError(f"{where}: host {name!r}: port must be 1-65535, got {port}")
+    if table.get("transport", "ssh") == "ssh" and not table.get("address", "").strip():
+        raise InventoryError(f"{where}: host {name!r} has no address (the DNS name or IP to reach it by SSH);"
+                             f" add `address = \"...\"` to its table")
+
+
 def _host_from_table(name: str, table: dict, source: str) -> Host:
     unknown = set(table) - _FIELDS
     if unknown:
         raise InventoryError(f"{source}: host {name!r} has unknown keys: {', '.join(sorted(unknown))}")
+    _check_table(name, table, source)
     return Host(name=name, **table)
 
 

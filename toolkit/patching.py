@@ -12,6 +12,7 @@ import difflib
 from dataclasses import asdict, dataclass, field
 
 from . import compiler, patchhost, patchsets, wheels
+from .hostside import patch_hostlib
 from .inventory import Host
 from .patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
 from .patchsets import Patchset, PatchsetError
@@ -187,6 +188,23 @@ def _refuse_unreplaceable(probe: dict, writes: list[dict], host: Host) -> None:
                            + "\n  ".join(reasons))
 
 
+def _refuse_unwritable(probe: dict, host: Host, writes: list[dict], sizes: list[int], state: dict) -> None:
+    """Before anything is written (a dry run too): the run can take the lock and write its state,
+    journal and backups, and every file system it writes on has room for what it writes."""
+    if probe.get("state_blocked"):
+        raise PatchRefused(f"{host.name}: {probe['state_blocked']}; nothing written")
+    space = probe.get("space")
+    if not space:
+        return
+    backups = [probe["sizes"].get(w["path"]) or 0 for w in writes
+               if probe["files"].get(w["path"]) and probe["backups"].get(probe["files"][w["path"]]) != "ok"]
+    short = patch_hostlib.space_shortfalls(space["site"], space["state"], sizes, backups,
+                                           patch_hostlib.meta_estimate(state, probe["state"], writes))
+    if short:
+        raise PatchRefused(f"not enough free space on {host.name}; nothing written: " + "; ".join(
+            f"{folder} has {free} bytes free, the run needs {need} there" for folder, need, free in short))
+
+
 def _require_installed(probe: dict, host: Host, package: str) -> str:
     if not probe["version"]:
         raise PatchRefused(f"{package} is not installed in {probe['site']} on {host.name}; nothing written")
@@ -264,7 +282,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         paths = sorted(set(image.files) | set((state or {}).get("files", {})))
         _check_record_matches_wheel(probe, wheel, paths)
         recorded = (state or {}).get("files", {})
-        writes, rows, drifted = [], [], {}
+        writes, rows, drifted, sizes = [], [], {}, []
         for p in paths:
             found, pristine = probe["files"].get(p), wheel.record.get(p)
             if p in image.files:
@@ -283,6 +301,7 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             content = target.content if target.content is not None or target.sha256 is None else wheel.read(p)
             writes.append({"path": p, "sha256": target.sha256,
                            "content": None if content is None else base64.b64encode(content).decode()})
+            sizes.append(0 if content is None else len(content))
             rows.append(FileChange(p, "would change" if dry_run else "changed", target.by))
         if drifted:
             diff = _drift_diff(transport, host, ps.package, drifted)
@@ -292,7 +311,11 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
         new_state = _new_state(image, known, probe["site"])
         result = ApplyResult(host.name, current, desired, rows, dry_run, 0, patchset=name,
                              recovered=probe["recovered"], notes=_probe_notes(probe))
-        if dry_run or (not writes and _same_state(state, new_state)):
+        if not writes and _same_state(state, new_state):
+            result.round_trips = transport.round_trips
+            return result
+        _refuse_unwritable(probe, host, writes, sizes, new_state)
+        if dry_run:
             result.round_trips = transport.round_trips
             return result
         note(f"{host.name}: writing {len(writes)} file(s)")
@@ -366,6 +389,8 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                                 f" restores {', '.join(sorted(damaged))} (from the backups, else from the wheel)")
         for p, why in sorted((probe.get("blocked") or {}).items()):
             result.notes.append(f"{p} cannot be replaced, so apply/revert will refuse to touch it: {why}")
+        if probe.get("state_blocked"):
+            result.notes.append(f"apply/revert will refuse: {probe['state_blocked']}")
         result.round_trips = transport.round_trips
         return result
 
@@ -375,13 +400,20 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
 def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bool = False,
            package: str = "sglang", note=_quiet) -> RevertResult:
     known = load_patchsets()
+    touched = set()
+    if name and name in known:
+        touched = set(known[name].touched())
     with host.connect() as transport:
         note(f"{host.name}: probing patch state")
-        probe = patchhost.probe(transport, host, package)
+        probe = patchhost.probe(transport, host, package, touched)
         state = probe["state"]
         current = _stack_of(state)
         result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"],
                               notes=_probe_notes(probe))
+        if name and name not in known and name not in current:
+            patchsets.get(name, known)  # raises, naming the known patchsets
+        if name and name not in current and not (state or {}).get("damaged"):
+            return _not_applied(transport, host, name, probe, result)
         if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
             result.notes.append("no patchset applied; nothing to revert")
             result.round_trips = transport.round_trips
@@ -406,7 +438,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         damaged = set(state.get("damaged", []))
         paths = sorted(set(recorded) | set(image.files) | damaged)
         _check_record_matches_wheel(probe, wheel, paths)
-        writes, drifted, overwritten = [], [], []
+        writes, drifted, overwritten, sizes = [], [], [], []
         for p in paths:
             found, pristine = probe["files"].get(p), wheel.record.get(p)
             target = image.files[p] if p in image.files else compiler.FileImage(p, pristine, pristine, None, "pristine")
@@ -418,6 +450,8 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                 drifted.append(p)
                 continue
             write = {"path": p, "sha256": target.sha256, "content": None}
+            sizes.append(0 if target.sha256 is None else
+                         len(target.content if p in image.files else wheel.read(p)))
             if target.sha256 is not None:
                 if probe["backups"].get(target.sha256) == "ok":
                     write["from_backup"] = target.sha256
@@ -441,6 +475,7 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
         new_state = _new_state(image, known, probe["site"]) if keep else {
             "format": STATE_FORMAT, "package": package, "version": version, "site": probe["site"],
             "stack": [], "files": {}}
+        _refuse_unwritable(probe, host, writes, sizes, new_state)
         if dry_run:
             for p in overwritten:
                 result.notes.append(f"{p}: the hand-edited bytes would be kept in {probe['backup_dir']}/"
@@ -463,6 +498,22 @@ def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bo
                 result.notes.append(f"{w['path']} hashes to {got} after the restore, not to RECORD")
         result.round_trips = transport.round_trips
         return result
+
+
+def _not_applied(transport, host, name, probe, result) -> RevertResult:
+    """`revert NAME` whose goal already holds: NAME is not applied and its files hold what the
+    state says (pristine, or another patchset's image). A file that does not is refused."""
+    recorded = (probe["state"] or {}).get("files", {})
+    differ = [p for p, found in sorted(probe["files"].items())
+              if found != (recorded[p]["expected"] if p in recorded else probe["record"].get(p))]
+    if differ:
+        raise PatchRefused(f"{name} is not applied on {host.name}, but {', '.join(differ)}"
+                           f" {'hold' if len(differ) > 1 else 'holds'} neither the pristine bytes nor"
+                           f" the image of what is applied (`invoke patch verify --host {host.name}` shows them);"
+                           f" nothing written")
+    result.notes.append(f"{name} is not applied: nothing to do")
+    result.round_trips = transport.round_trips
+    return result
 
 
 def _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged,

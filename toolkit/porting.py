@@ -11,8 +11,9 @@ then replays NAME's change onto `toolkit-base` with `git cherry-pick --no-commit
 three-way merge of base OLD+requirements, ours NEW+requirements, theirs OLD+requirements+NAME.
 
 Before that, every hunk of NAME's change is tried alone on the NEW tree with `git apply
---check` (exact context, never fuzz): "as is" (same line), "moved" (same lines found at an
-offset), or "conflicted" (its lines are not in NEW as they were). Only when every hunk is as
+--check` (exact context, never fuzz), placed at its old-side line: "as is" (same line),
+"moved" (same lines found at an offset), or "conflicted" (its lines are not in NEW as they
+were). A port that fails while laying out the tree removes it. Only when every hunk is as
 is or moved and the merge is clean are NEW's diffs written (`patchsets/NAME/NEW/`) and
 checked. Otherwise nothing is written: the merge is left in the work tree (conflict markers
 in diff3 style where git could not merge; a hunk git merged although its lines changed is
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,8 +91,24 @@ class PortResult:
         return steps
 
 
+def _alone(pf, hunk) -> str:
+    """The hunk with its new-side start set to its old-side start.
+
+    In NAME's patch a hunk's new-side start counts the lines that the hunks above it added or
+    removed, and `git apply` looks for a hunk at its new-side start (it expects the hunks
+    above to be applied already). Tried alone, nothing above it is applied, so it belongs
+    where its old lines were: the offset git reports is then how far upstream moved them."""
+    if pf.is_added_file:
+        return str(hunk)
+    start = hunk.source_start if hunk.source_length else hunk.source_start + 1
+    head = f"@@ -{hunk.source_start},{hunk.source_length} +{start},{hunk.target_length} @@"
+    if hunk.section_header:
+        head += f" {hunk.section_header}"
+    return head + "\n" + str(hunk).split("\n", 1)[1]
+
+
 def _hunk_patch(pf, hunk) -> str:
-    """One hunk as a git patch of its own."""
+    """One hunk as a git patch of its own, placed where its old lines were."""
     path = pf.path
     head = f"diff --git a/{path} b/{path}\n"
     if pf.is_added_file:
@@ -99,7 +117,7 @@ def _hunk_patch(pf, hunk) -> str:
         head += "deleted file mode 100644\n"
     source = "/dev/null" if pf.is_added_file else f"a/{path}"
     target = "/dev/null" if pf.is_removed_file else f"b/{path}"
-    return f"{head}--- {source}\n+++ {target}\n{hunk}"
+    return f"{head}--- {source}\n+++ {target}\n{_alone(pf, hunk)}"
 
 
 def _try_hunk(repo: git.Repo, text: str) -> tuple[str, int]:
@@ -158,25 +176,10 @@ def _pick_releases(ps: patchsets.Patchset, to: str, source: str | None) -> str:
     return source
 
 
-def port(name: str, to: str, source: str | None = None, fresh: bool = False, note=lambda text: None) -> PortResult:
-    known = patchsets.load_all()
-    ps = patchsets.get(name, known)
-    source = _pick_releases(ps, to, source)
-    below = patchsets.requirement_closure(name, known)[:-1]
-    for req in below:
-        if source not in known[req].versions:
-            raise PortError(f"{name} requires {req}, which has no diffs for {source} to port from")
-        if to not in known[req].versions:
-            raise PortError(f"{name} requires {req}, which has no diffs for {to}: port it first:"
-                            f" `invoke patch port {req} --to {to}`")
-    if authoring.edit_dir(name).exists() and not fresh:
-        authoring.new_tree(name, fresh)  # refuses, naming the tree and --fresh
-    for version in (source, to):
-        wheels.pristine(ps.package, version, note)  # both wheels first: a release that does not exist writes nothing
-    tree = authoring.new_tree(name, fresh)
+def _lay_out(tree: Path, name: str, ps, known: dict, below: list[str], source: str, to: str, note):
+    """The edit tree's history (module docstring) and the report of every hunk tried alone."""
     repo = authoring.init_repo(tree)
     result = PortResult(name, source, to, tree, below)
-
     authoring.lay_out_release(repo, ps.package, source, note)
     pristine_old = repo.head.commit.hexsha
     authoring.apply_stack(repo, known, below, source)
@@ -194,6 +197,31 @@ def port(name: str, to: str, source: str | None = None, fresh: bool = False, not
     repo.create_tag(BASE_TAG)
     note(f"trying each hunk of {name} ({source}) on {ps.package} {to}")
     result.hunks = classify(repo, change)
+    return repo, result
+
+
+def port(name: str, to: str, source: str | None = None, fresh: bool = False, note=lambda text: None) -> PortResult:
+    known = patchsets.load_all()
+    ps = patchsets.get(name, known)
+    source = _pick_releases(ps, to, source)
+    below = patchsets.requirement_closure(name, known)[:-1]
+    for req in below:
+        if source not in known[req].versions:
+            raise PortError(f"{name} requires {req}, which has no diffs for {source} to port from")
+        if to not in known[req].versions:
+            raise PortError(f"{name} requires {req}, which has no diffs for {to}: port it first:"
+                            f" `invoke patch port {req} --to {to}`")
+    if authoring.edit_dir(name).exists() and not fresh:
+        authoring.new_tree(name, fresh)  # refuses, naming the tree and --fresh
+    for version in (source, to):
+        wheels.pristine(ps.package, version, note)  # both wheels first: a release that does not exist writes nothing
+    tree = authoring.new_tree(name, fresh)
+    try:
+        repo, result = _lay_out(tree, name, ps, known, below, source, to, note)
+    except BaseException:
+        shutil.rmtree(tree, ignore_errors=True)  # a half-built tree would only be in the next port's way
+        raise
+    own = ps.patches(source)
 
     note(f"three-way merge of {name} onto {ps.package} {to}")
     status, _, _ = repo.git.cherry_pick("--no-commit", OLD_TAG, with_extended_output=True, with_exceptions=False)

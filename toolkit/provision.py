@@ -101,6 +101,9 @@ def preflight(stack: Stack, facts: Facts, host: Host) -> None:
                 f" Nothing was installed.")
     target = facts.raw.get("python", {})
     venv = host_venv(host, stack)
+    unreadable = facts.raw.get("venv", {}).get("unreadable")
+    if venv and unreadable:
+        raise ProvisionError(f"the venv at {venv} is there but cannot be used: {unreadable}. Nothing was installed.")
     if venv and facts.venv_exists:
         if not target.get("runs"):
             raise ProvisionError(f"the venv at {venv} is broken ({target.get('error')});"

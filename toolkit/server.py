@@ -20,6 +20,7 @@ Host-side work is `toolkit/hostside/server_ctl.py`: start is one round trip for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import posixpath
 import select
 import shlex
@@ -570,11 +571,34 @@ def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout
 
 # -- reaching the server from this machine ---------------------------------------------------
 
+class _RefusedChannels(logging.Filter):
+    """While a forward is open: drops paramiko's "Secsh channel N open FAILED" lines and counts them.
+
+    Once the server is gone, every request through the forward fails to open its channel, and
+    paramiko logs each one (through logging's last resort, on stderr): the forward drops that
+    client, and the request fails and is reported by whoever sent it."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.count = logger, 0
+        logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "open FAILED" in record.getMessage():
+            self.count += 1
+            return False
+        return True
+
+    def close(self) -> None:
+        self.logger.removeFilter(self)
+
+
 class _Forwarder:
     """127.0.0.1:<free port> here -> (host's address, port) over the SSH connection (direct-tcpip)."""
 
     def __init__(self, ssh: SSHTransport, remote: tuple[str, int]):
         self.ssh, self.remote = ssh, remote
+        self.refused = _RefusedChannels(ssh.connection.client.get_transport().logger)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -630,6 +654,7 @@ class _Forwarder:
         self.acceptor.join(timeout=2)
         for pump in self.threads:
             pump.join(timeout=2)
+        self.refused.close()
 
 
 @contextlib.contextmanager

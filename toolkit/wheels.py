@@ -93,7 +93,8 @@ class Wheel:
     def package_files(self, top: str | None = None) -> list[str]:
         """Files of the importable package (`sglang/...`), as RECORD lists them."""
         top = (top or _normal(self.package)) + "/"
-        return sorted(p for p in self.record if p.startswith(top))
+        # some wheel builders list folders in RECORD too (`sglang/srt/,,`): those are no files
+        return sorted(p for p in self.record if p.startswith(top) and not p.endswith("/"))
 
     def read(self, path: str) -> bytes:
         expected = self.record.get(path)

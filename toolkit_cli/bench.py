@@ -32,8 +32,11 @@ every option with its help: invoke --help bench"""
 
 
 def _ints(text: str, what: str) -> list[int]:
+    parts = [part.strip() for part in str(text).split(",")]
+    if "" in parts:
+        fail(f"{what} has an empty item in {text!r}: give integers separated by single commas", code=2)
     try:
-        values = [int(part) for part in str(text).split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         fail(f"{what} takes comma-separated integers, got {text!r}", code=2)
     if not values or any(v < 1 for v in values):
@@ -48,6 +51,7 @@ class ProgressListener(SweepListener):
         self.progress = progress
         self.task = progress.add_task("bench", total=total)
         self.failed = 0
+        self.noted: list[str] = []
 
     def level_started(self, profile, concurrency, requests):
         self.progress.update(self.task, description=f"{profile} c={concurrency}")
@@ -63,6 +67,7 @@ class ProgressListener(SweepListener):
             f"{_fmt(m['output_throughput'])} output tok/s", markup=False)
 
     def note(self, text):
+        self.noted.append(text)
         self.progress.console.print(text, markup=False)
 
 
@@ -203,7 +208,8 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         else:
             report.line("no level finished: nothing written")
     for error in outcome.errors:
-        report.error(error)
+        if f"profile {error}" not in listener.noted:  # a profile's failure was shown when it happened
+            report.error(error)
     if outcome.interrupted:
         raise Exit("interrupted: the levels that finished are kept", code=130)
     if outcome.errors or not outcome.records:

@@ -87,6 +87,10 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        return self._loop is not None
+
     # --- lifecycle (a thread with its own event loop) --------------------------------------------
     def start(self) -> "FakeOpenAI":
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -80,6 +80,9 @@ def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
 def test_bench_and_smoke_reject_bad_input(tmp_path):
     bad = invoke("bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x")
     assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
+    for typed in ("1,,2", "1,2,", ",1"):
+        empty = invoke("bench", "--url", "http://127.0.0.1:9", "--concurrency", typed)
+        assert empty.returncode == 2 and f"--concurrency has an empty item in {typed!r}" in empty.stderr
     no_files = invoke("bench", "compare")
     assert no_files.returncode == 2 and "needs runs" in no_files.stderr
     missing = invoke("bench", "compare", str(tmp_path / "nope"))
@@ -141,3 +144,33 @@ def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
     accept = records[0]["server"]["accept_length"]
     assert accept["after_level"] is None and accept["simulated"] == "2.6"
     assert server.status(host) is None, "bench stops the server it started for the sweep"
+
+
+def test_bench_stops_at_the_level_that_finds_the_server_dead(inventory_host, tmp_path):
+    """The real CPU server on an inventory host, reached through the SSH forward, killed after the
+    first level: the sweep stops at the first level that finds it dead, keeps what it measured,
+    says so in one line, exits 1, and paramiko's refused channels print nothing."""
+    host, env = inventory_host
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--host", host.name, "--profiles", "cpu-ref",
+         "--concurrency", "1,2,4,8,16", "--requests", "16", "--output-len", "32", "--warmup", "1",
+         "--out", str(out)],
+        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    jsonl = out / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None and not (jsonl.exists() and jsonl.read_text()):
+        time.sleep(0.05)
+    state = server.status(host)
+    assert state is not None and state.status == "ready", "the bench started cpu-ref and finished a level"
+    os.killpg(state.pid, signal.SIGKILL)   # the server the bench started (its own process group)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, stdout + stderr
+    levels = [json.loads(line)["concurrency"] for line in jsonl.read_text().splitlines()]
+    lines = [line for line in stderr.splitlines() if "server unreachable after concurrency" in line]
+    assert len(lines) == 1, stderr
+    assert f"server unreachable after concurrency {levels[-1]}: " in lines[0] and len(levels) < 5
+    assert f"its process (pid {state.pid}) on {host.name} is gone" in lines[0]
+    assert "the levels measured are kept" in lines[0]
+    assert "Secsh channel" not in stderr and "open FAILED" not in stderr
+    assert (out / "results.csv").exists(), "what was measured is written"

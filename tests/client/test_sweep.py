@@ -29,6 +29,45 @@ class FakeServers:
             self.current.stop()
 
 
+class SeenProcess(FakeServers):
+    """FakeServers whose control also sees the server's "process" (gone once it is stopped)."""
+
+    def gone(self, served):
+        return None if self.current.running else f"the {served.profile} fake server was stopped"
+
+
+class KillMidLevel(SweepListener):
+    """Stops the server after `after` answers of level `level`: that level ends with failures."""
+
+    def __init__(self, servers, level, after):
+        self.servers, self.level, self.after, self.seen, self.current = servers, level, after, 0, None
+
+    def level_started(self, profile, concurrency, requests):
+        self.current = concurrency
+
+    def request_done(self, record):
+        if self.current == self.level:
+            self.seen += 1
+            if self.seen == self.after:
+                self.servers.current.stop()
+
+
+def test_a_server_that_dies_mid_level_stops_the_sweep_at_that_level(tmp_path):
+    servers = SeenProcess()
+    writer = RunWriter(tmp_path)
+    options = BenchOptions(concurrency=[1, 2, 4, 8], requests=8, prompts=PromptSource(output_len=4), warmup=1)
+    result = run_sweep(["eagle3"], options, servers, on_level=writer.append,
+                       listener=KillMidLevel(servers, level=2, after=3))
+    levels = [(r["concurrency"], r["metrics"]["completed"] + r["metrics"]["failed"]) for r in load_records(tmp_path)]
+    assert levels == [(1, 8), (2, 8)]   # the level that found it dead is kept, none after it is sent
+    died = result.records[1]["metrics"]
+    assert 3 <= died["completed"] < 8 and died["failed"] > 0
+    [error] = result.errors
+    assert error.startswith("eagle3: server unreachable after concurrency 2: ")
+    assert error.endswith("; the eagle3 fake server was stopped; the sweep of eagle3 stopped there"
+                          " (levels not run: c=4, c=8), the levels measured are kept")
+
+
 class KillAfterFirstLevel(SweepListener):
     def __init__(self, servers, victim):
         self.servers, self.victim, self.notes = servers, victim, []

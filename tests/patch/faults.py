@@ -1,7 +1,7 @@
 """Test-only fault injection for the host-side patch run, through a wrapping transport.
 
-The host script calls `checkpoint(point)` at named points (after-backups, after-prepare,
-after-new-files, after-rename-K, after-state); the shipped one does nothing. Inside
+The host script calls `checkpoint(point)` at named points (after-lock, after-checks,
+after-backups, after-prepare, after-new-files, after-rename-K, after-state); the shipped one does nothing. Inside
 `armed(point, ...)`, every transport that `Host.connect()` returns is wrapped so that the
 payloads it sends carry a replacement `checkpoint` placed just before hostrun's bootstrap.
 At that point it kills the run (`os._exit(137)`, as SIGKILL would), holds it (`sleep:S`:

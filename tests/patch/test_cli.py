@@ -107,3 +107,24 @@ def test_revert_name_says_which_patchsets_above_it_go_too(inventory, host_venv, 
     assert code == 0
     assert f"{name}: 22 changed; popped twenty, pair-top (twenty stacked above pair-top); stack now pair-base;" \
            f" restored files match RECORD" in out
+
+
+def test_revert_is_repeatable_and_an_unknown_name_is_an_error(inventory, host_venv, patchsets_dir, sglang_wheel):
+    (name,) = inventory(host_venv)
+    site = next(host_venv.glob("lib/python*/site-packages"))
+    code, out, err = invoke("revert", "no-such-patchset", "--host", name)
+    assert code == 1 and "unknown patchset 'no-such-patchset'; known: clash, one-file, pair-base" in err, out + err
+    code, out, err = invoke("revert", "twenty", "--host", name)  # pristine host: the goal holds already
+    assert code == 0 and f"{name}: twenty is not applied: nothing to do" in err, out + err
+    for step in (("apply", "pair-base"), ("apply", "twenty"), ("revert", "twenty"), ("revert", "twenty")):
+        code, out, err = invoke(*step, "--host", name)
+        assert code == 0, out + err
+    assert f"{name}: twenty is not applied: nothing to do" in err and f"{name}: 0 changed" in out
+    assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
+    code, out, err = invoke("revert", "no-such-patchset", "--host", name)
+    assert code == 1 and "unknown patchset 'no-such-patchset'" in err
+    edited = site / "sglang/srt/utils/offloader.py"   # one of twenty's files, changed by hand
+    edited.write_text(edited.read_text() + "# hand edit\n")
+    code, out, err = invoke("revert", "twenty", "--host", name)
+    assert code == 1 and "twenty is not applied on" in err and "sglang/srt/utils/offloader.py holds neither" in err
+    assert edited.read_text().endswith("# hand edit\n")

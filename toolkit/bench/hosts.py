@@ -96,6 +96,9 @@ class HostServers:
         self.note = note
         self.overrides = dict(overrides or {})   # --model / --draft-model for every profile
 
+    def gone(self, served: ServedProfile) -> str | None:
+        return process_gone(self.host)
+
     @contextlib.contextmanager
     def serve(self, profile: str) -> Iterator[ServedProfile]:
         running = server.status(self.host)
@@ -116,11 +119,28 @@ class HostServers:
                 self.note(f"{self.host.name}: WARNING: {profile} server not fully stopped: {result.reason}")
 
 
+def process_gone(host: Host) -> str | None:
+    """Why the host's recorded server process is gone, or None while it runs (or when the host
+    cannot be asked: the health check decides then)."""
+    try:
+        state = server.status(host)
+    except Exception:
+        return None
+    if state is None:
+        return f"no server is recorded as running on {host.name}"
+    if state.status == "dead":
+        return f"its process (pid {state.pid}) on {host.name} is gone"
+    return None
+
+
 class RunningOnHost:
     """--no-restart: the host's running server, reached through the endpoint; never stopped."""
 
     def __init__(self, host: Host, state: server.ServerState):
         self.host, self.state = host, state
+
+    def gone(self, served: ServedProfile) -> str | None:
+        return process_gone(self.host)
 
     @contextlib.contextmanager
     def serve(self, profile: str) -> Iterator[ServedProfile]:

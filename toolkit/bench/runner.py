@@ -146,7 +146,11 @@ class ServedProfile:
 
 class ServerControl(Protocol):
     def serve(self, profile: str) -> ContextManager[ServedProfile]:
-        """Start the profile's server (or use a running one) and stop it when done."""
+        """Start the profile's server (or use a running one) and stop it when done.
+
+        A control that can see the server's process may also have `gone(served) -> str | None`:
+        why the process is gone (None while it runs); the sweep asks it after a level that had
+        failures."""
 
 
 class RunningServer:
@@ -316,9 +320,14 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
                     result.records.append(record)
                     on_level(record)
                     listener.level_done(record)
-                    if record["metrics"]["completed"] == 0 and state.get("unreachable"):
-                        raise BenchError(f"server unreachable after concurrency {concurrency}: "
-                                         f"{state['unreachable']}")
+                    dead = _dead(control, served, state, record)
+                    if dead:
+                        left = passes[passes.index((repeat, concurrency)) + 1:]
+                        raise BenchError(f"{dead[0]} after concurrency {concurrency}: {dead[1]}; the sweep of"
+                                         f" {profile} stopped"
+                                         f" there (levels not run: "
+                                         f"{', '.join(f'c={c}' for _, c in left) or 'none'}),"
+                                         f" the levels measured are kept")
         except KeyboardInterrupt:
             raise
         except Exception as exc:   # one profile's failure must not lose the others
@@ -326,6 +335,17 @@ def run_sweep(profiles: list[str], options: BenchOptions, control: ServerControl
             result.errors.append(message)
             listener.note(f"profile {message}")
     return result
+
+
+def _dead(control, served: ServedProfile, state: dict, record: dict) -> tuple[str, str] | None:
+    """(what, why) when the server is dead after a level, None while it serves: its health check
+    fails, or, after a level with failures, the control finds its process gone."""
+    gone = None
+    if (record["metrics"]["failed"] or state.get("unreachable")) and hasattr(control, "gone"):
+        gone = control.gone(served)
+    if state.get("unreachable"):
+        return "server unreachable", state["unreachable"] + (f"; {gone}" if gone else "")
+    return ("server process gone", gone) if gone else None
 
 
 def level_record(run_id: str, served: ServedProfile, options: BenchOptions, level: LevelRun,

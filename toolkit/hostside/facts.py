@@ -64,6 +64,46 @@ def target_interpreter(args):
     return "python3"
 
 
+def _who():
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % os.geteuid()
+
+
+def _owner(path):
+    try:
+        import pwd
+        uid = os.stat(path).st_uid
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return "uid %d" % uid
+    except (ImportError, OSError):
+        return "?"
+
+
+def unreachable(path):
+    """Why this user cannot reach PATH although something is there (a folder on its way, links
+    followed, that it may not enter), or None. Only asked when PATH seems not to exist."""
+    current, hops = os.path.abspath(path), 0
+    while hops < 40:
+        folder, parts = os.sep, current.strip(os.sep).split(os.sep)
+        for part in parts[:-1]:
+            folder = os.path.join(folder, part)
+            if os.path.isdir(folder) and not os.access(folder, os.X_OK):
+                mode = "mode %o" % (os.stat(folder).st_mode & 0o7777)
+                via = "" if current == os.path.abspath(path) else " (%s leads there)" % path
+                return "%s%s: folder %s is not readable by %s (%s, owner %s)" % (
+                    current, via, folder, _who(), mode, _owner(folder))
+        if not os.path.islink(current):
+            return None
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+        hops += 1
+    return None
+
+
 def probe_interpreter(interpreter, pythonpath):
     code, out, err = run([interpreter, "-c", _PROBE], timeout=60, env=target_env(pythonpath))
     if code != 0:
@@ -472,6 +512,10 @@ def main(args):
         "commands": dict((c, shutil.which(c)) for c in args.get("commands", [])),
         "patch_state": patch_state(args.get("state_dir")),
     }
+    if venv and not facts["venv"]["exists"]:
+        # "missing" only when nothing is there: a venv (or the Python its interpreter links to)
+        # in a folder this user may not enter is there, and unusable
+        facts["venv"]["unreadable"] = unreachable(venv_cfg) or unreachable(os.path.join(venv, "bin", "python"))
     interpreter = target_interpreter(args)
     dirs = []
     if interpreter:
@@ -481,7 +525,8 @@ def main(args):
         target["site_dirs"] = dirs
         target.pop("path", None)
     else:
-        target = {"interpreter": os.path.join(venv, "bin", "python"), "runs": False, "error": "venv does not exist"}
+        target = {"interpreter": os.path.join(venv, "bin", "python"), "runs": False,
+                  "error": facts["venv"].get("unreadable") or "venv does not exist"}
     facts["python"] = target
     facts["packages"] = installed_versions(dirs, args.get("packages", [])) if dirs else {}
     facts["nvcc"] = nvcc_facts(dirs)

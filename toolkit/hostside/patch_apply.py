@@ -1,9 +1,11 @@
 # Carry out one plan of file writes in one run, so that a cut at any point leaves a host
 # that the next run brings back to "no file half-patched, state agrees with files".
-# Steps: lock, remove temporaries of dead runs, recover any journal, check the host is still
-# as probed and that every target can be replaced, back up the current bytes
+# Steps: check the state folder can be written, lock, remove temporaries of dead runs, recover
+# any journal, check the host is still as probed, that every target can be replaced and that
+# every file system has the space the run needs, back up the current bytes
 # (content-addressed), journal "prepare" (temporary names), write the new files beside the
-# old and fsync, journal "commit", rename one by one (a rename that fails puts back the
+# old and fsync (a full disk up to here: temporaries and journal removed, nothing changed),
+# journal "commit", rename one by one (a rename that fails puts back the
 # files already replaced at once), write the state, remove stale __pycache__ entries,
 # remove the journal.
 # hostrun-uses: patch_hostlib
@@ -54,7 +56,7 @@ def _new_bytes(write, sd):
     return data
 
 
-def _back_up(sd, site, paths):
+def _back_up(sd, site, paths, space):
     """Keep the current bytes of every path under backups/<sha256>; {path: backup file}."""
     os.makedirs(sd.backups, exist_ok=True)
     saved = {}
@@ -66,9 +68,52 @@ def _back_up(sd, site, paths):
             data = f.read()
         sha = hashlib.sha256(data).hexdigest()
         if sha256_file(sd.backup_path(sha)) != sha:  # noqa: F821
-            write_atomic(sd.backup_path(sha), data)  # noqa: F821
+            try:
+                write_atomic(sd.backup_path(sha), data)  # noqa: F821
+            except OSError as exc:
+                if not is_no_space(exc):  # noqa: F821
+                    raise
+                raise Refused(space.message(exc, sd.backup_path(sha), "the backup of %s" % rel)  # noqa: F821
+                              + "; no file changed (the backups already made are kept)")
         saved[rel] = sd.backup_path(sha)
     return saved
+
+
+class _Space(object):
+    """What the run needs on each file system, checked before anything is written; the
+    message for a write that still finds a file system full."""
+
+    def __init__(self, site, sd, writes, new_data, state):
+        self.site_space, self.state_space = fs_space(site), fs_space(sd.root)  # noqa: F821
+        backups = []
+        for w in writes:
+            path = full_path(site, w["path"])  # noqa: F821
+            sha = sha256_file(path)  # noqa: F821
+            if sha is not None and sha256_file(sd.backup_path(sha)) != sha:  # noqa: F821
+                backups.append(os.path.getsize(path))
+        new_sizes = [len(data) for data in new_data.values() if data is not None]
+        meta = meta_estimate(state, sd.read_state()[0], writes)[:-1]  # noqa: F821 (the lock is made by now)
+        sizes = (self.site_space, self.state_space, new_sizes, backups, meta)
+        self.short = space_shortfalls(*sizes)  # noqa: F821
+        self.need = dict((space["dev"], need) for space, need in space_needs(*sizes))  # noqa: F821
+
+    def refuse_short(self):
+        if self.short:
+            raise Refused("not enough free space; nothing written: %s" % "; ".join(  # noqa: F821
+                "%s has %d bytes free, the run needs %d there" % (folder, free, need)
+                for folder, need, free in self.short))
+
+    def message(self, exc, path, what):
+        folder = os.path.dirname(path) or "."
+        need = self.need.get(os.stat(folder).st_dev, 0)
+        return no_space_message(exc, path, need, what)  # noqa: F821
+
+
+def _drop_prepared(sd, site, entries):
+    """Undo a run still in phase prepare (no target touched): its temporaries, then its journal."""
+    remove_files([full_path(site, e["tmp"]) for e in entries if e["tmp"]])  # noqa: F821
+    remove_files([sd.journal])  # noqa: F821
+    fsync_dir(sd.root)  # noqa: F821
 
 
 def _rename_all(entries, site, journal, sd):
@@ -104,7 +149,10 @@ def _transaction(args, site, sd):
         return {"changed": [], "hashes": {}, "pycache_removed": [], "kept": {}}
     _check_replaceable(site, writes)
     new_data = {w["path"]: (None if w["sha256"] is None else _new_bytes(w, sd)) for w in writes}
-    kept = _back_up(sd, site, [w["path"] for w in writes])
+    space = _Space(site, sd, writes, new_data, args["state"])
+    space.refuse_short()
+    checkpoint("after-checks")  # noqa: F821
+    kept = _back_up(sd, site, [w["path"] for w in writes], space)
     checkpoint("after-backups")  # noqa: F821
     run_id = "%d-%d" % (int(time.time()), os.getpid())
     entries = []
@@ -116,29 +164,49 @@ def _transaction(args, site, sd):
     old_state, _ = sd.read_state()
     journal = {"run": run_id, "phase": "prepare", "site": site, "entries": entries,
                "old_state": old_state, "new_state": args["state"]}
-    write_json_atomic(sd.journal, journal)  # noqa: F821
-    checkpoint("after-prepare")  # noqa: F821
-    for entry in entries:
-        if entry["tmp"]:
-            target = full_path(site, entry["path"])  # noqa: F821
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            tmp = full_path(site, entry["tmp"])  # noqa: F821
-            with open(tmp, "wb") as f:
-                f.write(new_data[entry["path"]])
-                f.flush()
-                os.fsync(f.fileno())
-            if os.path.exists(target):
-                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
-    for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries if e["tmp"]}:  # noqa: F821
-        fsync_dir(folder)  # noqa: F821
-    checkpoint("after-new-files")  # noqa: F821
-    journal["phase"] = "commit"
-    write_json_atomic(sd.journal, journal)  # noqa: F821
+    what = "the journal"
+    try:
+        write_json_atomic(sd.journal, journal)  # noqa: F821
+        checkpoint("after-prepare")  # noqa: F821
+        for entry in entries:
+            if entry["tmp"]:
+                target = full_path(site, entry["path"])  # noqa: F821
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                tmp = full_path(site, entry["tmp"])  # noqa: F821
+                what = "the new %s" % entry["path"]
+                with open(tmp, "wb") as f:
+                    f.write(new_data[entry["path"]])
+                    f.flush()
+                    os.fsync(f.fileno())
+                if os.path.exists(target):
+                    os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+        for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries if e["tmp"]}:  # noqa: F821
+            fsync_dir(folder)  # noqa: F821
+        checkpoint("after-new-files")  # noqa: F821
+        journal["phase"] = "commit"
+        what = "the journal"
+        write_json_atomic(sd.journal, journal)  # noqa: F821
+    except OSError as exc:
+        if not is_no_space(exc):  # noqa: F821
+            raise
+        # still phase prepare on disk (a failed write_atomic leaves the old journal): no target
+        # was touched, so the run is undone here rather than by the next command
+        path = sd.journal if what == "the journal" else full_path(site, entry["tmp"])  # noqa: F821
+        message = space.message(exc, path, what)
+        _drop_prepared(sd, site, entries)
+        raise Refused(message + "; no file changed, the temporary files and the journal are removed")  # noqa: F821
     checkpoint("after-rename-0")  # noqa: F821
     _rename_all(entries, site, journal, sd)
     for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries}:  # noqa: F821
         fsync_dir(folder)  # noqa: F821
-    write_json_atomic(sd.state, args["state"])  # noqa: F821
+    try:
+        write_json_atomic(sd.state, args["state"])  # noqa: F821
+    except OSError as exc:
+        if not is_no_space(exc):  # noqa: F821
+            raise
+        raise Failed("%s; all %d file(s) hold the new content and the journal says so: once space is free,"
+                     " the next `invoke patch verify`, apply or revert finishes the run (rolls it forward)"
+                     % (space.message(exc, sd.state, "the state"), len(entries)))
     checkpoint("after-state")  # noqa: F821
     removed = remove_stale_pycache(site, [e["path"] for e in entries])  # noqa: F821
     os.unlink(sd.journal)
@@ -151,7 +219,11 @@ def main(args):
     try:
         site = find_site(args)  # noqa: F821
         sd = StateDir(args["state_dir"])  # noqa: F821
-        with Lock(sd, args.get("lock_timeout", 30)):  # noqa: F821
+        base = args.get("venv") or site
+        blocked = state_dir_blocker(sd, base)  # noqa: F821
+        if blocked:
+            raise Refused("%s; nothing written" % blocked)  # noqa: F821
+        with Lock(sd, args.get("lock_timeout", 30), base):  # noqa: F821
             cleaned = remove_stale_tmp(sd)  # noqa: F821
             recovered = recover(sd, site)  # noqa: F821
             if args.get("mode") == "recover":
@@ -159,6 +231,7 @@ def main(args):
             if recovered is not None:
                 raise Refused("finished an interrupted earlier run first (%s); the plan was made before that;"  # noqa: F821
                               " nothing else written; run the command again" % recovered["outcome"])
+            checkpoint("after-lock")  # noqa: F821
             answer = _transaction(args, site, sd)
             answer["recovered"], answer["cleaned"] = recovered, cleaned
             return answer

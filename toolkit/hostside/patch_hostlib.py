@@ -276,15 +276,130 @@ def replace_blockers(site, rels):
     return blocked
 
 
+def _owner_name(path):
+    try:
+        import pwd
+        uid = os.stat(path).st_uid
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return "uid %d" % uid
+    except (ImportError, OSError):
+        return "?"
+
+
+def _nearest_existing(path):
+    while path and not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def state_dir_blocker(sd, base=None):
+    """Why this user could not take the lock and write state, journal and backups under
+    <state>/patch (None: it can), judged without writing anything. `base` is the venv (or
+    site folder) the state belongs to: where another user owns it, the reason names that user."""
+    blocked, why = None, None
+    if os.path.lexists(sd.lock) and not os.access(sd.lock, os.R_OK | os.W_OK):
+        blocked, why = sd.lock, "file"
+    for folder in (sd.backups, sd.root):
+        if blocked is None and os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+            blocked, why = folder, "folder"
+    if blocked is None and not os.path.isdir(sd.root):
+        nearest = _nearest_existing(os.path.dirname(sd.root))
+        if not os.path.isdir(nearest):
+            blocked, why = nearest, "not a folder"
+        elif not os.access(nearest, os.W_OK | os.X_OK):
+            blocked, why = nearest, "folder"
+    if blocked is None:
+        return None
+    user = _user()
+    if why == "not a folder":
+        return "the toolkit's state folder %s cannot be made: %s is not a folder" % (sd.root, blocked)
+    flag = _flag_blocker(blocked, why) if os.path.exists(blocked) else None
+    if flag:
+        return "the toolkit's state folder %s cannot be written: %s" % (sd.root, flag)
+    owner = _owner_name(blocked)
+    mode = os.stat(blocked).st_mode & 0o7777
+    text = "the toolkit's state folder %s cannot be written by %s: %s %s belongs to %s (mode %o)" % (
+        sd.root, user, why, blocked, owner, mode)
+    base_owner = _owner_name(base) if base and os.path.exists(base) else None
+    if base_owner and base_owner not in (user, "?"):
+        text += "; %s belongs to %s: run the patch commands as %s (`user = \"%s\"` in the inventory)" \
+                " or give %s write access to %s" % (base, base_owner, base_owner, base_owner, user, blocked)
+    else:
+        text += "; give %s write access to %s (or set `state_dir` for the host)" % (user, blocked)
+    return text
+
+
+def fs_space(path):
+    """{path, dev, free, block} of the file system that holds `path` (or would: its nearest folder)."""
+    folder = _nearest_existing(path)
+    st = os.statvfs(folder)
+    return {"path": folder, "dev": os.stat(folder).st_dev, "free": st.f_bavail * st.f_frsize,
+            "block": st.f_frsize or 4096}
+
+
+def _blocks(size, block):
+    return -(-size // block) * block if size else 0
+
+
+def space_needs(site_space, state_space, new_sizes, backup_sizes, meta_sizes):
+    """[(file system as fs_space gives it, bytes a run needs there)]: every new file is written
+    beside its target (site), the files it replaces are backed up unless a backup exists
+    (state), and the journal, state and lock take meta_sizes (state). Each file is rounded up to
+    the file system's block size."""
+    needs = {}
+    for space, sizes in ((site_space, new_sizes), (state_space, list(backup_sizes) + list(meta_sizes))):
+        entry = needs.setdefault(space["dev"], [space, 0])
+        entry[1] += sum(_blocks(size, space["block"]) for size in sizes if size)
+    return [tuple(entry) for entry in needs.values()]
+
+
+def space_shortfalls(*sizes):
+    """[(folder, bytes needed, bytes free)] for each file system a run would not fit on
+    (arguments as space_needs)."""
+    return [(space["path"], need, space["free"]) for space, need in space_needs(*sizes) if need > space["free"]]
+
+
+def meta_estimate(new_state, old_state, writes):
+    """Sizes of what a run writes in the state folder besides backups, at its fullest: the
+    journal twice (its commit copy is written beside the prepare copy), the new state.json
+    (written beside the old one) and the lock. The journal holds both states and one entry
+    per file; its size is estimated with a margin over their JSON."""
+    def size(data):
+        return len(json.dumps(data, indent=1, sort_keys=True)) if data else 0
+    journal = (size(new_state) + size(old_state)) * 5 // 4 + 400 * len(writes) + 600
+    return [journal, journal, size(new_state), 64]   # the lock last: a host run has made it already
+
+
+def no_space_message(exc, path, need, what):
+    free = fs_space(os.path.dirname(path) or ".")
+    return "no space left on the file system of %s (%s) while writing %s: the run needs about %d bytes" \
+           " there, %d are free" % (free["path"], os.strerror(exc.errno), what, need, free["free"])
+
+
+def is_no_space(exc):
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
 class Lock(object):
     """flock on <state>/patch/lock; waits up to `timeout` seconds, then refuses clearly."""
 
-    def __init__(self, sd, timeout):
-        self.sd, self.timeout, self.fd = sd, timeout, None
+    def __init__(self, sd, timeout, base=None):
+        self.sd, self.timeout, self.fd, self.base = sd, timeout, None, base
 
     def __enter__(self):
-        os.makedirs(self.sd.root, exist_ok=True)
-        self.fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.makedirs(self.sd.root, exist_ok=True)
+            self.fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if is_no_space(exc):
+                raise Refused("cannot make the lock %s: %s; nothing written" % (self.sd.lock, os.strerror(exc.errno)))
+            raise Refused("%s; nothing written" % (state_dir_blocker(self.sd, self.base) or
+                                                   "cannot take the lock %s: %s" % (self.sd.lock, exc)))
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -299,8 +414,12 @@ class Lock(object):
                     raise Refused("another toolkit patch run holds the lock on this host (%s); waited %ss,"
                                   " nothing written; try again when it has finished" % (holder or "unknown", self.timeout))
                 time.sleep(0.05)
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, ("pid %d since %s" % (os.getpid(), time.strftime("%H:%M:%S"))).encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, ("pid %d since %s" % (os.getpid(), time.strftime("%H:%M:%S"))).encode(), 0)
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise  # a full disk only loses who holds the lock, which is shown to a waiting run
         return self
 
     def __exit__(self, *exc):
@@ -308,8 +427,8 @@ class Lock(object):
 
 
 def checkpoint(point):
-    """A named point of a host run: after-backups, after-prepare, after-new-files,
-    after-rename-K (K = 0..n renames done) and after-state. It does nothing here. The fault
+    """A named point of a host run: after-lock, after-checks, after-backups, after-prepare,
+    after-new-files, after-rename-K (K = 0..n renames done) and after-state. It does nothing here. The fault
     tests send their own version of it with the payload (tests/patch/faults.py) to kill or
     hold a run at that point; nothing a user sets reaches it."""
 

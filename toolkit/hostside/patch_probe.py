@@ -1,7 +1,8 @@
 # One round trip that tells the control machine everything a patch command needs:
 # where site-packages is, the installed version (METADATA) and RECORD hashes, the sha256
 # of the files asked for and of the files the state lists, which of them cannot be
-# replaced and why, the state, the backups, and (with "recover") the outcome of finishing
+# replaced and why, whether the state folder can be written, the free space where a run
+# writes, the state, the backups, and (with "recover") the outcome of finishing
 # a run that was cut and the temporaries of dead runs it removed. Reads dist-info files
 # directly; never imports the package.
 # hostrun-uses: patch_hostlib
@@ -17,13 +18,21 @@ def main(args):
         return {"refused": str(exc)}
 
 
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
 def _probe(args):
     site = find_site(args)  # noqa: F821 (patch_hostlib)
     dist, version = find_dist(site, args["package"])  # noqa: F821
     sd = StateDir(args["state_dir"])  # noqa: F821
     recovered, cleaned = None, []
+    base = args.get("venv") or site
     if args.get("recover") and (sd.read_journal() is not None or stale_tmp_files([sd.root, sd.backups])):  # noqa: F821
-        with Lock(sd, args.get("lock_timeout", 30)):  # noqa: F821
+        with Lock(sd, args.get("lock_timeout", 30), base):  # noqa: F821
             cleaned = remove_stale_tmp(sd)  # noqa: F821
             recovered = recover(sd, site)  # noqa: F821
     state, state_sha = sd.read_state()
@@ -45,6 +54,9 @@ def _probe(args):
         "recovered": recovered,
         "cleaned": cleaned,
         "blocked": replace_blockers(site, sorted(wanted)),  # noqa: F821
+        "state_blocked": state_dir_blocker(sd, base),  # noqa: F821
+        "space": {"site": fs_space(site), "state": fs_space(sd.root)},  # noqa: F821
+        "sizes": {p: _size(full_path(site, p)) for p in sorted(wanted)},  # noqa: F821
         "backups": sd.backup_status(),
         "backup_dir": sd.backups,
     }
@@ -59,7 +71,7 @@ def _probe(args):
     if args.get("all_files"):
         mismatch, checked = {}, 0
         for p, expected in sorted(record.items()):
-            if expected is None or p.startswith("..") or os.path.isabs(p):
+            if expected is None or p.startswith("..") or os.path.isabs(p) or p.endswith("/"):  # a folder row
                 continue
             checked += 1
             found = sha256_file(full_path(site, p))  # noqa: F821
