@@ -133,7 +133,7 @@ def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None 
         plan.converge_first = (f"rollout {probe.journal.get('id')} ({probe.journal.get('change', {}).get('label', '?')})"
                                f" is in flight at phase {probe.journal.get('phase')}: its guard rolls it back first")
         before_then = (probe.journal.get("before") or {})
-        plan.stack_before = list(before_then.get("stack") or probe.stack)
+        plan.stack_before = list(before_then.get("stack", probe.stack))
         recorded = before_then.get("server")
         plan.server_before = ({"profile": recorded["profile"], "overrides": recorded.get("overrides") or {},
                                "timeout_s": recorded.get("timeout_s")} if recorded else None)
@@ -526,9 +526,9 @@ class _Run:
         return gate
 
 
-def _change_files(host: Host, change: Change, note) -> tuple[str, str]:
+def _change_files(host: Host, change: Change, package: str, note) -> tuple[str, str]:
     if change.revert:
-        done = patching.revert(host, change.patchset, note=note)
+        done = patching.revert(host, change.patchset, package=package, note=note)
         return "pass", f"popped {', '.join(done.popped) or 'nothing'}, {done.changed} file(s)"
     done = patching.apply(host, change.patchset, note=note)
     return "pass", f"{done.changed} file(s) written"
@@ -640,7 +640,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
     try:
         ok = True
         for name, fn, phase, allowed in (
-                (change.label, lambda: _change_files(host, change, note), "applied", ("armed",)),
+                (change.label, lambda: _change_files(host, change, ps.package, note), "applied", ("armed",)),
                 (f"restart {plan.server_after['profile']}", lambda: _start_after(host, plan, note), "restarted",
                  ("applied",)),
                 ("smoke", lambda: _smoke_gate(host, run), None, None),

@@ -92,7 +92,7 @@ def print_fleet(fleet: engine.FleetResult) -> None:
     "json_": "print JSON instead of tables",
     "status": "say per host whether it is on its old state, its new one, or a rollout is in flight",
 })
-def rollout(c, patchset="", revert=False, profile=None, threshold=None, hysteresis=None, host=None, canary=None,
+def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hysteresis=None, host=None, canary=None,
             parallel=None, max_failures=None, gate_bench=False, bench_levels=None, tolerance=None, dry_run=False,
             json_=False, status=False):
     """Roll a patchset out (or back) on running hosts: prove it with smoke (and a bench), or roll back by itself."""
