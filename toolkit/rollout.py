@@ -593,6 +593,7 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run) -> Non
         return
     res.outcome = "rolled back"
     ps_package = journal.get("package", "sglang")
+    first = len(res.gates)
 
     def check_files():
         verified = patching.verify(host, package=ps_package)
@@ -603,7 +604,7 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run) -> Non
     run.gate("files restored", check_files)
     if plan.server_before:
         run.gate("smoke (restored server)", lambda: _smoke_gate(host, _Run(host, plan, run.id, run.note)))
-    if any(g.status == "fail" for g in res.gates[-2:]):
+    if any(g.status == "fail" for g in res.gates[first:]):
         res.outcome = "rollback failed"
 
 

@@ -36,17 +36,32 @@ def rollout_env(monkeypatch, tmp_path):
 
 
 def private_venv(source: Path, copy: Path) -> Path:
-    """A hard-linked copy of `source` whose console scripts run its own python (the shebangs are
-    rewritten into new files; the originals are untouched)."""
-    subprocess.run(["cp", "-al", str(source), str(copy)], check=True)
-    for script in (copy / "bin").iterdir():
+    """A venv at `copy` that runs `source`'s packages but has its own `transformers` (hard links: the
+    patch engine and the guard replace files by rename, so the shared cached venv never changes).
+    Every other site-packages entry is a symlink; the console scripts are rewritten to run the copy's
+    python, so `transformers serve` imports the copy's files."""
+    copy.mkdir()
+    for entry in source.iterdir():
+        if entry.is_symlink():      # lib64 -> lib
+            (copy / entry.name).symlink_to(os.readlink(entry))
+        elif entry.name not in ("bin", "lib"):
+            (copy / entry.name).symlink_to(entry)
+    (copy / "bin").mkdir()
+    for script in (source / "bin").iterdir():
         if script.is_symlink() or not script.is_file():
+            subprocess.run(["cp", "-a", str(script), str(copy / "bin")], check=True)
             continue
         data = script.read_bytes()
-        if data.startswith(b"#!" + str(source).encode()):
-            script.unlink()
-            script.write_bytes(data.replace(str(source).encode(), str(copy).encode(), 1))
-            script.chmod(0o755)
+        (copy / "bin" / script.name).write_bytes(data.replace(b"#!" + str(source).encode(), b"#!" + str(copy).encode(), 1))
+        (copy / "bin" / script.name).chmod(0o755)
+    site = site_of(source)
+    mine = copy / site.relative_to(source)
+    mine.mkdir(parents=True)
+    for entry in site.iterdir():
+        if entry.name == "transformers":
+            subprocess.run(["cp", "-al", str(entry), str(mine / entry.name)], check=True)
+        else:
+            (mine / entry.name).symlink_to(entry)
     return copy
 
 
