@@ -147,3 +147,14 @@ def test_describe_state(phase, state):
     if state == "in flight":
         assert "silent for 75 s of 60" in detail and "rerun the rollout" in detail
     assert describe_state(probe())[0] == "no rollout"
+
+
+def test_the_gpu_broken_patchset_compiles_onto_the_pristine_release(monkeypatch):
+    """gpu/patchsets/naive-bypass (the user's hand-made bypass, rolled out on the H200 to be rolled back)."""
+    from toolkit import patching
+    from toolkit.paths import PROJECT_ROOT
+
+    monkeypatch.setenv("TOOLKIT_PATCHSETS", str(PROJECT_ROOT / "gpu" / "patchsets"))
+    report = patching.check("naive-bypass")
+    assert report.ok and report.versions == ["0.5.11"], report.error
+    assert [f.path for f in report.files["0.5.11"]] == ["sglang/srt/speculative/eagle_worker.py"]
