@@ -6,13 +6,14 @@ import time
 import pytest
 
 from toolkit import patchsets
+from toolkit.paths import PATCHSETS_DIR
 from toolkit.rollout import (Change, HostResult, Probe, compare_bench, describe_state, fleet_stop, plan_host,
                              waves)
 
 
 @pytest.fixture(scope="module")
 def known():
-    return patchsets.load_all()   # the shipped ones: sm120 (order 10), dyn-disable (order 20), for 0.5.11
+    return patchsets.load_all(PATCHSETS_DIR)   # the shipped ones: sm120 (order 10), dyn-disable (order 20)
 
 
 def probe(stack=(), server=None, **kw) -> Probe:
@@ -158,3 +159,16 @@ def test_the_gpu_broken_patchset_compiles_onto_the_pristine_release(monkeypatch)
     report = patching.check("naive-bypass")
     assert report.ok and report.versions == ["0.5.11"], report.error
     assert [f.path for f in report.files["0.5.11"]] == ["sglang/srt/speculative/eagle_worker.py"]
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], "`invoke rollout` needs a PATCHSET (or --status)"),
+    (["dyn-disable", "--parallel", "0"], "--parallel and bench levels >= 1"),
+    (["dyn-disable", "--canary", "x"], "--canary takes an integer, got 'x'"),
+    (["dyn-disable", "--tolerance", "150"], "--tolerance 0-99"),
+])
+def test_bad_input_exits_2_before_any_host_is_contacted(args, words):
+    from .conftest import invoke_cli
+
+    done = invoke_cli("rollout", *args, env={"TOOLKIT_SANDBOX_PORT": "9"})   # nothing listens there
+    assert done.returncode == 2 and words in done.stderr, done.stderr
