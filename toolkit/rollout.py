@@ -100,14 +100,14 @@ class HostPlan:
     server_started_at: float | None = None   # which start of the old server runs (the guard keeps it if untouched)
 
 
-def _server_text(s: dict | None) -> str:
+def server_text(s: dict | None) -> str:
     if not s:
         return "no server"
     options = " ".join(f"{k}={v}" for k, v in sorted((s.get("overrides") or {}).items()))
     return s["profile"] + (f" ({options})" if options else "")
 
 
-def _stack_text(stack: list[str]) -> str:
+def stack_text(stack: list[str]) -> str:
     return " + ".join(stack) or "(nothing applied)"
 
 
@@ -184,22 +184,22 @@ def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None 
                           f"of {target} on this host (none yet: recorded, not compared)")
     if after == stack and before is not None and before == {**plan.server_after, "timeout_s": before.get("timeout_s")} \
             and not plan.converge_first:
-        plan.action, plan.reason = "unchanged", f"{_stack_text(after)} and {_server_text(before)} already"
+        plan.action, plan.reason = "unchanged", f"{stack_text(after)} and {server_text(before)} already"
         plan.gates = []
         return plan
     host = probe.host
     if after != stack:
         verb = f"invoke patch revert {change.patchset}" if change.revert else f"invoke patch apply {change.patchset}"
-        plan.steps.append(f"{verb} --host {host}   # {_stack_text(stack)} -> {_stack_text(after)}")
+        plan.steps.append(f"{verb} --host {host}   # {stack_text(stack)} -> {stack_text(after)}")
     if before:
-        plan.steps.append(f"invoke server stop --host {host}   # {_server_text(before)}")
+        plan.steps.append(f"invoke server stop --host {host}   # {server_text(before)}")
     plan.steps.append(f"invoke server start {target}{_options_args(after_overrides)} --host {host}")
     plan.steps.append(f"invoke smoke --host {host}")
     if gate_bench:
         plan.steps.append(f"bench c={','.join(str(c) for c in bench_levels)} vs the last kept record of {target}")
     plan.steps.append("all pass: keep. Any fails: the host's guard restores "
-                      f"{_stack_text(stack)} from backups and " +
-                      (f"starts {_server_text(before)} again, then smoke" if before else "stops the server"))
+                      f"{stack_text(stack)} from backups and " +
+                      (f"starts {server_text(before)} again, then smoke" if before else "stops the server"))
     return plan
 
 
@@ -243,7 +243,7 @@ def compare_bench(now: dict, reference: dict | None, tolerance: float = DEFAULT_
 def describe_state(probe: Probe) -> tuple[str, str]:
     """(state, detail) of a host for `--status`: old / new / in flight / rollback failed / none."""
     journal = probe.journal
-    current = f"{_stack_text(probe.stack)}; {_server_text(probe.server)}" + (
+    current = f"{stack_text(probe.stack)}; {server_text(probe.server)}" + (
         f" [{probe.server.get('status')}]" if probe.server else "")
     if not journal:
         return "no rollout", current
@@ -501,8 +501,8 @@ class _Run:
     def __init__(self, host: Host, plan: HostPlan, rollout_id: str, note):
         self.host, self.plan, self.id, self.note = host, plan, rollout_id, note
         self.result = HostResult(host.name, "rolled back", rollout_id=rollout_id,
-                                 before=f"{_stack_text(plan.stack_before)}; {_server_text(plan.server_before)}",
-                                 after=f"{_stack_text(plan.stack_after)}; {_server_text(plan.server_after)}")
+                                 before=f"{stack_text(plan.stack_before)}; {server_text(plan.server_before)}",
+                                 after=f"{stack_text(plan.stack_after)}; {server_text(plan.server_after)}")
 
     def phase(self, name: str, allowed: tuple, detail: str = "") -> bool:
         answer = ctl(self.host, "phase", id=self.id, phase=name, detail=detail, **{"from": list(allowed)})
@@ -518,8 +518,12 @@ class _Run:
         started = time.monotonic()
         try:
             status, detail = fn()
+        except TransportError:
+            raise   # the host is out of reach: its guard decides (run_host says so)
         except (patching.PatchRefused, patching.PatchFailed, server.ServerError, RolloutError) as exc:
             status, detail = "fail", str(exc).splitlines()[0]
+        except Exception as exc:   # any other failure of a step is a failed gate, and the host rolls back
+            status, detail = "fail", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         gate = Gate(name, status, round(time.monotonic() - started, 2), detail)
         self.result.gates.append(gate)
         self.note(f"{self.host.name}: {name}: {status} ({gate.seconds:.1f} s) {detail}")
@@ -599,8 +603,8 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run) -> Non
         verified = patching.verify(host, package=ps_package)
         bad = [f.path for f in verified.files if f.status in ("drifted", "missing")]
         if bad or verified.stack != plan.stack_before:
-            return "fail", f"stack {_stack_text(verified.stack)}; differing: {', '.join(bad) or 'none'}"
-        return "pass", f"{_stack_text(verified.stack)}; {len(verified.files)} file(s) as recorded"
+            return "fail", f"stack {stack_text(verified.stack)}; differing: {', '.join(bad) or 'none'}"
+        return "pass", f"{stack_text(verified.stack)}; {len(verified.files)} file(s) as recorded"
     run.gate("files restored", check_files)
     if plan.server_before:
         run.gate("smoke (restored server)", lambda: _smoke_gate(host, _Run(host, plan, run.id, run.note)))
@@ -782,7 +786,7 @@ def run_fleet(hosts: list[Host], change: Change, options: Options, note=_quiet,
         if name not in done:
             p = plan_of[name]
             done[name] = HostResult(name, "not started", rollout_id=rollout_id,
-                                    before=f"{_stack_text(p.stack_before)}; {_server_text(p.server_before)}",
+                                    before=f"{stack_text(p.stack_before)}; {server_text(p.server_before)}",
                                     notes=[fleet.stopped])
             journal.update(name, outcome="not started")
     fleet.results = [done[n] for n in names]

@@ -1,6 +1,8 @@
 """`invoke rollout PATCHSET --profile P [--host H,...|@label]`: apply, restart, prove and keep, or roll back."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from rich.markup import escape
 
 from toolkit import report
@@ -42,8 +44,8 @@ def print_plans(plans: list[engine.HostPlan]) -> None:
     for plan in plans:
         report.line("")
         report.line(f"{plan.host}: {plan.change}: {plan.action}{' (' + plan.reason + ')' if plan.reason else ''}")
-        report.line(f"  stack:  {engine._stack_text(plan.stack_before)} -> {engine._stack_text(plan.stack_after)}")
-        report.line(f"  server: {engine._server_text(plan.server_before)} -> {engine._server_text(plan.server_after)}")
+        report.line(f"  stack:  {engine.stack_text(plan.stack_before)} -> {engine.stack_text(plan.stack_after)}")
+        report.line(f"  server: {engine.server_text(plan.server_before)} -> {engine.server_text(plan.server_after)}")
         if plan.converge_first:
             report.line(f"  first:  {plan.converge_first}")
         for gate in plan.gates:
@@ -135,7 +137,7 @@ def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hyster
             if json_:
                 report.emit_json({"dry_run": True, "change": change.label, "waves": engine.waves(
                     [h.name for h in hosts], options.canary, options.parallel),
-                    "plans": [engine.asdict(p) for p in plans]})
+                    "plans": [asdict(p) for p in plans]})
             else:
                 print_plans(plans)
                 report.line("")

@@ -52,7 +52,8 @@ def test_max_failures_stops_starting_new_hosts_and_the_failed_one_is_rolled_back
     bad = make_cpu_host("g2", model="/nonexistent/tiny-llama")   # its server cannot start
     never = make_cpu_host("g3")
     fleet = rollout.run_fleet([good, bad, never], Change("cpu-quiet"),
-                              Options(profile="cpu-ref", canary=1, parallel=1, max_failures=0))
+                              Options(profile="cpu-ref", canary=1, parallel=1, max_failures=0, gate_bench=True,
+                                      bench_levels=(1, 2)))
     outcomes = [(r.host, r.outcome) for r in fleet.results]
     assert outcomes == [("g1", "kept"), ("g2", "rolled back"), ("g3", "not started")], fleet.results
     assert fleet.stopped == "1 host(s) failed after the canary, more than --max-failures 0"
@@ -67,5 +68,11 @@ def test_max_failures_stops_starting_new_hosts_and_the_failed_one_is_rolled_back
         assert server.running_server(host) is None
     assert patching.verify(bad, package="transformers").stack == []
     assert rollout.ctl(never, "status")["journal"] is None
+    # the canary's bench gate had no record to compare with: it passed, and its bench is the record now
+    bench = fleet.results[0].gates[-1]
+    assert (bench.name, bench.status) == ("bench", "pass") and "recorded as the reference" in bench.detail
+    record = json.loads((Path(good.state_dir) / "rollout" / "bench" / "cpu-ref.json").read_text())
+    assert set(record["output_throughput"]) == {"1", "2"} and all(v > 0 for v in record["output_throughput"].values())
+    assert record["stack"] == ["cpu-quiet"] and record["rollout"] == fleet.rollout_id
     assert patching.verify(good, package="transformers").stack == ["cpu-quiet"]
     assert server.running_server(good).profile == "cpu-ref"

@@ -141,3 +141,24 @@ def test_killed_once_kept_the_host_stays_new_and_a_rerun_changes_nothing(cpu_hos
     done = invoke_cli("rollout", *change, "--host", "cpu1", env=cli_env)
     assert done.returncode == 0 and "unchanged" in done.stdout, done.stdout + done.stderr
     assert whole(host)[1].started_at == now.started_at
+
+
+def test_a_throughput_loss_beyond_the_tolerance_is_rolled_back(cpu_host):
+    """The user's real failure was a loss under load, not a crash: the bench gate against the host's
+    record of the same profile (here a record no CPU server can reach) rolls the change back."""
+    host = cpu_host
+    stack, before = whole(host)
+    record = Path(host.state_dir) / "rollout" / "bench" / "cpu-ref.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"profile": "cpu-ref", "output_throughput": {"1": 1e9, "2": 1e9}}))
+    change = Change("cpu-quiet", revert="--revert" in toggle(stack))
+    fleet = rollout.run_fleet([host], change, Options(gate_bench=True, bench_levels=(1, 2), tolerance=0.05))
+    result = fleet.results[0]
+    assert result.outcome == "rolled back", result
+    assert [(g.name, g.status) for g in result.gates][2:] == [
+        ("smoke", "pass"), ("bench", "fail"), ("files restored", "pass"), ("smoke (restored server)", "pass")]
+    assert result.failed_check.startswith("bench: c=1: ") and "LOW" in result.failed_check
+    assert "tolerance 5%" in result.failed_check
+    now_stack, now = whole(host)
+    assert now_stack == stack and now.started_at != before.started_at
+    assert json.loads(record.read_text())["output_throughput"]["1"] == 1e9   # a failed bench is not recorded
