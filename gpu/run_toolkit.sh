@@ -6,6 +6,7 @@
 # (the toolkit's own control-side wheels + the sglang wheel in cache/wheels) carried:
 #   BUDGET_S=540 bash gpu/run_toolkit.sh 2>&1 | tee $OUT/run.log
 # Phases are skipped, with a message, when the time budget would be overrun.
+# Phase rollout (issue #27): PHASES=rollout BUDGET_S=560 bash gpu/run_toolkit.sh > $OUT/run.log 2>&1
 # Env: PHASES (default "facts lifecycle sweep"), SWEEP_PROFILES (default eagle3-dyn,baseline),
 #      SWEEP_LEVELS (default 1,8,32,64), BIG_LAYERS (default 32), TP (tensor-parallel size, default 1), BENCH_OUT (sweep results folder;
 #      default inside the evidence archive; $OUT/bench keeps them even if the call is cut).
@@ -188,6 +189,44 @@ if [[ $PHASES == *" hsweep "* ]]; then
      --output-len 160 --concurrency "${SWEEP_LEVELS:-1,2,4,8,16,32,64}" --max-level-seconds "${HUGE_LEVEL_S:-10}" --repeat "${REPEAT:-1}" \
      --timeout 300 --out "$EV/bench-huge" 2>&1 | grep -v "━\|^ *$"
   say "hsweep done; $(left)s left"
+fi
+# 7. `invoke rollout` (issue #27) onto a running stock eagle3-v2 server: dyn-disable with
+#    eagle3-v2-dyn, which keeps; back to stock the same way; then the user's hand-made bypass as a
+#    patchset (gpu/patchsets/naive-bypass, v1 worker, so profile eagle3): the smoke's burst (8 > its
+#    threshold 4) breaks it and the toolkit rolls back by itself to the stock eagle3-v2 server, which
+#    must pass smoke with the GPU memory of the stock server before it.
+if [[ $PHASES == *" rollout "* ]]; then
+  tk patch revert --host gpu > /dev/null
+  tk server start eagle3-v2 --host gpu --timeout 300 && snap rollout-stock
+  tk rollout dyn-disable --profile eagle3-v2-dyn --host gpu --dry-run
+  tk rollout dyn-disable --profile eagle3-v2-dyn --host gpu --json > "$EV/rollout-1-keep.json"
+  tk rollout --status --host gpu
+  tk rollout dyn-disable --revert --profile eagle3-v2 --host gpu --json > "$EV/rollout-2-back.json"
+  snap rollout-stock-again
+  TOOLKIT_PATCHSETS=$PWD/gpu/patchsets tk rollout naive-bypass --profile eagle3 --host gpu --json \
+    > "$EV/rollout-3-naive.json"
+  snap rollout-rolled-back
+  for f in "$EV"/rollout-*.json; do
+    python3 -c "import json,sys; a=json.load(open(sys.argv[1])); [print(sys.argv[1].rsplit('/',1)[1], h['host'], h['outcome'],
+      '|', h['before'], '->', h['after'], '|', '; '.join(f\"{g['name']}: {g['status']} {g['seconds']}s\" for g in h['gates']),
+      '| failed:', h['failed_check'][:300], '|', h['rank_errors'], h['log_paths']) for h in a['hosts']]" "$f"
+  done
+  python3 - "$EV" <<'PY'
+import csv, sys
+ev = sys.argv[1]
+def used(name):
+    return {r[0].strip(): int(r[1]) for r in csv.reader(open(f"{ev}/nvsmi-{name}.query-gpu.csv"))}
+stock, back = used("rollout-stock"), used("rollout-rolled-back")
+for gpu in stock:
+    print(f"GPU{gpu}: stock eagle3-v2 {stock[gpu]} MiB, after the rollback {back.get(gpu)} MiB "
+          f"({back.get(gpu, 0) - stock[gpu]:+d} MiB)")
+PY
+  tk rollout --status --host gpu
+  tk smoke --host gpu
+  tk server stop --host gpu
+  cp -r "${TOOLKIT_CACHE:-.tkwheels/cache}/rollouts" "$EV/rollout-journals" 2>/dev/null
+  cp -r /tmp/site/.toolkit/rollout "$EV/rollout-host" 2>/dev/null
+  say "rollout phase done; $(left)s left"
 fi
 grep -h "plain step uses\|Dynamic speculation disable\|Traceback\|Error" /tmp/site/.toolkit/server/*/server.log /tmp/tkstate/p-*/server/*/server.log 2>/dev/null \
   | sed 's/^\[[^]]*\] //' | sort | uniq -c | sort -rn | head -20

@@ -11,7 +11,7 @@ import pytest
 
 from toolkit.paths import PROJECT_ROOT
 
-COMMANDS = ("bench", "demo", "facts", "patch", "provision", "sandbox", "server", "smoke", "wheelhouse")
+COMMANDS = ("bench", "demo", "facts", "patch", "provision", "rollout", "sandbox", "server", "smoke", "wheelhouse")
 FLAG = re.compile(r"^  (-\w(?: \S+)?, )?--([\w-]+)")
 
 

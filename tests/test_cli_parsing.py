@@ -54,7 +54,7 @@ def test_dash_h_is_help_and_dash_capital_h_is_the_host(capsys):
 
 def test_every_host_option_takes_dash_capital_h():
     from tasks import ns
-    for name in ("patch", "server", "smoke", "bench", "facts", "provision", "wheelhouse", "demo"):
+    for name in ("patch", "server", "smoke", "bench", "facts", "provision", "wheelhouse", "demo", "rollout"):
         task = ns[name]
         names = {arg.name: arg.names for arg in task.get_arguments()}
         assert names["host"] == ("host", "H"), name

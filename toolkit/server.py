@@ -307,15 +307,10 @@ def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[st
     return []
 
 
-def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, overrides: dict | None = None,
-          check_patches: bool = True, wait_chunk: float = WAIT_CHUNK,
-          progress: Callable[[str], None] = lambda text: None) -> ServerState:
-    """Start `profile_name` on `host` and wait until it is ready; raise ServerError otherwise."""
-    launch = plan(host, profile_name, overrides)
-    notes = list(launch.notes)
-    notes += _check_patchsets(host, launch, progress) if check_patches else (
-        [f"patchset requirement {', '.join(launch.requires_patchsets)} not checked (asked not to)"]
-        if launch.requires_patchsets else [])
+def start_args(host: Host, launch: profiles.LaunchPlan, *, overrides: dict | None = None,
+               timeout: float = DEFAULT_TIMEOUT, check_patches: bool = True, wait_chunk: float = WAIT_CHUNK) -> dict:
+    """The arguments of `server_ctl start` for this launch plan (also what a rollout's host guard
+    runs to bring the recorded server back without the control machine)."""
     meta = {"kind": launch.kind, "port": launch.port, "bind": launch.bind,
             "base_url_on_host": launch.base_url_on_host, "health_endpoint": launch.health_endpoint,
             "model": launch.model, "draft_model": launch.draft_model, "dyn_threshold": launch.dyn_threshold,
@@ -328,6 +323,21 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
             "nvidia_smi": launch.nvidia_smi, "shared_gpu": launch.shared_gpu,
             "required_paths": required_paths(host, launch, overrides), "keep_logs": keep_logs(host),
             "patch_state": posixpath.join(host.toolkit_state_dir, "patch", "state.json")}
+    return args
+
+
+def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, overrides: dict | None = None,
+          check_patches: bool = True, wait_chunk: float = WAIT_CHUNK,
+          progress: Callable[[str], None] = lambda text: None) -> ServerState:
+    """Start `profile_name` on `host` and wait until it is ready; raise ServerError otherwise."""
+    launch = plan(host, profile_name, overrides)
+    notes = list(launch.notes)
+    notes += _check_patchsets(host, launch, progress) if check_patches else (
+        [f"patchset requirement {', '.join(launch.requires_patchsets)} not checked (asked not to)"]
+        if launch.requires_patchsets else [])
+    args = start_args(host, launch, overrides=overrides, timeout=timeout, check_patches=check_patches,
+                      wait_chunk=wait_chunk)
+    meta = args["meta"]
     try:
         answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
     except (KeyboardInterrupt, TransportError) as exc:
@@ -472,15 +482,25 @@ def _start_and_wait(host, launch, args, timeout, wait_chunk, progress) -> dict:
     return answer
 
 
+def stop_args(host: Host, *, grace: float, memory_wait: float, shared_gpu: bool) -> dict:
+    """The arguments of `server_ctl stop` (without the action and root)."""
+    return {"grace": grace, "memory_wait_s": memory_wait,
+            "nvidia_smi": str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
+            "slack_mib": int(_host_setting(host, "idle_memory_slack_mib", 512)), "shared_gpu": shared_gpu}
+
+
+def ctl_args(host: Host, action: str, **args) -> dict:
+    """What `_ctl` sends to the host-side server_ctl (for payloads run on the host later)."""
+    return {"action": action, "root": _root(host), **args}
+
+
 def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopResult:
     """TERM the server's process group, KILL after `grace` s, wait for GPU memory to be idle again."""
     memory_wait = float(_host_setting(host, "memory_wait_s", DEFAULT_MEMORY_WAIT) if memory_wait is None else memory_wait)
     shared_gpu = profiles.shared_gpu(host)   # a bad value is refused before connecting
     with host.connect() as transport:
-        answer = _ctl(transport, host, "stop", grace + memory_wait + 120, grace=grace, memory_wait_s=memory_wait,
-                      nvidia_smi=str(_host_setting(host, "nvidia_smi", "nvidia-smi")),
-                      slack_mib=int(_host_setting(host, "idle_memory_slack_mib", 512)),
-                      shared_gpu=shared_gpu)
+        answer = _ctl(transport, host, "stop", grace + memory_wait + 120,
+                      **stop_args(host, grace=grace, memory_wait=memory_wait, shared_gpu=shared_gpu))
         answer["round_trips"] = transport.round_trips
     if "profile" not in answer:  # nothing recorded
         return StopResult(host.name, stopped=True, was_running=False, reason=answer.get("reason", ""),

@@ -3,20 +3,45 @@
 It runs the same task functions as the individual commands (no separate code path), prints
 each command line before running it, stops at the first failure, and always stops the server
 it started and reverts the patchset it applied, so the host ends as it began.
+
+The rollout part: PATCHSET rolled out onto the running server and rolled off again (both keep),
+then a patchset that breaks the CPU server after three requests (a test fixture from
+tests/rollout/data/patchsets, not shipped), which the rollout must roll back by itself.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
+from invoke.exceptions import Exit
+
 from toolkit import report
+from toolkit.paths import PROJECT_ROOT
 
 from .bench import bench
 from .parsing import command
 from .patch import patch
 from .provision import provision
+from .rollout import rollout
 from .sandbox import sandbox
 from .server import server_task
 from .smoke import smoke
+
+BREAKING = PROJECT_ROOT / "tests" / "rollout" / "data" / "patchsets"
+
+
+@contextlib.contextmanager
+def _patchsets_from(folder):
+    saved = os.environ.get("TOOLKIT_PATCHSETS")
+    os.environ["TOOLKIT_PATCHSETS"] = str(folder)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TOOLKIT_PATCHSETS", None)
+        else:
+            os.environ["TOOLKIT_PATCHSETS"] = saved
 
 
 def _step(title: str, fn, *args, **kwargs) -> None:
@@ -38,7 +63,7 @@ def _step(title: str, fn, *args, **kwargs) -> None:
 })
 def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16", requests=12, output_len=32,
          out=None):
-    """Provision, patch apply/verify/revert, server start, smoke, bench, server stop on one host."""
+    """Provision, patch apply/verify/revert, server start, smoke, bench, rollouts (kept, rolled back), server stop."""
     target = host or "sandbox"
     if target == "sandbox":
         _step("sandbox up", sandbox, c, "up")
@@ -60,6 +85,20 @@ def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16"
         _step(f"bench --no-restart --concurrency {concurrency} --requests {requests} --output-len {output_len}"
               f" --host {target}", bench, c, host=target, no_restart=True, concurrency=concurrency,
               requests=str(requests), output_len=str(output_len), out=out)
+        _step(f"rollout {patchset} --host {target}", rollout, c, patchset, host=target)
+        _step(f"rollout {patchset} --revert --host {target}", rollout, c, patchset, revert=True, host=target)
+        try:
+            with _patchsets_from(BREAKING):
+                _step(f"rollout cpu-breaks --host {target}   # TOOLKIT_PATCHSETS={BREAKING.relative_to(PROJECT_ROOT)}",
+                      rollout, c, "cpu-breaks", host=target)
+        except Exit as exc:
+            if exc.code != 1:
+                raise
+            report.line("(that rollout failed as it should: the patch breaks the server after three requests)")
+        else:
+            raise Exit("error: the rollout of cpu-breaks was kept; it breaks the server and should have rolled back",
+                       code=1)
+        _step(f"rollout --status --host {target}", rollout, c, status=True, host=target)
     finally:
         _step(f"server stop --host {target}", server_task, c, "stop", host=target)
     report.line("")
