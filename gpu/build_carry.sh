@@ -9,7 +9,8 @@
 #                      patchset for it (the device may have no git and has no network)
 # Usage: bash gpu/build_carry.sh [--tkwheels-only | --site-only]
 #        SGLANG_RELEASE=0.5.17 bash gpu/build_carry.sh ...: that release's site instead, as
-#        .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md "SGLang 0.5.17 carry")
+#        .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md "SGLang 0.5.17 carry"); 0.5.23 likewise
+#        (SGL_KERNEL=0.4.5 for a site that loads on the image's torch: "SGLang 0.5.23 carry")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[build_carry] $*"; }
@@ -35,7 +36,12 @@ rm -rf .tkwheels && mkdir -p .tkwheels/cache
 pins=$(.venv/bin/python -m pip freeze | grep -i -E '^(invoke|gitpython|gitdb|smmap|unidiff)==')
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform any -d .tkwheels $pins
+missing=$(for name in $(ls patchsets); do [ -d patchsets/$name/$REL ] || echo $name; done)
 for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
+  # a patchset without diffs for this release (dyn-disable on 0.5.23), and then the whole stack, has no image
+  if [ -n "$name" ] && [ ! -d patchsets/$name/$REL ] || [ -z "$name" ] && [ -n "$missing" ]; then
+    say "no patch image: ${name:-all patchsets stacked} ($REL; no diffs for it: $(echo $missing))"; continue
+  fi
   # only the carried site's release: its sglang wheel alone is what the device needs (0.5.17's is
   # 22 MB; both together pushed a toolkit call over 64 MiB)
   TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check $name --release $REL >/dev/null

@@ -1,7 +1,8 @@
 """What the pinned FlashInfer can build for SM120: its JIT arch gate, and nvcc on its sources.
 
 Run by gpu/check_sm120_build.sh inside a venv that holds the pinned CUDA 13.0 compiler wheels,
-CCCL and apache-tvm-ffi headers and flashinfer-python 0.6.8.post1 (standard library only here).
+CCCL and apache-tvm-ffi headers and flashinfer-python 0.6.8.post1 or the one FLASHINFER_VERSION names
+(standard library only here).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def run_flashinfer_arch_selection(arch_list: str, majors: list[int]) -> dict:
     stub_ext = types.ModuleType("flashinfer.jit.cpp_ext")
     release = tuple(int(x) for x in nvcc_release().split("."))
     stub_ext.is_cuda_version_at_least = lambda v: release >= tuple(int(x) for x in v.split("."))
+    stub_ext.get_cuda_path = lambda: str(CUDA_HOME)   # 0.7.x asks nvcc whether it knows compute_107
     saved = {k: sys.modules.get(k) for k in ("torch", "flashinfer", "flashinfer.jit", "flashinfer.jit.cpp_ext")}
     sys.modules.update({"torch": stub_torch, "flashinfer": types.ModuleType("flashinfer"),
                         "flashinfer.jit": types.ModuleType("flashinfer.jit"), "flashinfer.jit.cpp_ext": stub_ext})

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Can the pinned FlashInfer (0.6.8.post1) give an SM120 host its TRT-LLM all-reduce fusion?
+# Can the pinned FlashInfer (0.6.8.post1; FLASHINFER_VERSION=0.7.2 for the gpu-0.5.23 stack) give an
+# SM120 host its TRT-LLM all-reduce fusion?
 # Needs no GPU: it installs the pinned CUDA 13.0 compiler wheels, the pinned flashinfer-python
 # (for its JIT sources in flashinfer/data/) and the headers FlashInfer's JIT compiles against
 # (CCCL 13.0, apache-tvm-ffi) into a private venv, then
@@ -14,7 +15,8 @@
 #
 #   bash gpu/check_sm120_build.sh [OUT_DIR]          # default OUT_DIR: .cache/sm120-build/out
 # Env: ARCHS (default "sm_90a sm_120a sm_120f"), SOURCES (default: the three trtllm_comm files),
-#      NVCC_THREADS (default 2). About 2 minutes per file and arch on 2 cores.
+#      NVCC_THREADS (default 2), FLASHINFER_VERSION (default 0.6.8.post1). About 2 minutes per file
+#      and arch on 2 cores.
 set -eu
 cd "$(dirname "$0")/.."
 CACHE=${TOOLKIT_CACHE:-$PWD/.cache}/sm120-build
@@ -28,6 +30,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC2086
 "$VENV/bin/pip" install -q $PINS 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/pip" install -q --no-deps flashinfer-python==0.6.8.post1 2>&1 | grep -v "^WARNING: Location" || true
+"$VENV/bin/pip" install -q --no-deps "flashinfer-python==${FLASHINFER_VERSION:-0.6.8.post1}" 2>&1 | grep -v "^WARNING: Location" || true
 exec "$VENV/bin/python" gpu/check_sm120_build.py --out "$OUT" --archs "${ARCHS:-sm_90a sm_120a sm_120f}" \
   --threads "${NVCC_THREADS:-2}" ${SOURCES:+--sources "$SOURCES"}

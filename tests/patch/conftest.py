@@ -20,6 +20,7 @@ DATA = Path(__file__).parent / "data" / "patchsets"
 GOOD = ("one-file", "pair-base", "pair-top", "twenty", "clash", "three")
 VERSION = "0.5.11"
 NEXT = "0.5.17"   # the second release (docs/porting.md says why this one)
+NEWEST = "0.5.23"  # the newest release (Python >= 3.11; its wheel is built per Python)
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +31,11 @@ def sglang_wheel() -> wheels.Wheel:
 @pytest.fixture(scope="session")
 def next_wheel() -> wheels.Wheel:
     return wheels.pristine("sglang", NEXT)
+
+
+@pytest.fixture(scope="session")
+def newest_wheel() -> wheels.Wheel:
+    return wheels.pristine("sglang", NEWEST)
 
 
 def _venv_with(folder: Path, wheel: wheels.Wheel) -> Path:
@@ -53,6 +59,14 @@ def base_venv(tmp_path_factory, sglang_wheel):
 def next_base_venv(tmp_path_factory, next_wheel):
     """The same with SGLang 0.5.17."""
     venv = _venv_with(tmp_path_factory.mktemp("hostvenv-next"), next_wheel)
+    yield venv
+    shutil.rmtree(venv, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def newest_base_venv(tmp_path_factory, newest_wheel):
+    """The same with SGLang 0.5.23."""
+    venv = _venv_with(tmp_path_factory.mktemp("hostvenv-newest"), newest_wheel)
     yield venv
     shutil.rmtree(venv, ignore_errors=True)
 
@@ -88,6 +102,14 @@ def host_venv(base_venv, tmp_path):
 def next_host(sandbox_host, next_base_venv, tmp_path):
     """The sandbox (real sshd) with a per-test venv of SGLang 0.5.17."""
     copy = _private_copy(next_base_venv, tmp_path / "venv-next")
+    yield dataclasses.replace(sandbox_host, name="sandbox", venv=str(copy), state_dir=None)
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.fixture
+def newest_host(sandbox_host, newest_base_venv, tmp_path):
+    """The sandbox (real sshd) with a per-test venv of SGLang 0.5.23."""
+    copy = _private_copy(newest_base_venv, tmp_path / "venv-newest")
     yield dataclasses.replace(sandbox_host, name="sandbox", venv=str(copy), state_dir=None)
     shutil.rmtree(copy, ignore_errors=True)
 

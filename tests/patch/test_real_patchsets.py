@@ -5,7 +5,7 @@ import pytest
 
 from toolkit import paths, patching, patchsets
 
-from .conftest import NEXT
+from .conftest import NEWEST, NEXT
 
 REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / "patchset.toml").is_file())
 
@@ -49,26 +49,36 @@ def test_apply_verify_revert(real_patchsets, host, site, sglang_wheel, name):
 
 
 NEXT_REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / NEXT / "").is_dir())
+NEWEST_REAL = sorted(p.name for p in paths.PATCHSETS_DIR.glob("*") if (p / NEWEST / "").is_dir())
+
+
+def _apply_verify_revert(known, host, wheel, name, release):
+    site = next(Path(host.venv).glob("lib/python*/site-packages"))
+    touched = known[name].touched(release)
+    assert patching.apply(host, name).changed == len(touched)
+    verdict = patching.verify(host)
+    assert verdict.ok and {f.by for f in verdict.files if f.status == "patched"} == {name}
+    for path in touched:
+        data = (site / path).read_bytes()
+        assert data != (wheel.read(path) if wheel.has(path) else None), path
+        if path.endswith(".py"):
+            compile(data, path, "exec")
+    assert patching.apply(host, name).changed == 0
+    undone = patching.revert(host)
+    assert undone.record_ok
+    for path in touched:
+        data = (site / path).read_bytes() if (site / path).exists() else None
+        assert data == (wheel.read(path) if wheel.has(path) else None), path
 
 
 @pytest.mark.parametrize("name", NEXT_REAL)
 def test_apply_verify_revert_on_the_second_release(real_patchsets, next_host, next_wheel, name):
     """A host with SGLang 0.5.17 (real wheel, real sshd): NAME's 0.5.17 diffs apply, byte-compile,
     verify, are a no-op the second time, and revert back to RECORD."""
-    known = real_patchsets
-    site = next(Path(next_host.venv).glob("lib/python*/site-packages"))
-    touched = known[name].touched(NEXT)
-    assert patching.apply(next_host, name).changed == len(touched)
-    verdict = patching.verify(next_host)
-    assert verdict.ok and {f.by for f in verdict.files if f.status == "patched"} == {name}
-    for path in touched:
-        data = (site / path).read_bytes()
-        assert data != (next_wheel.read(path) if next_wheel.has(path) else None), path
-        if path.endswith(".py"):
-            compile(data, path, "exec")
-    assert patching.apply(next_host, name).changed == 0
-    undone = patching.revert(next_host)
-    assert undone.record_ok
-    for path in touched:
-        data = (site / path).read_bytes() if (site / path).exists() else None
-        assert data == (next_wheel.read(path) if next_wheel.has(path) else None), path
+    _apply_verify_revert(real_patchsets, next_host, next_wheel, name, NEXT)
+
+
+@pytest.mark.parametrize("name", NEWEST_REAL)
+def test_apply_verify_revert_on_the_newest_release(real_patchsets, newest_host, newest_wheel, name):
+    """The same on a host with SGLang 0.5.23."""
+    _apply_verify_revert(real_patchsets, newest_host, newest_wheel, name, NEWEST)

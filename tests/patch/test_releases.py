@@ -205,17 +205,34 @@ def test_provision_moves_a_host_between_releases_and_patchsets_follow(release_ca
     assert patching.apply(host, "one-file").changed == 1 and patching.verify(host).ok
 
 
-@pytest.mark.parametrize("stack_name", ["gpu", "gpu-0.5.17"])
-def test_each_gpu_stack_pins_what_its_sglang_wheel_requires(stack_name):
+@pytest.mark.parametrize("stack_name, torch", [("gpu", "2.11.0"), ("gpu-0.5.17", "2.11.0"), ("gpu-0.5.23", "2.14.1")])
+def test_each_gpu_stack_pins_what_its_sglang_wheel_requires(stack_name, torch):
     """torch, sglang-kernel and flashinfer-python as the release's own METADATA pins them (the stack adds
-    the CUDA build label to torch); torch 2.11.0 is the GPU machine's image, so both releases can run there."""
+    the CUDA build label to torch), and a stack Python its wheel accepts. torch 2.11.0 is the GPU
+    machine's image, so 0.5.11 and 0.5.17 can run there; 0.5.23 needs torch 2.14.1."""
     from toolkit import stack, wheels
 
-    pins = {p.name: p for p in stack.load(stack_name).pins}
+    loaded = stack.load(stack_name)
+    pins = {p.name: p for p in loaded.pins}
     wheel = wheels.pristine("sglang", pins["sglang"].version)
     metadata = wheel.read(f"{wheel.dist_info}/METADATA").decode()
     required = dict(re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;]+)\s*$", metadata, re.M))
     required = {stack.normalize(k): v for k, v in required.items()}
-    assert pins["torch"].version == required["torch"] + "+cu130" == "2.11.0+cu130"
+    assert pins["torch"].version == required["torch"] + "+cu130" == torch + "+cu130"
     for name in ("sglang-kernel", "flashinfer-python"):
         assert pins[name].version == required[name], name
+    oldest = re.search(r"^Requires-Python: >=(\d+\.\d+)\s*$", metadata, re.M).group(1)
+    assert loaded.python_ok(oldest) and loaded.python == oldest, (loaded.python, oldest)
+
+
+@pytest.mark.parametrize("cpu, gpu", [("cpu-ref", "gpu"), ("cpu-ref-0.5.17", "gpu-0.5.17"),
+                                      ("cpu-ref-0.5.23", "gpu-0.5.23")])
+def test_each_cpu_reference_stack_holds_its_gpu_stacks_release(cpu, gpu):
+    """The sandbox's stack of a release patches the same SGLang and reads the same FlashInfer (the sm120
+    gate's trtllm_comm majors) as that release's GPU stack, on a Python the release accepts."""
+    from toolkit import stack
+
+    cpu_stack, gpu_stack = stack.load(cpu), stack.load(gpu)
+    cpu_pins, gpu_pins = ({p.name: p.version for p in s.pins} for s in (cpu_stack, gpu_stack))
+    assert cpu_pins["sglang"] == gpu_pins["sglang"] and cpu_pins["flashinfer-python"] == gpu_pins["flashinfer-python"]
+    assert cpu_stack.python == gpu_stack.python

@@ -62,7 +62,8 @@ def test_malformed_stack_is_refused_with_the_reason(tmp_path, mutation, message)
 
 
 def test_unknown_stack_lists_the_known_ones():
-    with pytest.raises(StackError, match="known stacks: cpu-ref, cpu-ref-0.5.17, gpu, gpu-0.5.17"):
+    with pytest.raises(StackError, match="known stacks: cpu-ref, cpu-ref-0.5.17, cpu-ref-0.5.23, gpu, gpu-0.5.17,"
+                                         " gpu-0.5.23"):
         stack.load("nope")
 
 

@@ -1,5 +1,5 @@
 """Fixtures for the sm120 gates: the patched SGLang files (the real wheel files of every release
-sm120 has a diff for, 0.5.11 and 0.5.17, with that release's patch applied), the shared table of
+sm120 has a diff for, 0.5.11, 0.5.17 and 0.5.23, with that release's patch applied), the shared table of
 cases, and two ways to feed a case to the rule: as `invoke facts` would report the host, and as
 the patched server's runtime probes see it.
 
@@ -22,7 +22,7 @@ from toolkit import facts as facts_engine
 from toolkit import wheels
 
 REPO = Path(__file__).resolve().parents[2]
-RELEASES = ("0.5.11", "0.5.17")   # every release patchsets/sm120/ has a diff for
+RELEASES = ("0.5.11", "0.5.17", "0.5.23")   # every release patchsets/sm120/ has a diff for
 CASES = tomllib.loads((Path(__file__).parent / "gate_cases.toml").read_text())["case"]
 RULE = "sglang/srt/sm120_gates.py"
 ENTRY = "m_grouped_fp8_fp4_gemm_nt_contiguous"
@@ -32,14 +32,18 @@ def patch_for(release: str) -> Path:
     return REPO / "patchsets" / "sm120" / release / "0001-sm120-blackwell-workstation.patch"
 
 
+# Unpatched files of a release that the call-site tests load beside the patched ones (0.5.23 keeps
+# the declaration stash and its read views out of overrides.py).
+BESIDE = {"0.5.23": ("sglang/srt/arg_groups/model_override_base.py",)}
+
+
 def tree_for(root: Path, release: str) -> Path:
     """The pristine files of SGLang `release` that its sm120 patch touches (from the real wheel,
-    checked against RECORD), under root, with that patch applied by git."""
+    checked against RECORD), and those of BESIDE, under root, with that patch applied by git."""
     wheel, patch = wheels.pristine("sglang", release), patch_for(release)
-    for path, is_new in touched_paths(patch.read_text()):
-        if not is_new:
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_bytes(wheel.read(path))
+    for path in [p for p, is_new in touched_paths(patch.read_text()) if not is_new] + list(BESIDE.get(release, ())):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(wheel.read(path))
     done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, f"{patch}: {done.stderr}"
     return root

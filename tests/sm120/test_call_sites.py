@@ -1,8 +1,9 @@
 """The patched SGLang call sites, run on the CPU with the real patched files of every release sm120
-has a diff for (0.5.11 and 0.5.17, each from its own wheel): server start (the gate's lines, the
-flags it turns off or forces on, the fusion auto-enable and the enforce-disable around it), torch
-symm-mem's communicator (two-shot without multicast, and never a rendezvous without peer access),
-the DeepGEMM configurer, and on 0.5.17 FlashInfer's fusion backend resolution.
+has a diff for (0.5.11, 0.5.17 and 0.5.23, each from its own wheel): server start (the gate's
+lines, the flags it turns off or forces on, the fusion auto-enable and the enforce-disable around
+it), torch symm-mem's communicator (two-shot without multicast, and never a rendezvous without peer
+access), the DeepGEMM configurer, and from 0.5.17 on FlashInfer's fusion backend resolution (on
+0.5.23 also the workspace preflight and the per-batch fusion check).
 What cannot run here is faked: the GPU answers (capability, peer access, multicast), torch's
 symmetric-memory allocator and the parts of sglang these files import; torch itself is the real
 CPU build."""
@@ -25,7 +26,10 @@ UTILS = "sglang/srt/distributed/device_communicators/all_reduce_utils.py"
 CONFIGURER = "sglang/srt/layers/deep_gemm_wrapper/configurer.py"
 SERVER_ARGS = "sglang/srt/server_args.py"
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+OVERRIDE_BASE = "sglang/srt/arg_groups/model_override_base.py"
+MODEL_HOOK = "sglang/srt/arg_groups/model_hook.py"
 FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 
 
 def case(name_start):
@@ -55,26 +59,99 @@ def install(monkeypatch, *modules: types.ModuleType) -> None:
 
 # -- server start ---------------------------------------------------------------------------------
 
+def _gate_onwards(body: list) -> list:
+    first = next(i for i, node in enumerate(body) if isinstance(node, ast.ImportFrom)
+                 and node.module == "sglang.srt" and [a.name for a in node.names] == ["sm120_gates"])
+    return body[first:]
+
+
+def _compiled(path: Path, arg: str, body: list):
+    function = ast.FunctionDef(name="call_site", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg)],
+                                                                   kwonlyargs=[], kw_defaults=[], defaults=[]),
+                               body=body, decorator_list=[], returns=None, type_params=[])
+    module = ast.Module(body=[function], type_ignores=[])
+    return compile(ast.fix_missing_locations(module), str(path), "exec")
+
+
 def method_tail(path: Path, cls: str, method: str):
     """The statements of cls.method from the sm120 gate's import to the method's end, compiled as
-    `call_site(self)`: in both releases the gate and the flag handling it wraps (0.5.11: the
+    `call_site(self)`: in 0.5.11 and 0.5.17 the gate and the flag handling it wraps (0.5.11: the
     auto-enable, the gate's flags, the enforce-disable; 0.5.17: the symm-mem flag and the three
     resolution passes) end ServerArgs._handle_model_specific_adjustments."""
     tree = ast.parse(path.read_text())
     klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     body = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == method).body
-    first = next(i for i, node in enumerate(body) if isinstance(node, ast.ImportFrom)
-                 and node.module == "sglang.srt" and [a.name for a in node.names] == ["sm120_gates"])
-    function = ast.FunctionDef(name="call_site", args=ast.arguments(posonlyargs=[], args=[ast.arg("self")],
-                                                                   kwonlyargs=[], kw_defaults=[], defaults=[]),
-                               body=body[first:], decorator_list=[], returns=None, type_params=[])
-    module = ast.Module(body=[function], type_ignores=[])
-    return compile(ast.fix_missing_locations(module), str(path), "exec")
+    return _compiled(path, "self", _gate_onwards(body))
+
+
+def function_tail(path: Path, name: str):
+    """The same for a module-level function (0.5.23 moved that method's body to
+    arg_groups/model_hook.handle_model_specific_adjustments), compiled as `call_site(server_args)`
+    with the function's own first statement, `cfg = resolving_view(server_args)`, in front."""
+    tree = ast.parse(path.read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name).body
+    assert ast.unparse(body[0]) == "cfg = resolving_view(server_args)", ast.unparse(body[0])
+    return _compiled(path, "server_args", [body[0], *_gate_onwards(body)])
+
+
+class FakePlatform:
+    """runtime_context.get_platform() of 0.5.23: the SM families, from the test's choice (sm90/sm100)
+    and the fake torch's capability (12.x)."""
+
+    def __init__(self, sm: dict):
+        self.sm = sm
+
+    @property
+    def is_sm90(self):
+        return self.sm["sm90"]
+
+    @property
+    def is_sm100(self):
+        return self.sm["sm100"]
+
+    @property
+    def is_sm120(self):
+        return sys.modules["torch"].cuda.get_device_capability()[0] == 12
+
+    @property
+    def is_blackwell(self):
+        return self.is_sm100 or self.is_sm120
+
+
+def _no_context():
+    raise ValueError("no runtime context published")
+
+
+def load_overrides_0523(tree: Path, monkeypatch, platform: FakePlatform):
+    """0.5.23's arg_groups/overrides.py and model_override_base.py (the resolution passes, the
+    declaration stash and its views), real, with stand-ins for the rest of sglang."""
+    utils_names = (imported_names(tree / OVERRIDES, "sglang.srt.utils.common")
+                   + imported_names(tree / OVERRIDE_BASE, "sglang.srt.utils.common"))
+    arg_groups = stub("sglang.srt.arg_groups")
+    install(monkeypatch, arg_groups, stub("sglang.srt.utils"), stub("sglang.srt.utils.common", utils_names),
+            stub("sglang.srt.arg_groups.arg_utils", ("field_names", "resolvable_fields"), is_record=lambda x: False,
+                 with_fallback=lambda cls, field, value: value),
+            stub("sglang.srt.arg_groups.prefill_buffer_ceiling", ("prefill_buffer_ceiling_of",)),
+            stub("sglang.srt.arg_groups.model_overrides"),
+            stub("sglang.srt.platforms", current_platform=types.SimpleNamespace()),
+            stub("sglang.srt.runtime_context", ("num_dp_ranks_of",), get_platform=lambda: platform,
+                 attn_dp_enabled_of=lambda cfg: False, get_context=_no_context),
+            stub("sglang.srt.environ", envs=types.SimpleNamespace()),
+            stub("sglang.srt.model_executor"),
+            stub("sglang.srt.model_executor.cuda_graph_config", Backend=types.SimpleNamespace()),
+            stub("sglang.srt.configs"), stub("sglang.srt.configs.model_config", ModelConfig=None))
+    base = load_by_path("sglang.srt.arg_groups.model_override_base", tree / OVERRIDE_BASE)
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    arg_groups.model_override_base = base
+    overrides = load_by_path("sglang.srt.arg_groups.overrides", tree / OVERRIDES)
+    monkeypatch.setitem(sys.modules, overrides.__name__, overrides)
+    return overrides
 
 
 # The flag a user sets to ask for the fusion, per release (0.5.17 renamed it; its deprecated
 # --enable-flashinfer-allreduce-fusion becomes backend "auto" before this call site).
-FUSION_FLAG = {"0.5.11": "--enable-flashinfer-allreduce-fusion", "0.5.17": "--flashinfer-allreduce-fusion-backend"}
+FUSION_FLAG = {"0.5.11": "--enable-flashinfer-allreduce-fusion", "0.5.17": "--flashinfer-allreduce-fusion-backend",
+               "0.5.23": "--flashinfer-allreduce-fusion-backend"}
 
 
 class ServerStart:
@@ -87,6 +164,16 @@ class ServerStart:
         monkeypatch.setitem(sys.modules, "sglang.srt.sm120_gates", rule)
         self.sm = {"sm90": False, "sm100": False}
         self.overrides = None
+        if release == "0.5.23":
+            self.overrides = load_overrides_0523(tree, monkeypatch, FakePlatform(self.sm))
+            names = ("resolving_view", "declare_resolution", "run_post_process_pass",
+                     "_flashinfer_allreduce_fusion_auto_enable", "_sm120_allreduce_fusion_gate",
+                     "_enforce_disable_allreduce_fusion")
+            namespace = {"logger": logging.getLogger(f"sm120-model-hook-{release}"),
+                         **{name: getattr(self.overrides, name) for name in names}}
+            exec(function_tail(tree / MODEL_HOOK, "handle_model_specific_adjustments"), namespace)
+            self.namespace = namespace
+            return
         if release != "0.5.11":
             path = tree / OVERRIDES
             common = stub("sglang.srt.utils.common", imported_names(path, "sglang.srt.utils.common"),
@@ -115,6 +202,8 @@ class ServerStart:
                                      enforce_disable_flashinfer_allreduce_fusion=enforce_disable)
         hf_config = types.SimpleNamespace(architectures=[arch])
         args.get_model_config = lambda: types.SimpleNamespace(hf_config=hf_config)
+        args._model_config = types.SimpleNamespace(hf_config=hf_config, dtype=None)   # 0.5.23's memo
+        args.disable_custom_all_reduce, args.attn_cp_size = False, 1
         for key, value in flags.items():
             setattr(args, key, value)
         if self.release == "0.5.11":
@@ -127,6 +216,10 @@ class ServerStart:
         self.namespace["call_site"](args)
         if self.release == "0.5.11":
             return args.enable_flashinfer_allreduce_fusion, args.enable_torch_symm_mem
+        if self.release == "0.5.23":
+            # what the published config reads: the last declaration over the raw input
+            resolved = self.overrides.resolved_view(args)
+            return resolved.flashinfer_allreduce_fusion_backend, resolved.enable_torch_symm_mem
         self.overrides.materialize_declarations(args)
         return args.flashinfer_allreduce_fusion_backend, args.enable_torch_symm_mem
 
@@ -330,8 +423,11 @@ def load_configurer(patched_tree, patched_rule, monkeypatch, *, sm, deep_gemm, e
     environ.envs = types.SimpleNamespace(SGLANG_ENABLE_JIT_DEEPGEMM=flag)
     srt = types.ModuleType("sglang.srt")
     srt.sm120_gates = patched_rule
+    runtime = stub("sglang.srt.runtime_context",                         # 0.5.23's platform facts
+                   get_platform=lambda: types.SimpleNamespace(is_sm100=sm // 10 == 10))
     for name, module in (("sglang", types.ModuleType("sglang")), ("sglang.srt", srt), ("sglang.srt.utils", utils),
-                         ("sglang.srt.environ", environ), ("sglang.srt.sm120_gates", patched_rule)):
+                         ("sglang.srt.environ", environ), ("sglang.srt.sm120_gates", patched_rule),
+                         ("sglang.srt.runtime_context", runtime)):
         monkeypatch.setitem(sys.modules, name, module)
     return load_by_path(f"sm120_configurer_{patched_tree.name}_{sm}", patched_tree / CONFIGURER)
 
@@ -407,3 +503,142 @@ def test_fusion_backend_resolution(fusion_module, monkeypatch, sm, backend, mult
             fusion_module.resolve_flashinfer_allreduce_fusion_backend(server_args)
     server_args.flashinfer_allreduce_fusion_backend = None   # the gate said off: nothing is resolved
     assert fusion_module.resolve_flashinfer_allreduce_fusion_backend(server_args) is None
+
+
+# -- 0.5.23: the backend, the workspace preflight and the per-batch check all read get_platform() --
+
+@pytest.fixture(scope="module")
+def tree_0523(tmp_path_factory):
+    return tree_for(tmp_path_factory.mktemp("sm120-0.5.23-fusion"), "0.5.23")
+
+
+class Fusion0523:
+    """0.5.23's patched flashinfer_comm_fusion.py without FlashInfer (so no workspace code runs at
+    import), the real CPU torch; the platform, the published backend and the node count are set per
+    test."""
+
+    def __init__(self, tree, monkeypatch, sm):
+        self.platform = types.SimpleNamespace(is_sm90=sm // 10 == 9, is_sm100=sm // 10 == 10,
+                                              is_sm120=sm // 10 == 12)
+        self.comm = types.SimpleNamespace(flashinfer_allreduce_fusion_backend=None)
+        self.parallel = types.SimpleNamespace(nnodes=1)
+        path = tree / FUSION
+        install(monkeypatch, stub("sglang"), stub("sglang.srt"), stub("sglang.srt.distributed"),
+                stub("sglang.srt.distributed.device_communicators"),
+                stub("sglang.srt.distributed.device_communicators.custom_all_reduce_utils",
+                     imported_names(path, "sglang.srt.distributed.device_communicators.custom_all_reduce_utils")),
+                stub("sglang.srt.distributed.parallel_state", imported_names(path, "sglang.srt.distributed.parallel_state")),
+                stub("sglang.srt.runtime_context", imported_names(path, "sglang.srt.runtime_context"),
+                     get_platform=lambda: self.platform, get_parallel=lambda: self.parallel,
+                     get_exec=lambda: types.SimpleNamespace(comm=self.comm)),
+                stub("sglang.srt.utils", imported_names(path, "sglang.srt.utils"),
+                     ceil_align=lambda x, a: (x + a - 1) // a * a),
+                stub("sglang.srt.utils.custom_op", register_custom_op=lambda *a, **k: (lambda f: f)))
+        self.module = load_by_path(f"sm120_flashinfer_comm_fusion_0523_{sm}", path)
+
+
+@pytest.mark.parametrize("sm, backend, multi_node, resolved", [
+    (120, "auto", False, "trtllm"),       # the gate's "on" (or a force): the single-node IPC workspace
+    (120, "trtllm", False, "trtllm"),
+    (120, "mnnvl", False, "single node only"),
+    (120, "cutedsl", False, "single node only"),
+    (120, "auto", True, "single node only"),
+    (90, "auto", False, "trtllm"),        # stock from here on
+    (100, "auto", False, "mnnvl"),
+    (100, "cutedsl", False, "cutedsl"),
+    (90, "cutedsl", False, "requires a Blackwell system"),
+    (90, "auto", True, "does not support multi-node"),
+    (80, "auto", False, "requires SM90 or SM10X"),
+], ids=["120-auto", "120-trtllm", "120-mnnvl", "120-cutedsl", "120-multi-node", "90-auto", "100-auto",
+        "100-cutedsl", "90-cutedsl", "90-multi-node", "80"])
+def test_fusion_backend_resolution_0523(tree_0523, monkeypatch, sm, backend, multi_node, resolved):
+    """0.5.23 resolves the published backend (exec.comm) and node count (parallel); stock raises
+    "requires SM90 or SM10X" on 12.x when the workspace is made."""
+    fusion = Fusion0523(tree_0523, monkeypatch, sm)
+    fusion.comm.flashinfer_allreduce_fusion_backend, fusion.parallel.nnodes = backend, 2 if multi_node else 1
+    if resolved in ("trtllm", "mnnvl", "cutedsl"):
+        assert fusion.module.resolve_flashinfer_allreduce_fusion_backend() == resolved
+    else:
+        with pytest.raises(ValueError, match=resolved):
+            fusion.module.resolve_flashinfer_allreduce_fusion_backend()
+    fusion.comm.flashinfer_allreduce_fusion_backend = None   # the gate said off: nothing is resolved
+    assert fusion.module.resolve_flashinfer_allreduce_fusion_backend() is None
+
+
+class FakeCudaDriver:
+    """The cuda.bindings.driver calls of the workspace preflight, for a GPU without multicast: the
+    multicast granularity query fails as the driver answers there (CUDA_ERROR_NOT_SUPPORTED)."""
+    MIB2 = 2 << 20
+
+    def __init__(self):
+        self.CUresult = types.SimpleNamespace(CUDA_SUCCESS="ok")
+        self.CUmemAllocationGranularity_flags = types.SimpleNamespace(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1)
+        self.CUmulticastGranularity_flags = types.SimpleNamespace(CU_MULTICAST_GRANULARITY_RECOMMENDED=1)
+        self.CUmulticastObjectProp = types.SimpleNamespace
+        self.multicast_queries, self.created, self.released = 0, [], 0
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        return "ok", self.MIB2
+
+    def cuMulticastGetGranularity(self, prop, flags):
+        self.multicast_queries += 1
+        return "CUDA_ERROR_NOT_SUPPORTED", 0
+
+    def cuMemCreate(self, size, prop, flags):
+        self.created.append(size)
+        return "ok", len(self.created)
+
+    def cuMemRelease(self, handle):
+        self.released += 1
+
+
+@pytest.mark.parametrize("sm, proceeds", [(120, True), (90, False)])
+def test_workspace_preflight_without_multicast(tree_0523, monkeypatch, caplog, sm, proceeds):
+    """The trtllm workspace is not multicast, but 0.5.23's preflight sizes it with the multicast
+    granularity; on a GPU without multicast that query fails and the preflight skips the fusion
+    (a warning, no error). Patched, 12.x sizes the three buffers by the allocation granularity
+    alone and proceeds; capability 9 keeps the stock query (an H200 has multicast)."""
+    import torch
+    import torch.distributed as dist
+    fusion = Fusion0523(tree_0523, monkeypatch, sm)
+    driver = FakeCudaDriver()
+    monkeypatch.setattr(fusion.module, "get_cuda_driver_bindings", lambda: driver)
+    monkeypatch.setattr(fusion.module, "_make_flashinfer_workspace_allocation_prop", lambda d: types.SimpleNamespace(
+        requestedHandleTypes="posix-fd"))
+    monkeypatch.setattr(dist, "all_reduce", lambda flag, op=None, group=None: None)   # one rank's vote
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    ok = fusion.module._preflight_check_workspace_memory(world_size=2, max_token_num=2048, hidden_dim=4096,
+                                                         dtype=torch.bfloat16, cpu_group=object())
+    assert ok is proceeds
+    if proceeds:
+        assert driver.multicast_queries == 0 and len(driver.created) == 3 == driver.released
+        assert all(size % FakeCudaDriver.MIB2 == 0 for size in driver.created)
+    else:
+        assert driver.multicast_queries == 1 and driver.created == []
+        assert any("preflight probe failed" in m and "Skipping allreduce fusion" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("sm, backend, applies", [
+    (120, "auto", True), (120, None, False), (90, "auto", True), (80, "auto", False)])
+def test_the_per_batch_fusion_check_takes_sm12x(tree_0523, monkeypatch, sm, backend, applies):
+    """layer_boundary/residual/add_norm.flashinfer_ar_fusion_applies (0.5.17's communicator
+    apply_flashinfer_allreduce_fusion): stock 0.5.23 never fuses on 12.x, whatever the backend."""
+    path = tree_0523 / ADD_NORM
+    platform = types.SimpleNamespace(is_sm90=sm // 10 == 9, is_sm100=sm // 10 == 10, is_sm120=sm // 10 == 12)
+    comm = types.SimpleNamespace(flashinfer_allreduce_fusion_backend=backend)
+    modules = [stub("sglang"), stub("sglang.srt"), stub("sglang.srt.layers"),
+               stub("sglang.srt.layers.layer_boundary"), stub("sglang.srt.layers.quantization"),
+               stub("sglang.srt.model_executor"),
+               stub("sglang.srt.layers.layer_boundary.residual", LayerResidualOps=types.SimpleNamespace),
+               stub("sglang.srt.runtime_context", imported_names(path, "sglang.srt.runtime_context"),
+                    get_platform=lambda: platform, get_exec=lambda: types.SimpleNamespace(comm=comm)),
+               stub("sglang.srt.utils", imported_names(path, "sglang.srt.utils"), is_cuda=lambda: True,
+                    is_flashinfer_available=lambda: True)]
+    for module in ("sglang.srt.layers.dp_attention", "sglang.srt.layers.flashinfer_comm_fusion",
+                   "sglang.srt.layers.layer_boundary.adapters.attention", "sglang.srt.layers.quantization.fp8_utils",
+                   "sglang.srt.model_executor.forward_batch_info"):
+        modules.append(stub(module, imported_names(path, module)))
+    install(monkeypatch, *modules)
+    add_norm = load_by_path(f"sm120_add_norm_0523_{sm}", path)
+    assert add_norm.flashinfer_ar_fusion_applies(64) is applies
+    assert add_norm.flashinfer_ar_fusion_applies(add_norm.FUSE_ALLREDUCE_MAX_BATCH_SIZE + 1) is False

@@ -3,6 +3,8 @@ the toolkit's prediction from a host's facts, and the patched SGLang's runtime p
 no SM120 GPU here). Both must reach the table's state and reason for every feature."""
 from __future__ import annotations
 
+from importlib import resources
+
 import pytest
 
 from toolkit import sm120_gates
@@ -56,3 +58,25 @@ def test_both_sides_give_the_same_lines(case, patched_rule, fake_machine):
                                                                 os.environ)]
     assert predicted == logged
     assert all(text.startswith("sm120: ") for text in logged)
+
+
+@pytest.mark.parametrize("stack_name, majors, fusion", [
+    ("gpu", [9, 10], "off"), ("gpu-0.5.17", [9, 10], "off"), ("gpu-0.5.23", [9, 10, 12], "on")])
+def test_each_gpu_stacks_flashinfer_decides_the_fusion_on_a_p2p_sm120_host(stack_name, majors, fusion):
+    """The jit/comm.py of the FlashInfer each GPU stack pins (the real wheel), read as the patched server
+    and `invoke facts` read it: only 0.5.23's FlashInfer 0.7.2 builds trtllm_comm for SM12x (first in
+    0.6.17), so only there does an SM120 host with P2P between every pair get the fusion."""
+    from toolkit import stack, wheels
+
+    version = {p.name: p.version for p in stack.load(stack_name).pins}["flashinfer-python"]
+    text = wheels.pristine("flashinfer-python", version).read("flashinfer/jit/comm.py").decode()
+    rule = sm120_gates.rule()
+    assert rule.trtllm_comm_majors(text) == majors
+    namespace: dict = {}
+    exec(resources.files("toolkit.hostside").joinpath("facts.py").read_text(), namespace)
+    assert namespace["trtllm_comm_majors"](text) == majors
+    case = next(c for c in CASES if c["name"].startswith("8x RTX PRO 6000 with P2P but no P2P atomics, the gpu-0.5.23"))
+    host = dict(case, flashinfer=version, majors=majors)
+    decisions = {d.feature: d for d in sm120_gates.predict(facts_for(host), tp_size=8).decisions}
+    assert decisions["fusion"].state == fusion, decisions["fusion"]
+    assert version in decisions["fusion"].why
