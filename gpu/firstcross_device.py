@@ -197,6 +197,7 @@ def smoke_table(results):
         burst = next((c for c in r.get("checks", []) if c["check"] == "burst"), {})
         g = r.get("burst_gaps") or {}
         table[label] = {"patch": patch_of(label), "ok": r.get("ok"), "checks": checks,
+                        "details": {c["check"]: c.get("detail") for c in r.get("checks", [])},
                         "burst_status": burst.get("status"), "burst_detail": burst.get("detail"),
                         "burst_longest_gap_ms": (round(1000 * g["longest_s"], 1)
                                                  if g.get("longest_s") is not None else None),
@@ -343,6 +344,9 @@ async def main():
             for label, row in result["smoke"].items():
                 ad.say("smoke", label, json.dumps({k: row[k] for k in (
                     "ok", "burst_status", "burst_longest_gap_ms", "burst_median_step_ms", "burst_bound_ms")}))
+                for check, status in row["checks"].items():
+                    if status != "pass":
+                        ad.say(f"  {label} {check} {status}: {row['details'].get(check)}")
         finally:
             if not os.path.exists(os.path.join(a.out, "firstcross.json")):  # ended before measuring
                 write_result(a.out, {"runs": [], "alive_at_end": {srv.label: srv.alive() for srv in servers}})
