@@ -24,6 +24,7 @@ from toolkit.paths import PROJECT_ROOT
 DATA = Path(__file__).parent / "data" / "patchsets"
 SERVE_FILE = "transformers/cli/serving/server.py"
 TRANSFORMERS = ("transformers", "5.24.0")
+SMOKE_TOKENS = 32    # the smoke's chat answers (200 by default): the checks are the same, the CPU server quicker
 LEASE_S = "15"      # the guard's lease in these tests (the controller renews it every 2.5 s)
 
 
