@@ -130,7 +130,8 @@ def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None 
                     stack_after=list(probe.stack), server_before=before,
                     server_started_at=probe.server.get("started_at") if before else None)
     if probe.journal and probe.journal.get("phase") not in TERMINAL:
-        plan.converge_first = (f"rollout {probe.journal.get('id')} ({probe.journal.get('change', {}).get('label', '?')})"
+        label = (probe.journal.get("change") or {}).get("label", "?")
+        plan.converge_first = (f"rollout {probe.journal.get('id')} ({label})"
                                f" is in flight at phase {probe.journal.get('phase')}: its guard rolls it back first")
         before_then = (probe.journal.get("before") or {})
         plan.stack_before = list(before_then.get("stack", probe.stack))

@@ -53,7 +53,8 @@ def private_venv(source: Path, copy: Path) -> Path:
             subprocess.run(["cp", "-a", str(script), str(copy / "bin")], check=True)
             continue
         data = script.read_bytes()
-        (copy / "bin" / script.name).write_bytes(data.replace(b"#!" + str(source).encode(), b"#!" + str(copy).encode(), 1))
+        mine = data.replace(b"#!" + str(source).encode(), b"#!" + str(copy).encode(), 1)
+        (copy / "bin" / script.name).write_bytes(mine)
         (copy / "bin" / script.name).chmod(0o755)
     site = site_of(source)
     mine = copy / site.relative_to(source)
