@@ -130,7 +130,8 @@ def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None 
                     stack_after=list(probe.stack), server_before=before,
                     server_started_at=probe.server.get("started_at") if before else None)
     if probe.journal and probe.journal.get("phase") not in TERMINAL:
-        plan.converge_first = (f"rollout {probe.journal.get('id')} ({probe.journal.get('change', {}).get('label', '?')})"
+        label = (probe.journal.get("change") or {}).get("label", "?")
+        plan.converge_first = (f"rollout {probe.journal.get('id')} ({label})"
                                f" is in flight at phase {probe.journal.get('phase')}: its guard rolls it back first")
         before_then = (probe.journal.get("before") or {})
         plan.stack_before = list(before_then.get("stack", probe.stack))
@@ -424,14 +425,16 @@ def _touched(known: dict, names: list[str]) -> list[str]:
     return sorted(found)
 
 
-def smoke_host(host: Host) -> tuple[smoke_engine.SmokeResult | None, server.ServerState | None, str]:
+def smoke_host(host: Host, max_tokens: int = smoke_engine.CHAT_MAX_TOKENS
+               ) -> tuple[smoke_engine.SmokeResult | None, server.ServerState | None, str]:
     """The toolkit's smoke on the host's recorded server (burst sized from its threshold)."""
     state = server.status(host)
     if state is None or state.status == "dead":
         return None, state, "no server is running" if state is None else f"{state.profile} is recorded but dead"
     with server.endpoint(host, state) as url:
         result = smoke_engine.run_smoke(url, read_log=lambda: server.read_log(host, since_start=True),
-                                        burst=smoke_engine.burst_size(state.dyn_threshold))
+                                        burst=smoke_engine.burst_size(state.dyn_threshold),
+                                        chat_max_tokens=max_tokens)
     return result, state, ""
 
 
@@ -493,6 +496,7 @@ class Options:
     parallel: int = 1
     max_failures: int = 0
     timeout: float | None = None
+    smoke_max_tokens: int = smoke_engine.CHAT_MAX_TOKENS
 
 
 class _Run:
@@ -549,8 +553,8 @@ def _start_after(host: Host, plan: HostPlan, note) -> tuple[str, str]:
     return "pass", f"{state.profile} ready after {state.ready_after_s} s (pid {state.pid})"
 
 
-def _smoke_gate(host: Host, run: _Run) -> tuple[str, str]:
-    result, state, why = smoke_host(host)
+def _smoke_gate(host: Host, run: _Run, max_tokens: int) -> tuple[str, str]:
+    result, state, why = smoke_host(host, max_tokens)
     if result is None:
         return "fail", why
     failed = [c for c in result.checks if c.status == "fail"]
@@ -589,7 +593,7 @@ def converge(host: Host, reason: str, note=_quiet, timeout: float = 3600) -> dic
                                f"see: invoke rollout --status --host {host.name}")
 
 
-def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run) -> None:
+def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run, smoke_max_tokens: int) -> None:
     res = run.result
     if journal.get("phase") != "rolled-back":
         res.outcome = "rollback failed"
@@ -607,7 +611,8 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run) -> Non
         return "pass", f"{stack_text(verified.stack)}; {len(verified.files)} file(s) as recorded"
     run.gate("files restored", check_files)
     if plan.server_before:
-        run.gate("smoke (restored server)", lambda: _smoke_gate(host, _Run(host, plan, run.id, run.note)))
+        run.gate("smoke (restored server)",
+                 lambda: _smoke_gate(host, _Run(host, plan, run.id, run.note), smoke_max_tokens))
     if any(g.status == "fail" for g in res.gates[first:]):
         res.outcome = "rollback failed"
 
@@ -648,7 +653,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
                 (change.label, lambda: _change_files(host, change, ps.package, note), "applied", ("armed",)),
                 (f"restart {plan.server_after['profile']}", lambda: _start_after(host, plan, note), "restarted",
                  ("applied",)),
-                ("smoke", lambda: _smoke_gate(host, run), None, None),
+                ("smoke", lambda: _smoke_gate(host, run, options.smoke_max_tokens), None, None),
                 ("bench", lambda: _bench_gate(host, plan, options, run), None, None)):
             if name == "bench" and not options.gate_bench:
                 continue
@@ -674,7 +679,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
             res.rank_errors = rank_errors(host, profile, tp)
             res.log_paths = [log["path"] for log in server.list_logs(host, profile).get("logs", [])[-1:]]
         _after_rollback(host, plan, converge(host, f"gate failed: {res.failed_check}" if ok is False
-                                             else "the guard took over", note), run)
+                                             else "the guard took over", note), run, options.smoke_max_tokens)
     except KeyboardInterrupt:
         note(f"{host.name}: interrupted; asking the host's guard to roll back")
         try:

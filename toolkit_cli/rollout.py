@@ -89,6 +89,7 @@ def print_fleet(fleet: engine.FleetResult) -> None:
     "max_failures": "failed hosts tolerated after the canary; one more stops starting new hosts (default 0)",
     "gate_bench": "also gate on a short bench at two levels vs the host's last kept bench of the profile",
     "bench_levels": f"the gate's concurrency levels (default {','.join(map(str, engine.DEFAULT_BENCH_LEVELS))})",
+    "smoke_max_tokens": "max_tokens of the smoke's chat, determinism and stream checks (as `smoke --max-tokens`)",
     "tolerance": f"the gate's allowed throughput loss in percent (default {engine.DEFAULT_TOLERANCE:.0%})",
     "dry_run": "print the plan per host (stack before/after, restart command, gates); change nothing",
     "json_": "print JSON instead of tables",
@@ -96,7 +97,7 @@ def print_fleet(fleet: engine.FleetResult) -> None:
 })
 def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hysteresis=None, host=None, canary=None,
             parallel=None, max_failures=None, gate_bench=False, bench_levels=None, tolerance=None, dry_run=False,
-            json_=False, status=False):
+            json_=False, status=False, smoke_max_tokens=None):
     """Roll a patchset out (or back) on running hosts: prove it with smoke (and a bench), or roll back by itself."""
     if wants_help(patchset):
         report.line(render_help(rollout, "rollout"))
@@ -126,10 +127,14 @@ def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hyster
     options = engine.Options(profile=profile or None, overrides=_overrides(threshold, hysteresis),
                              gate_bench=bool(gate_bench), bench_levels=levels, tolerance=tol,
                              canary=int_option(canary, "--canary", 1), parallel=int_option(parallel, "--parallel", 1),
-                             max_failures=int_option(max_failures, "--max-failures", 0))
+                             max_failures=int_option(max_failures, "--max-failures", 0),
+                             smoke_max_tokens=int_option(smoke_max_tokens, "--smoke-max-tokens",
+                                                         engine.smoke_engine.CHAT_MAX_TOKENS))
     if options.canary < 0 or options.parallel < 1 or options.max_failures < 0 or not levels or \
+            options.smoke_max_tokens < 1 or \
             any(x < 1 for x in levels) or not 0 <= tol < 1:
-        fail("--canary and --max-failures must be >= 0, --parallel and bench levels >= 1, --tolerance 0-99", code=2)
+        fail("--canary and --max-failures must be >= 0, --parallel, bench levels and --smoke-max-tokens >= 1,"
+             " --tolerance 0-99", code=2)
     change = engine.Change(patchset, bool(revert))
     try:
         if dry_run:

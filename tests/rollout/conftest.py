@@ -24,6 +24,7 @@ from toolkit.paths import PROJECT_ROOT
 DATA = Path(__file__).parent / "data" / "patchsets"
 SERVE_FILE = "transformers/cli/serving/server.py"
 TRANSFORMERS = ("transformers", "5.24.0")
+SMOKE_TOKENS = 32    # the smoke's chat answers (200 by default): the checks are the same, the CPU server quicker
 LEASE_S = "15"      # the guard's lease in these tests (the controller renews it every 2.5 s)
 
 
@@ -52,7 +53,8 @@ def private_venv(source: Path, copy: Path) -> Path:
             subprocess.run(["cp", "-a", str(script), str(copy / "bin")], check=True)
             continue
         data = script.read_bytes()
-        (copy / "bin" / script.name).write_bytes(data.replace(b"#!" + str(source).encode(), b"#!" + str(copy).encode(), 1))
+        mine = data.replace(b"#!" + str(source).encode(), b"#!" + str(copy).encode(), 1)
+        (copy / "bin" / script.name).write_bytes(mine)
         (copy / "bin" / script.name).chmod(0o755)
     site = site_of(source)
     mine = copy / site.relative_to(source)

@@ -8,7 +8,7 @@ from pathlib import Path
 from toolkit import patching, rollout, server
 from toolkit.rollout import Change, Options
 
-from .conftest import SERVE_FILE, invoke_cli, sha256, site_of, write_inventory
+from .conftest import SERVE_FILE, SMOKE_TOKENS, invoke_cli, sha256, site_of, write_inventory
 
 
 def _hand_edit(host) -> None:
@@ -53,7 +53,7 @@ def test_max_failures_stops_starting_new_hosts_and_the_failed_one_is_rolled_back
     never = make_cpu_host("g3")
     fleet = rollout.run_fleet([good, bad, never], Change("cpu-quiet"),
                               Options(profile="cpu-ref", canary=1, parallel=1, max_failures=0, gate_bench=True,
-                                      bench_levels=(1, 2)))
+                                      bench_levels=(1, 2), smoke_max_tokens=SMOKE_TOKENS))
     outcomes = [(r.host, r.outcome) for r in fleet.results]
     assert outcomes == [("g1", "kept"), ("g2", "rolled back"), ("g3", "not started")], fleet.results
     assert fleet.stopped == "1 host(s) failed after the canary, more than --max-failures 0"

@@ -163,7 +163,7 @@ def test_the_gpu_broken_patchset_compiles_onto_the_pristine_release(monkeypatch)
 
 @pytest.mark.parametrize("args, words", [
     ([], "`invoke rollout` needs a PATCHSET (or --status)"),
-    (["dyn-disable", "--parallel", "0"], "--parallel and bench levels >= 1"),
+    (["dyn-disable", "--parallel", "0"], "--parallel, bench levels and --smoke-max-tokens >= 1"),
     (["dyn-disable", "--canary", "x"], "--canary takes an integer, got 'x'"),
     (["dyn-disable", "--tolerance", "150"], "--tolerance 0-99"),
 ])

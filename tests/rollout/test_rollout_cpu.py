@@ -18,7 +18,8 @@ from toolkit import patching, rollout, server
 from toolkit.paths import PROJECT_ROOT
 from toolkit.rollout import Change, Options
 
-from .conftest import SERVE_FILE, guard_gone, invoke_cli, sha256, site_of, wait_final, write_inventory
+from .conftest import (SERVE_FILE, SMOKE_TOKENS, guard_gone, invoke_cli, sha256, site_of, wait_final,
+                       write_inventory)
 
 
 def whole(host):
@@ -44,7 +45,7 @@ def test_a_patch_that_breaks_the_server_is_rolled_back_by_itself(cpu_host, trans
     host = cpu_host
     stack, old = whole(host)
     assert stack == []
-    fleet = rollout.run_fleet([host], Change("cpu-breaks"), Options())
+    fleet = rollout.run_fleet([host], Change("cpu-breaks"), Options(smoke_max_tokens=SMOKE_TOKENS))
     result = fleet.results[0]
     assert not fleet.ok and result.outcome == "rolled back", result
     names = [(g.name, g.status) for g in result.gates]
@@ -69,7 +70,8 @@ def test_a_patch_that_breaks_the_server_is_rolled_back_by_itself(cpu_host, trans
 
 def _killed_at(phase: str, change: list[str], env: dict, marker: Path) -> None:
     """Run `invoke rollout` until it reaches PHASE, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "rollout", *change, "--host", "cpu1"], cwd=PROJECT_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "rollout", *change, "--host", "cpu1",
+                             "--smoke-max-tokens", str(SMOKE_TOKENS)], cwd=PROJECT_ROOT,
                             env={**os.environ, **env, "TOOLKIT_ROLLOUT_TEST_HOLD": f"{phase}:{marker}"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 480
@@ -109,7 +111,8 @@ def test_killed_after_the_restart_the_next_rollout_rolls_back_then_keeps(cpu_hos
     done = invoke_cli("rollout", "--status", "--host", "cpu1", env=cli_env)
     assert done.returncode == 1 and "in flight" in done.stdout, done.stdout + done.stderr
     # the same rollout again: the old one is rolled back first (by its guard, asked or on its own)
-    done = invoke_cli("rollout", *change, "--host", "cpu1", "--json", env=cli_env)
+    done = invoke_cli("rollout", *change, "--host", "cpu1", "--json", "--smoke-max-tokens", str(SMOKE_TOKENS),
+                      env=cli_env)
     assert done.returncode == 0, done.stdout + done.stderr
     answer = json.loads(done.stdout)
     result = answer["hosts"][0]
@@ -138,7 +141,7 @@ def test_killed_once_kept_the_host_stays_new_and_a_rerun_changes_nothing(cpu_hos
     assert now_stack != stack and now.started_at != before.started_at
     done = invoke_cli("rollout", "--status", "--host", "cpu1", "--json", env=cli_env)
     assert done.returncode == 0 and json.loads(done.stdout)["cpu1"]["state"] == "new", done.stdout
-    done = invoke_cli("rollout", *change, "--host", "cpu1", env=cli_env)
+    done = invoke_cli("rollout", *change, "--host", "cpu1", "--smoke-max-tokens", str(SMOKE_TOKENS), env=cli_env)
     assert done.returncode == 0 and "unchanged" in done.stdout, done.stdout + done.stderr
     assert whole(host)[1].started_at == now.started_at
 
@@ -152,7 +155,8 @@ def test_a_throughput_loss_beyond_the_tolerance_is_rolled_back(cpu_host):
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"profile": "cpu-ref", "output_throughput": {"1": 1e9, "2": 1e9}}))
     change = Change("cpu-quiet", revert="--revert" in toggle(stack))
-    fleet = rollout.run_fleet([host], change, Options(gate_bench=True, bench_levels=(1, 2), tolerance=0.05))
+    fleet = rollout.run_fleet([host], change, Options(gate_bench=True, bench_levels=(1, 2), tolerance=0.05,
+                                                      smoke_max_tokens=SMOKE_TOKENS))
     result = fleet.results[0]
     assert result.outcome == "rolled back", result
     assert [(g.name, g.status) for g in result.gates][2:] == [

@@ -22,8 +22,8 @@ def arm(args):
     with JournalLock(folder):  # noqa: F821
         previous = read_journal(folder)  # noqa: F821
         if in_flight(previous):  # noqa: F821
-            raise Refused("rollout %s is still in flight on this host (phase %s); it is finished or rolled "  # noqa: F821
-                          "back first" % (previous["id"], previous["phase"]))
+            raise Refused("rollout %s is still in flight on this host (phase %s); it is finished or "  # noqa: F821
+                          "rolled back first" % (previous["id"], previous["phase"]))
         if previous is not None:
             with open(os.path.join(folder, "history.jsonl"), "a") as f:
                 f.write(json.dumps(previous) + "\n")

@@ -203,8 +203,8 @@ def roll_back(folder, journal):
     with JournalLock(folder):
         current = read_journal(folder) or journal
         current["result"] = result
-        add_event(current, "rolled-back" if ok else "rollback-failed",
-                  "" if ok else (result.get("reason") or "files not restored: %s" % ", ".join(result["files"]["failed"])))
+        why = result.get("reason") or "files not restored: %s" % ", ".join(result["files"]["failed"])
+        add_event(current, "rolled-back" if ok else "rollback-failed", "" if ok else why)
         write_journal(folder, current)
     return current
 
