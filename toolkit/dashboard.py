@@ -79,9 +79,10 @@ def _drafting(s: Series) -> list[Line]:
 
 
 def _switches(s: Series) -> list[Line]:
-    # increase over the trailing minute (the scrape's first minute: since its start)
-    return [("off", s.increase(D + "switches_off_total"), {}),
-            ("on", s.increase(D + "switches_on_total"), {"linestyle": "--"})]
+    # 60 * rate(x[1m]): the rise over the trailing minute per minute of samples it spans (in a
+    # scrape's first minute, since its start), so a run shorter than a minute shows a rate too
+    return [("off", s.increase(D + "switches_off_total", per=60.0), {}),
+            ("on", s.increase(D + "switches_on_total", per=60.0), {"linestyle": "--"})]
 
 
 def _plain_share(s: Series) -> list[Line]:

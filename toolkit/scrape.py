@@ -20,8 +20,10 @@ from pathlib import Path
 
 DYN_PREFIX = "sglang:spec_dyn_disable_"
 DYN_COUNTERS = ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on")
-# labels SGLang puts on every scheduler/tokenizer metric; other labels make separate keys
-STANDARD_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank", "priority"}
+# labels SGLang puts on every scheduler/tokenizer metric; other labels make separate keys. 0.5.11
+# labels a few scheduler gauges (num_retracted_reqs, num_paused_reqs) with the process's `pid`,
+# which would give them a new key at every server start
+STANDARD_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank", "priority", "pid"}
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"

@@ -1,6 +1,6 @@
 """Bench records say how much of each level ran without drafting: the dyn-disable switch read
-before and after the level from the fake SGLang server's /metrics (a body shaped like SGLang's,
-tests/client/sglang_metrics.py) or its /server_info, whose counters move with the requests."""
+before and after the level from the fake SGLang server's /metrics (SGLang 0.5.11's real body with the
+counters set, tests/client/sglang_metrics.py) or its /server_info, whose counters move with the requests."""
 from __future__ import annotations
 
 from toolkit.bench.prompts import PromptSource

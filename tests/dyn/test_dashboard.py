@@ -94,7 +94,11 @@ def test_recipes_compute_what_the_simulation_did(synthetic):
     assert expected_off >= 1
     # the window starts at the first sample at or after t-60 s: switches at that very second fall before it
     in_window = sum(1 for second, kind in switch_times if kind == "off" and 159 - 60 < second <= 159)
-    assert lines["off"][-1] == pytest.approx(in_window)
+    assert lines["off"][-1] == pytest.approx(in_window)     # a full minute of samples: per minute = count
+    # younger than a minute: the switches since the start, per minute of samples (not the count)
+    early = sum(1 for second, kind in switch_times if kind == "on" and 0 < second <= 35)
+    assert early >= 1
+    assert lines["on"][35] == pytest.approx(early / 35 * 60)
     share = dashboard._plain_share(series)[0][1]
     assert np.nanmax(share) <= 1 and np.nanmin(share) >= 0
     assert series(scrape.DYN_PREFIX + "plain_steps_total")[-1] == switch.plain_steps

@@ -2,9 +2,15 @@
 (the SpecSwitch of patchsets/dyn-disable, driven through bursts) at TP=1 and TP=2."""
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
+from tests.client.sglang_metrics import CAPTURE, capture
 from tests.dyn.conftest import PATCHSET, load_by_path, tree_with
+
+from toolkit import scrape
 
 from .scripts import load_gpu_script
 
@@ -191,3 +197,18 @@ def test_the_whole_run_against_a_stand_in_server(device, metrics_mod, tmp_path, 
         assert len(lines) == report["scrapes"] and json.loads(lines[-1])["values"][
             "sglang:spec_dyn_disable_switches_on_total"] == report["metrics"]["switches_on"]
         assert (out / "metrics-final.txt").read_text().startswith("# HELP")
+
+
+def test_the_checks_on_the_h200_run_s_own_log_and_body(device):
+    """The H200 run's server log and final /metrics body (docs/evidence/metrics/) pass the checks
+    again here; the same log without its last 'drafting stopped' line fails them."""
+    text = gzip.decompress((CAPTURE.parent / "server.log.gz").read_bytes()).decode()
+    metrics = scrape.Snapshot(0, scrape.parse(capture())).dyn_state()
+    info = json.loads((CAPTURE.parent / "check.json").read_text())["server_info"]
+    verdicts = device.checks(metrics, info, device.log_counters(text), failures=0)
+    assert all(v["ok"] for v in verdicts), verdicts
+    lines = text.splitlines()
+    last_stop = max(i for i, line in enumerate(lines) if "drafting stopped" in line)
+    cut = device.log_counters("\n".join(lines[:last_stop] + lines[last_stop + 1:]))
+    failed = {v["check"] for v in device.checks(metrics, info, cut, failures=0) if not v["ok"]}
+    assert "switches_off == 'drafting stopped' lines" in failed

@@ -1,5 +1,5 @@
 """`invoke server watch` against the sandbox sshd: the fake SGLang server (tests/server/fake_server.py
-serving a /metrics body shaped like SGLang's, its TP ranks as processes titled as SGLang's
+serving SGLang 0.5.11's real /metrics body with the test's values, its TP ranks as processes titled as SGLang's
 schedulers) and the real CPU reference server (`transformers serve`); a rank that dies, a
 server that dies mid-watch, Ctrl-C."""
 from __future__ import annotations
