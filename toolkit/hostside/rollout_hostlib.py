@@ -216,7 +216,10 @@ def claim(folder, reason):
         if not in_flight(journal) or journal["phase"] == "rolling-back":
             return None
         journal["rolled_back_by"] = reason
-        journal["interrupted_phase"] = journal["phase"]
+        # the phase the rollout had reached, not a later controller's request to roll it back
+        journal["interrupted_phase"] = next(
+            (e["phase"] for e in reversed(journal.get("events", [])) if e["phase"] != "rollback-requested"),
+            journal["phase"])
         add_event(journal, "rolling-back", reason)
         journal["guard_pid"] = os.getpid()
         write_journal(folder, journal)
