@@ -32,3 +32,17 @@ def sha256_file(path):
             return digest.hexdigest()
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+
+
+def owner_name(path):
+    """The user name owning PATH ("uid N" without one, "?" when it cannot be read)."""
+    import os
+    try:
+        import pwd
+        uid = os.stat(path).st_uid
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return "uid %d" % uid
+    except (ImportError, OSError):
+        return "?"

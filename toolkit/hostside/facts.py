@@ -72,18 +72,6 @@ def _who():
         return "uid %d" % os.geteuid()
 
 
-def _owner(path):
-    try:
-        import pwd
-        uid = os.stat(path).st_uid
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return "uid %d" % uid
-    except (ImportError, OSError):
-        return "?"
-
-
 def unreachable(path):
     """Why this user cannot reach PATH although something is there (a folder on its way, links
     followed, that it may not enter), or None. Only asked when PATH seems not to exist."""
@@ -96,7 +84,7 @@ def unreachable(path):
                 mode = "mode %o" % (os.stat(folder).st_mode & 0o7777)
                 via = "" if current == os.path.abspath(path) else " (%s leads there)" % path
                 return "%s%s: folder %s is not readable by %s (%s, owner %s)" % (
-                    current, via, folder, _who(), mode, _owner(folder))
+                    current, via, folder, _who(), mode, owner_name(folder))
         if not os.path.islink(current):
             return None
         current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))

@@ -276,18 +276,6 @@ def replace_blockers(site, rels):
     return blocked
 
 
-def _owner_name(path):
-    try:
-        import pwd
-        uid = os.stat(path).st_uid
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return "uid %d" % uid
-    except (ImportError, OSError):
-        return "?"
-
-
 def _nearest_existing(path):
     while path and not os.path.lexists(path):
         parent = os.path.dirname(path)
@@ -321,11 +309,11 @@ def state_dir_blocker(sd, base=None):
     flag = _flag_blocker(blocked, why) if os.path.exists(blocked) else None
     if flag:
         return "the toolkit's state folder %s cannot be written: %s" % (sd.root, flag)
-    owner = _owner_name(blocked)
+    owner = owner_name(blocked)
     mode = os.stat(blocked).st_mode & 0o7777
     text = "the toolkit's state folder %s cannot be written by %s: %s %s belongs to %s (mode %o)" % (
         sd.root, user, why, blocked, owner, mode)
-    base_owner = _owner_name(base) if base and os.path.exists(base) else None
+    base_owner = owner_name(base) if base and os.path.exists(base) else None
     if base_owner and base_owner not in (user, "?"):
         text += "; %s belongs to %s: run the patch commands as %s (`user = \"%s\"` in the inventory)" \
                 " or give %s write access to %s" % (base, base_owner, base_owner, base_owner, user, blocked)
