@@ -62,7 +62,9 @@ def test_a_patch_that_breaks_the_server_is_rolled_back_by_itself(cpu_host, trans
     _, now = whole(host)
     assert now.profile == "cpu-ref" and now.patch_stack == [] and now.started_at != old.started_at
     journal = rollout.ctl(host, "status")["journal"]
-    assert journal["phase"] == "rolled-back" and journal["interrupted_phase"] == "rollback-requested"
+    # the phase the rollout had reached when smoke failed, and who asked for the rollback and why
+    assert journal["phase"] == "rolled-back" and journal["interrupted_phase"] == "restarted"
+    assert journal["rolled_back_by"].startswith("asked by the controller: gate failed: smoke stream:")
     assert journal["result"]["files"]["restored"] == [SERVE_FILE] and journal["result"]["server"] == "restarted"
     assert guard_gone(host)
     assert rollout.status([host])[0][1] == "old"
