@@ -15,7 +15,7 @@ level runs):
 (an `OpenAIClient` whose `chat()` returns records with `ok`, `completion_tokens`, `ttft`,
 `latency` and `itl`), e.g. the hand-written HTTP/1.1 pool this client replaced:
 
-    git show a05d83e:toolkit/client.py > /tmp/old_client.py
+    git show a05d83e:toolkit/check/client.py > /tmp/old_client.py
     python benchmarks/bench_client_load.py --compare-client /tmp/old_client.py [--reps 3]
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import free_port          # noqa: E402
 from benchmarks import figures_file  # noqa: E402
-from toolkit import client as this_client      # noqa: E402
+from toolkit.check import client as this_client  # noqa: E402
 
 
 def load_client(path: str):
@@ -97,7 +97,7 @@ def main() -> int:
     parser.add_argument("--compare-client", help="another client module (FILE.py) to run the same loads")
     parser.add_argument("--record", help="also write the figures as JSON to this path")
     args = parser.parse_args()
-    clients = {"toolkit.client (aiohttp)": this_client}
+    clients = {"toolkit.check.client (aiohttp)": this_client}
     if args.compare_client:
         clients[f"compared: {args.compare_client}"] = load_client(args.compare_client)
     figures = {"machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},

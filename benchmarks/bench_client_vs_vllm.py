@@ -55,8 +55,8 @@ from tests.conftest import CPU_REF_REQUIREMENTS, _cached_venv, free_port  # noqa
 from toolkit.bench.metrics import compute                         # noqa: E402
 from toolkit.bench.prompts import PromptSource                    # noqa: E402
 from toolkit.bench.runner import run_level                        # noqa: E402
-from toolkit.client import OpenAIClient                           # noqa: E402
-from toolkit.paths import cache_dir                               # noqa: E402
+from toolkit.check.client import OpenAIClient                           # noqa: E402
+from toolkit.core.paths import cache_dir                               # noqa: E402
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
 # What `vllm bench serve` imports on its way (found by importing it in a bare venv) and the CPU
@@ -281,7 +281,7 @@ async def first_model(base_url: str) -> str:
 def against_wire(args, venv: Path, workdir: Path) -> list[dict]:
     cpu_venv = _cached_venv("cpu-ref", CPU_REF_REQUIREMENTS)
     model = cache_dir() / "test-models" / "tiny-llama"
-    subprocess.run([str(cpu_venv / "bin" / "python"), str(ROOT / "toolkit" / "refmodel.py"), str(model)],
+    subprocess.run([str(cpu_venv / "bin" / "python"), str(ROOT / "toolkit" / "server" / "refmodel.py"), str(model)],
                    check=True, capture_output=True)
     prompts = workdir / "prompts.jsonl"
     write_prompts(prompts, args.requests, seed=0)

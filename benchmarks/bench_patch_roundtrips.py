@@ -29,8 +29,9 @@ def main() -> None:
     options = parser.parse_args()
     os.environ["TOOLKIT_PATCHSETS"] = str(ROOT / "tests" / "patch" / "data" / "patchsets")
     with tempfile.TemporaryDirectory(prefix="bench-patch-") as tmp:
-        from toolkit import patching, sandbox, wheels
-        from toolkit.inventory import resolve_hosts
+        from toolkit.patch import patching, wheels
+        from toolkit.core import sandbox
+        from toolkit.core.inventory import resolve_hosts
 
         port = sandbox.free_loopback_port()
         os.environ.update(TOOLKIT_SANDBOX_DIR=str(Path(tmp) / "sandbox"), TOOLKIT_SANDBOX_PORT=str(port))

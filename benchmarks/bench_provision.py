@@ -22,8 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import figures_file  # noqa: E402
-from toolkit import paths, provision, sandbox, stack, wheelhouse  # noqa: E402
-from toolkit.inventory import resolve_hosts  # noqa: E402
+from toolkit.core import paths, sandbox
+from toolkit.provision.provision import provision, stack, wheelhouse  # noqa: E402
+from toolkit.core.inventory import resolve_hosts  # noqa: E402
 
 
 def measure(host, chosen, repeats: int, env: dict, wheels: str | None = None) -> dict:

@@ -161,10 +161,10 @@ class Server:
 
 
 async def run_smoke(srv):
-    """The toolkit's smoke (toolkit/smoke.py, the engine of `invoke smoke`) on a running server,
+    """The toolkit's smoke (toolkit/check/smoke.py, the engine of `invoke smoke`) on a running server,
     its burst sized as `invoke smoke` sizes it for the dyn-disable threshold the server was
     started with (none for a server without one): {"ok", "checks"}."""
-    from toolkit.smoke import burst_size, run_smoke_async
+    from toolkit.check.smoke import burst_size, run_smoke_async
     threshold = srv.env_shown.get("SGLANG_SPEC_DISABLE_THRESHOLD")
     result = await run_smoke_async(srv.base, read_log=srv.read_log,
                                    burst=burst_size(int(threshold) if threshold else None))

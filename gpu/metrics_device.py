@@ -3,7 +3,7 @@
 An eagle3-v2-dyn server (the tiny `sharp` pair, or `--pair`) started with --enable-metrics and the
 dyn-disable patchset (0001 + 0002-dyn-disable-metrics.patch, applied by run_dyn.sh setup) goes
 through load cycles (a ramp across the threshold, a burst above it, a pause at one request) while
-its /metrics is scraped every --interval seconds into OUT/scrape.jsonl (toolkit.scrape lines: what
+its /metrics is scraped every --interval seconds into OUT/scrape.jsonl (toolkit.server.scrape lines: what
 `invoke server dashboard --record OUT/scrape.jsonl` draws). At the end, with the server idle:
 
 - switches_off / switches_on from /metrics == the number of "drafting stopped" / "drafting
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import dyn_device as dd  # noqa: E402  (its Server, prompts and /generate client)
 
-from toolkit import scrape  # noqa: E402
+from toolkit.server.server import scrape  # noqa: E402
 
 SWITCH_LINE = re.compile(r"Dynamic speculation disable: drafting (stopped|resumed) at (\d+) running decode requests "
                          r"\(spec steps: (\d+), plain steps: (\d+), spec off/on switches: (\d+)/(\d+)\)")

@@ -40,7 +40,7 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   "start_after_healthy": NAME starts a group's servers once group NAME's are healthy (each sizes
   its KV pool from what is really free); "measure_after": NAME holds a sweep's warm-up and
   rounds until group NAME has finished (e.g. a check group on the same GPU).
-  "smoke": true runs the toolkit's smoke (toolkit/smoke.py, as `invoke smoke` does) on every
+  "smoke": true runs the toolkit's smoke (toolkit/check/smoke.py, as `invoke smoke` does) on every
   server with the checks, its burst sized for the server's threshold.
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
   "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server

@@ -2,7 +2,7 @@
 # The smoke's determinism check on the GPU, both outcomes (issue #13): two tiny "sharp" servers
 # (context-dependent greedy output) side by side, one on the site as provisioned and one on a
 # copy whose greedy sampler adds noise to the logits (a regression that changes outputs at
-# temperature 0), each checked by toolkit/smoke.py. Run from the repo root with .whl1 .whl2 .whl3:
+# temperature 0), each checked by toolkit/check/smoke.py. Run from the repo root with .whl1 .whl2 .whl3:
 #   bash gpu/smoke_determinism.sh 2>&1 | tee $OUT/run.log
 set -u
 OUT=${OUT:-/tmp/out}

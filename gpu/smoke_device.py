@@ -1,4 +1,4 @@
-"""The toolkit's smoke checks (toolkit/smoke.py, the engine of `invoke smoke`) on tiny "sharp"
+"""The toolkit's smoke checks (toolkit/check/smoke.py, the engine of `invoke smoke`) on tiny "sharp"
 servers side by side: by default one baseline on the site as provisioned (/tmp/site, "clean")
 and one whose greedy sampler was broken to change outputs (/tmp/noisy, made by
 make_noisy_site.sh, "noisy"). The determinism check should pass on the first and fail on the

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from toolkit import sandbox
-from toolkit.inventory import resolve_hosts
+from toolkit.core import sandbox
+from toolkit.core.inventory import resolve_hosts
 
 
 free_port = sandbox.free_loopback_port
@@ -49,7 +49,7 @@ def _cached_venv(name: str, requirements: list[str]):
     import subprocess
     import sys
 
-    from toolkit.paths import cache_dir
+    from toolkit.core.paths import cache_dir
 
     root = cache_dir() / "test-venvs"
     root.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from toolkit.paths import PROJECT_ROOT
+from toolkit.core.paths import PROJECT_ROOT
 
 COMMANDS = ("bench", "demo", "facts", "patch", "provision", "rollout", "sandbox", "server", "smoke", "wheelhouse")
 FLAG = re.compile(r"^  (-\w(?: \S+)?, )?--([\w-]+)")

@@ -1,7 +1,7 @@
 """Inventory: built-in hosts, hosts/*.toml, TOOLKIT_INVENTORY, --host parsing, bad input."""
 import pytest
 
-from toolkit.inventory import InventoryError, resolve_hosts
+from toolkit.core.inventory import InventoryError, resolve_hosts
 
 
 def test_default_is_the_sandbox():

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import free_port
-from toolkit import sandbox
+from toolkit.core import sandbox
 
 
 def _not_installed_package() -> str:

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from toolkit.paths import HOSTS_DIR, PROFILES_DIR, PROJECT_ROOT
+from toolkit.core.paths import HOSTS_DIR, PROFILES_DIR, PROJECT_ROOT
 
 SHIPPED_HOSTS = {name: table for path in sorted(HOSTS_DIR.glob("*.toml"))
                  for name, table in tomllib.loads(path.read_text()).items()}

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from toolkit import hostrun, sandbox
-from toolkit.inventory import Host, resolve_hosts
-from toolkit.paths import PROJECT_ROOT
-from toolkit.transport import HostKeyError, TransportError
+from toolkit.core import hostrun, sandbox
+from toolkit.core.inventory import Host, resolve_hosts
+from toolkit.core.paths import PROJECT_ROOT
+from toolkit.core.transport import HostKeyError, TransportError
 
 
 @pytest.fixture(params=["sandbox", "local"])

@@ -28,12 +28,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from . import hostrun, patching, patchsets, paths, server
-from . import smoke as smoke_engine
-from .hostrun import HostScriptError
-from .inventory import Host
-from .parallel import for_each_host
-from .transport import TransportError
+from toolkit.core import hostrun, paths
+from toolkit.patch import patching, patchsets
+from toolkit.server import server
+from toolkit.check import smoke as smoke_engine
+from toolkit.core.hostrun import HostScriptError
+from toolkit.core.inventory import Host
+from toolkit.core.parallel import for_each_host
+from toolkit.core.transport import TransportError
 
 DEFAULT_LEASE_S = 60.0          # a guard rolls back when the controller is silent this long
 DEFAULT_TOLERANCE = 0.05        # --gate-bench: throughput may fall this much below the record
@@ -453,8 +455,8 @@ def rank_errors(host: Host, profile: str | None, tp_size: int) -> dict:
 
 
 def _bench_levels(url: str, levels, max_tokens: int = BENCH_MAX_TOKENS) -> dict:
-    from .bench import metrics, runner
-    from .bench.prompts import BenchRequest
+    from toolkit.bench import metrics, runner
+    from toolkit.bench.prompts import BenchRequest
 
     out = {}
     for level in levels:

@@ -8,7 +8,8 @@ from invoke import Exit
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from toolkit import paths, report, server
+from toolkit.core import paths, report
+from toolkit.server import server
 from toolkit.bench import recommend as recommend_mod
 from toolkit.bench import session
 from toolkit.bench.compare import compare as compare_runs
@@ -18,8 +19,8 @@ from toolkit.bench.plot import plot_throughput
 from toolkit.bench.prompts import PromptError, PromptSource
 from toolkit.bench.runner import BenchError, BenchOptions, SweepListener, new_run_id
 
-from .common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
-from .parsing import command
+from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
+from toolkit_cli.parsing import command
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
 USAGE = """usage:

@@ -5,11 +5,11 @@ from typing import Any, Callable
 
 from invoke.exceptions import Exit
 
-from toolkit import report
-from toolkit.inventory import Host, InventoryError, resolve_hosts
-from toolkit.parallel import HostOutcome, for_each_host
+from toolkit.core import report
+from toolkit.core.inventory import Host, InventoryError, resolve_hosts
+from toolkit.core.parallel import HostOutcome, for_each_host
 
-from .parsing import Command, command_line, render_help, usage_body
+from toolkit_cli.parsing import Command, command_line, render_help, usage_body
 
 HOST_HELP = "host name(s) from hosts/*.toml, comma-separated, or @label; default: sandbox"
 

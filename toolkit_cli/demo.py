@@ -16,17 +16,17 @@ import time
 
 from invoke.exceptions import Exit
 
-from toolkit import report
-from toolkit.paths import PROJECT_ROOT
+from toolkit.core import report
+from toolkit.core.paths import PROJECT_ROOT
 
-from .bench import bench
-from .parsing import command
-from .patch import patch
-from .provision import provision
-from .rollout import rollout
-from .sandbox import sandbox
-from .server import server_task
-from .smoke import smoke
+from toolkit_cli.bench import bench
+from toolkit_cli.parsing import command
+from toolkit_cli.patch import patch
+from toolkit_cli.provision import provision
+from toolkit_cli.rollout import rollout
+from toolkit_cli.sandbox import sandbox
+from toolkit_cli.server import server_task
+from toolkit_cli.smoke import smoke
 
 BREAKING = PROJECT_ROOT / "tests" / "rollout" / "data" / "patchsets"
 

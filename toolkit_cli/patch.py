@@ -7,14 +7,16 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from toolkit import authoring, compiler, patching, porting, report, server, wheels
-from toolkit.inventory import InventoryError
-from toolkit.patchsets import PatchsetError
-from toolkit.transport import TransportError
+from toolkit.patch import authoring, compiler, patching, porting, wheels
+from toolkit.core import report
+from toolkit.server import server
+from toolkit.core.inventory import InventoryError
+from toolkit.patch.patchsets import PatchsetError
+from toolkit.core.transport import TransportError
 
-from . import sm120
-from .common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
-from .parsing import command
+from toolkit_cli import sm120
+from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
+from toolkit_cli.parsing import command
 
 ACTIONS = ("list", "check", "apply", "verify", "revert", "edit", "refresh", "port")
 USAGE = """usage: invoke patch ACTION [NAME] [options]

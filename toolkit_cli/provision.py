@@ -6,14 +6,15 @@ from pathlib import Path
 from invoke.exceptions import Exit
 from rich.markup import escape
 
-from toolkit import facts as facts_engine, provision as engine, report, stack as stacks, wheelhouse as wheels
-from toolkit.hostrun import HostScriptError
-from toolkit.inventory import Host
-from toolkit.parallel import for_each_host
-from toolkit.transport import TransportError
+from toolkit.provision import facts as facts_engine, provision as engine, stack as stacks, wheelhouse as wheels
+from toolkit.core import report
+from toolkit.core.hostrun import HostScriptError
+from toolkit.core.inventory import Host
+from toolkit.core.parallel import for_each_host
+from toolkit.core.transport import TransportError
 
-from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit
-from .parsing import command
+from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit
+from toolkit_cli.parsing import command
 
 STACK_HELP = "stack name (a file in stacks/: gpu, cpu-ref) or a path to a stack .toml; default: the host's `stack`"
 

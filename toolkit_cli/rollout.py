@@ -5,12 +5,12 @@ from dataclasses import asdict
 
 from rich.markup import escape
 
-from toolkit import report
+from toolkit.core import report
 from toolkit import rollout as engine
-from toolkit.inventory import InventoryError
+from toolkit.core.inventory import InventoryError
 
-from .common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
-from .parsing import command, render_help
+from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
+from toolkit_cli.parsing import command, render_help
 
 USAGE = """\
 usage: invoke rollout PATCHSET [--revert] [--profile P] [--threshold N] [--host H,...|@label]

@@ -1,10 +1,10 @@
 """`invoke sandbox up|down|status`: the embedded SSH host on loopback."""
 from __future__ import annotations
 
-from toolkit import report, sandbox as engine
+from toolkit.core import report, sandbox as engine
 
-from .common import fail, help_or_bad_action, int_option
-from .parsing import command
+from toolkit_cli.common import fail, help_or_bad_action, int_option
+from toolkit_cli.parsing import command
 
 ACTIONS = ("up", "down", "status")
 USAGE = """usage: invoke sandbox ACTION [options]

@@ -7,11 +7,12 @@ from pathlib import Path
 import threading
 from datetime import datetime, timezone
 
-from toolkit import profiles, report, server
+from toolkit.server import profiles, server
+from toolkit.core import report
 
-from . import sm120
-from .common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
-from .parsing import command
+from toolkit_cli import sm120
+from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
+from toolkit_cli.parsing import command
 
 ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
@@ -118,7 +119,7 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         if action == "dashboard":
             return _dashboard(record, out, host)
         if action == "watch":
-            from . import watch as watch_cli
+            from toolkit_cli import watch as watch_cli
 
             return watch_cli.watch(host, float(interval or 2.0), once, int_option(polls, "--polls"), json_,
                                    record or None)
@@ -286,7 +287,7 @@ def _status(host_spec, json_) -> None:
 
 
 def _dashboard(record, out, host) -> None:
-    from toolkit import dashboard, scrape
+    from toolkit.server import dashboard, scrape
 
     if not record:
         fail("`invoke server dashboard` needs --record FILE (written by `invoke server watch --record FILE`)", code=2)

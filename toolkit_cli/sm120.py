@@ -1,13 +1,14 @@
-"""Printing the sm120 gate prediction (toolkit/sm120_gates.py) after `patch apply` and before
+"""Printing the sm120 gate prediction (toolkit/patch/sm120_gates.py) after `patch apply` and before
 `server start`: per host, which Blackwell-workstation features the patched server will run."""
 from __future__ import annotations
 
 from rich.markup import escape
 
-from toolkit import report, sm120_gates
-from toolkit.hostrun import HostScriptError
-from toolkit.inventory import Host
-from toolkit.transport import TransportError
+from toolkit.core import report
+from toolkit.patch import sm120_gates
+from toolkit.core.hostrun import HostScriptError
+from toolkit.core.inventory import Host
+from toolkit.core.transport import TransportError
 
 PREDICTION_ERRORS = (TransportError, HostScriptError, sm120_gates.GateError)
 

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from toolkit import report, server
-from toolkit import smoke as engine
+from toolkit.core import report
+from toolkit.server import server
+from toolkit.check import smoke as engine
 from toolkit.bench.hosts import simulated_accept_length
-from toolkit.inventory import Host
+from toolkit.core.inventory import Host
 
-from .common import HOST_HELP, fail, finish, run_on_hosts
-from .parsing import command
+from toolkit_cli.common import HOST_HELP, fail, finish, run_on_hosts
+from toolkit_cli.parsing import command
 
 
 class SmokeSetupError(RuntimeError):

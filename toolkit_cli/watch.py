@@ -1,4 +1,4 @@
-"""`invoke server watch`: the live table (rich Live) over `toolkit.watch`."""
+"""`invoke server watch`: the live table (rich Live) over `toolkit.server.watch`."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ from invoke.exceptions import Exit
 from rich.live import Live
 from rich.table import Table
 
-from toolkit import report
-from toolkit import watch as engine
+from toolkit.core import report
+from toolkit.server import watch as engine
 
-from .common import fail, hosts_or_exit
+from toolkit_cli.common import fail, hosts_or_exit
 
 COLUMNS = ["host", "state", "profile", "patches", "run/queue", "drafting", "since", "switches off/on",
            "accept len", "gen tok/s", "KV use", "ranks", "note"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from toolkit.paths import PROJECT_ROOT, cache_dir
+from toolkit.core.paths import PROJECT_ROOT, cache_dir
 
 from .fake_openai import FakeOpenAI
 
@@ -24,9 +24,9 @@ READY_TIMEOUT = 240.0   # a loaded 2-core CI machine is slow to import torch
 
 @pytest.fixture(scope="session")
 def ref_model_dir(cpu_ref_venv) -> Path:
-    """The tiny reference model (toolkit/refmodel.py), made once and cached across sessions."""
+    """The tiny reference model (toolkit/server/refmodel.py), made once and cached across sessions."""
     out = cache_dir() / "test-models" / "tiny-llama"
-    subprocess.run([str(cpu_ref_venv / "bin" / "python"), str(PROJECT_ROOT / "toolkit" / "refmodel.py"), str(out)],
+    subprocess.run([str(cpu_ref_venv / "bin" / "python"), str(PROJECT_ROOT / "toolkit" / "server" / "refmodel.py"), str(out)],
                    check=True, capture_output=True, timeout=600)
     return out
 
@@ -116,8 +116,8 @@ def cpu_ref_inventory_host(name: str, tmp_path, cpu_ref_venv, ref_model_dir, hos
     """An inventory host (TOOLKIT_INVENTORY) over the sandbox sshd whose venv runs transformers
     serve with the reference model; yields (host, env) and stops its server afterwards.
     `host_lines` / `server_lines` go into its table / its server table."""
-    from toolkit import server
-    from toolkit.inventory import resolve_hosts
+    from toolkit.server import server
+    from toolkit.core.inventory import resolve_hosts
 
     base = resolve_hosts("sandbox")[0]
     (tmp_path / "hosts.toml").write_text(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from toolkit import wheels
+from toolkit.patch import wheels
 
 VERSION = "0.5.11"
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.client.conftest import cpu_ref_inventory_host
-from toolkit.paths import PROJECT_ROOT
+from toolkit.core.paths import PROJECT_ROOT
 
 
 def invoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:

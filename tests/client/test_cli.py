@@ -17,8 +17,8 @@ import pytest
 
 from tests.client.conftest import cpu_ref_inventory_host
 from tests.conftest import free_port
-from toolkit import server
-from toolkit.paths import PROJECT_ROOT
+from toolkit.server import server
+from toolkit.core.paths import PROJECT_ROOT
 
 
 def invoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:

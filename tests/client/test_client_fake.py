@@ -10,7 +10,7 @@ import pytest
 from toolkit.bench.metrics import compute
 from toolkit.bench.prompts import BenchRequest, PromptSource
 from toolkit.bench.runner import run_level
-from toolkit.client import HELD_BACK_MIN_SILENCE, OpenAIClient, RequestRecord, _stale_connection
+from toolkit.check.client import HELD_BACK_MIN_SILENCE, OpenAIClient, RequestRecord, _stale_connection
 
 
 def chat(base_url, content="hello", **kwargs):

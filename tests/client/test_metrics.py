@@ -6,7 +6,7 @@ import random
 import pytest
 
 from toolkit.bench.metrics import compute, percentile
-from toolkit.client import RequestRecord
+from toolkit.check.client import RequestRecord
 
 
 def done(ttft, arrivals, latency, completion, prompt, events=None, chars=None):

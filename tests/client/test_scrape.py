@@ -1,4 +1,4 @@
-"""Reading SGLang's /metrics (toolkit/scrape.py) on the body SGLang 0.5.11 served on the H200 run
+"""Reading SGLang's /metrics (toolkit/server/scrape.py) on the body SGLang 0.5.11 served on the H200 run
 (docs/evidence/metrics/metrics-final.txt, as it came and with values set: tests/client/
 sglang_metrics.py), and the shapes bench and watch take from it."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from toolkit import scrape, wheels
+from toolkit.server import scrape
+from toolkit.patch import wheels
 
 from .sglang_info import server_info
 from .sglang_metrics import CAPTURE, READ, capture, metrics_text

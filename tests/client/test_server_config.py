@@ -12,8 +12,8 @@ import contextlib
 from toolkit.bench import serverconfig
 from toolkit.bench.prompts import PromptSource
 from toolkit.bench.runner import BenchOptions, ServedProfile, run_sweep
-from toolkit.inventory import Host
-from toolkit.profiles import resolve
+from toolkit.core.inventory import Host
+from toolkit.server.profiles import resolve
 
 from . import sglang_info
 

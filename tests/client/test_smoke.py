@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tests.client import sglang_info
-from toolkit.smoke import (CHECK_NAMES, STALL_FLOOR_S, STREAM_MIN_TOKENS, burst_size, run_smoke,
+from toolkit.check.smoke import (CHECK_NAMES, STALL_FLOOR_S, STREAM_MIN_TOKENS, burst_size, run_smoke,
                            scan_log)
 
 SHORT = 32

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import wheels
+from toolkit.patch import wheels
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHSET = REPO / "patchsets" / "dyn-disable"

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.client.sglang_metrics import metrics_text
-from toolkit import dashboard, scrape
+from toolkit.server import dashboard, scrape
 
 from .conftest import PATCHSET, load_by_path, tree_with
 
@@ -137,7 +137,7 @@ def test_invoke_server_dashboard(synthetic, tmp_path):
     import subprocess
     import sys
 
-    from toolkit.paths import PROJECT_ROOT
+    from toolkit.core.paths import PROJECT_ROOT
 
     def invoke(*args):
         return subprocess.run([sys.executable, "-m", "invoke", "server", "dashboard", *args], cwd=PROJECT_ROOT,

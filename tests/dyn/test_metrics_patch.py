@@ -15,7 +15,8 @@ import types
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from toolkit import patchsets, scrape
+from toolkit.patch import patchsets
+from toolkit.server import scrape
 
 from .conftest import PATCHSET, RELEASES, load_by_path, method_source, stub_modules, tree_with
 

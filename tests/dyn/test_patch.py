@@ -21,7 +21,7 @@ from tests.dyn.conftest import (
     touched_paths,
     tree_with,
 )
-from toolkit import patchsets, wheels
+from toolkit.patch import patchsets, wheels
 
 POLICY = "sglang/srt/speculative/dyn_disable.py"
 RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"

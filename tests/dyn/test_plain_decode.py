@@ -28,7 +28,7 @@ import pytest
 
 from tests.dyn.conftest import (PATCHSET, function_source, load_by_path, method_source, public_attrs,
                                 stub_modules)
-from toolkit import wheels
+from toolkit.patch import wheels
 
 
 def only(release):

@@ -38,7 +38,7 @@ def plan(crossings):
 
 
 def smoke_result(longest_s, stalled):
-    """What dyn_device.run_smoke returns, with the smoke's burst_gaps (toolkit/smoke.py)."""
+    """What dyn_device.run_smoke returns, with the smoke's burst_gaps (toolkit/check/smoke.py)."""
     return {"ok": not stalled, "burst_gaps": {"longest_s": longest_s, "median_s": 0.02, "bound_s": 2.0,
                                               "stalled": stalled, "gaps": 400, "judged": True},
             "checks": [{"check": "stream", "status": "pass", "seconds": 1.0, "detail": ""},

@@ -10,7 +10,7 @@ import pytest
 from tests.client.sglang_metrics import CAPTURE, capture
 from tests.dyn.conftest import PATCHSET, load_by_path, tree_with
 
-from toolkit import scrape
+from toolkit.server import scrape
 
 from .scripts import load_gpu_script
 

@@ -75,7 +75,7 @@ def test_target_loads_with_transformers_and_tokenizer_has_the_chat_template(pair
 
 
 def _wheel_source(name):
-    from toolkit import wheels
+    from toolkit.patch import wheels
     w = wheels.pristine("sglang", "0.5.11")
     with zipfile.ZipFile(w.path) as z:
         return z.read(f"sglang/srt/models/{name}").decode()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import wheels
-from toolkit.inventory import resolve_hosts
+from toolkit.patch import wheels
+from toolkit.core.inventory import resolve_hosts
 
 DATA = Path(__file__).parent / "data" / "patchsets"
 GOOD = ("one-file", "pair-base", "pair-top", "twenty", "clash", "three")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from toolkit import hostrun
-from toolkit.inventory import Host
+from toolkit.core import hostrun
+from toolkit.core.inventory import Host
 
 CHECKPOINT = '''
 def checkpoint(point, _at=%(at)r, _action=%(action)r, _pidfile=%(pidfile)r, _release=%(release)r, _code=%(code)r):

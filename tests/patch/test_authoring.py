@@ -6,7 +6,7 @@ import tomllib
 import git
 import pytest
 
-from toolkit import authoring, patching, wheels
+from toolkit.patch import authoring, patching, wheels
 
 from .conftest import sha256
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import hostrun, patching
-from toolkit.transport import TransportError
+from toolkit.core import hostrun
+from toolkit.patch import patching
+from toolkit.core.transport import TransportError
 
 from .conftest import sha256
 from .faults import armed
@@ -159,8 +160,8 @@ def test_ssh_connection_cut_mid_apply(host, site, patchsets_dir, sglang_wheel, s
 HOLDER = """
 import dataclasses, sys
 from tests.patch.faults import armed
-from toolkit import patching
-from toolkit.inventory import resolve_hosts
+from toolkit.patch import patching
+from toolkit.core.inventory import resolve_hosts
 host = dataclasses.replace(resolve_hosts("sandbox")[0], venv=sys.argv[1])
 with armed("after-backups", action="sleep:120", pidfile=sys.argv[2], release=sys.argv[3]):
     print(patching.apply(host, "twenty").changed)

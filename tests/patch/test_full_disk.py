@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import patching
+from toolkit.patch import patching
 
 from .conftest import VERSION, sha256
 from .faults import armed

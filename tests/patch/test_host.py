@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import patching
-from toolkit.patchsets import PatchsetError
+from toolkit.patch import patching
+from toolkit.patch.patchsets import PatchsetError
 
 from .conftest import sha256
 
@@ -166,7 +166,7 @@ def test_unknown_patchset_and_bare_site_dir(host, host_venv, site, patchsets_dir
 
 
 def test_local_host_without_ssh(host_venv, site, patchsets_dir, sglang_wheel):
-    from toolkit.inventory import Host
+    from toolkit.core.inventory import Host
 
     local = Host(name="local", transport="local", venv=str(host_venv))
     applied = patching.apply(local, "three")

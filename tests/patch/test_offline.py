@@ -5,8 +5,9 @@ import zipfile
 
 import pytest
 
-from toolkit import compiler, hostrun, patching, patchsets, wheels
-from toolkit.patchsets import PatchsetError
+from toolkit.patch import compiler, patching, patchsets, wheels
+from toolkit.core import hostrun
+from toolkit.patch.patchsets import PatchsetError
 
 from .conftest import DATA, GOOD, add_patchset
 

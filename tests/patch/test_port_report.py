@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from unidiff import PatchSet
 
-from toolkit import authoring, porting
+from toolkit.patch import authoring, porting
 
 from .conftest import VERSION
 

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import paths, patching, patchsets
+from toolkit.core import paths
+from toolkit.patch import patching, patchsets
 
 from .conftest import NEWEST, NEXT
 
@@ -22,7 +23,7 @@ def test_the_whole_stack_compiles_and_byte_compiles(real_patchsets):
     result = patching.check()
     assert result.ok, result.error
     known = patching.load_patchsets()
-    from toolkit import compiler
+    from toolkit.patch import compiler
 
     stack = patchsets.sort_stack(known, known)
     image = compiler.compile_stack([known[n] for n in stack], known[stack[0]].versions[0])

@@ -14,7 +14,7 @@ import git
 import pytest
 from unidiff import PatchSet
 
-from toolkit import authoring, compiler, patching, patchsets, porting
+from toolkit.patch import authoring, compiler, patching, patchsets, porting
 
 from .conftest import DATA, NEXT, VERSION, sha256
 
@@ -176,7 +176,7 @@ def test_provision_moves_a_host_between_releases_and_patchsets_follow(release_ca
     import dataclasses
 
     from tests.provision.conftest import pip_env, sandbox_with_venv
-    from toolkit import facts, provision, stack
+    from toolkit.provision import facts, provision, stack
 
     host = sandbox_with_venv(tmp_path / "host" / "venv")
     stacks = {v: stack.load(name) for v, name in ((VERSION, "cpu-ref"), (NEXT, "cpu-ref-0.5.17"))}
@@ -210,7 +210,8 @@ def test_each_gpu_stack_pins_what_its_sglang_wheel_requires(stack_name, torch):
     """torch, sglang-kernel and flashinfer-python as the release's own METADATA pins them (the stack adds
     the CUDA build label to torch), and a stack Python its wheel accepts. torch 2.11.0 is the GPU
     machine's image, so 0.5.11 and 0.5.17 can run there; 0.5.23 needs torch 2.14.1."""
-    from toolkit import stack, wheels
+    from toolkit.provision import stack
+    from toolkit.patch import wheels
 
     loaded = stack.load(stack_name)
     pins = {p.name: p for p in loaded.pins}
@@ -230,7 +231,7 @@ def test_each_gpu_stack_pins_what_its_sglang_wheel_requires(stack_name, torch):
 def test_each_cpu_reference_stack_holds_its_gpu_stacks_release(cpu, gpu):
     """The sandbox's stack of a release patches the same SGLang and reads the same FlashInfer (the sm120
     gate's trtllm_comm majors) as that release's GPU stack, on a Python the release accepts."""
-    from toolkit import stack
+    from toolkit.provision import stack
 
     cpu_stack, gpu_stack = stack.load(cpu), stack.load(gpu)
     cpu_pins, gpu_pins = ({p.name: p.version for p in s.pins} for s in (cpu_stack, gpu_stack))

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import hostrun, patching
-from toolkit.inventory import Host
-from toolkit.transport import LocalTransport
+from toolkit.core import hostrun
+from toolkit.patch import patching
+from toolkit.core.inventory import Host
+from toolkit.core.transport import LocalTransport
 
 from .conftest import _private_copy, sha256
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import hostrun, patching
-from toolkit.transport import LocalTransport
+from toolkit.core import hostrun
+from toolkit.patch import patching
+from toolkit.core.transport import LocalTransport
 
 from .conftest import sha256
 from .faults import armed

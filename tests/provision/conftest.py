@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import paths, provision, sandbox, stack, wheelhouse
-from toolkit.inventory import Host, resolve_hosts
+from toolkit.core import paths, sandbox
+from toolkit.provision import provision, stack, wheelhouse
+from toolkit.core.inventory import Host, resolve_hosts
 
 
 def pip_env() -> dict[str, str]:

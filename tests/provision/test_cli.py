@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from toolkit import paths
+from toolkit.core import paths
 
 
 @pytest.fixture

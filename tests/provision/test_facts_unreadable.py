@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import facts, provision, stack
-from toolkit.inventory import Host
-from toolkit.transport import LocalTransport
+from toolkit.provision import facts, provision, stack
+from toolkit.core.inventory import Host
+from toolkit.core.transport import LocalTransport
 
 RUNUSER = shutil.which("runuser")   # looked up before a test narrows PATH
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import facts, provision, stack
-from toolkit.provision import ProvisionError
+from toolkit.provision import facts, provision, stack
+from toolkit.provision.provision import ProvisionError
 
 from .conftest import pip_env
 
@@ -95,7 +95,7 @@ def test_facts_of_a_missing_venv(tmp_path, no_gpu):
 
 
 def _local():
-    from toolkit.inventory import Host
+    from toolkit.core.inventory import Host
     return Host(name="local-test", transport="local", stack="cpu-ref")
 
 
@@ -227,7 +227,7 @@ def test_facts_table_agrees_with_provision_on_an_unlabelled_cuda_torch(staged_si
     import subprocess
     import sys
 
-    from toolkit.paths import PROJECT_ROOT
+    from toolkit.core.paths import PROJECT_ROOT
 
     fake_gpu()
     _install_fake_torch(staged_site, "2.11.0", CUDA_13_VERSION_PY)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import facts
+from toolkit.provision import facts
 from toolkit.hostside import facts as hostside
-from toolkit.inventory import Host
-from toolkit.paths import PROJECT_ROOT
+from toolkit.core.inventory import Host
+from toolkit.core.paths import PROJECT_ROOT
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi" / "interconnect"
 

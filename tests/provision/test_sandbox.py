@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import facts, patching, provision, stack
-from toolkit.stack import Pin, Step
+from toolkit.provision import facts, provision, stack
+from toolkit.patch import patching
+from toolkit.provision.stack import Pin, Step
 
 from .conftest import closed_port, pip_env
 

@@ -5,8 +5,8 @@ from importlib import resources
 
 import pytest
 
-from toolkit import stack
-from toolkit.stack import StackError, version_matches
+from toolkit.provision import stack
+from toolkit.provision.stack import StackError, version_matches
 
 
 def test_gpu_stack_pins_the_whole_release():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import wheelhouse
-from toolkit.stack import normalize
+from toolkit.provision import wheelhouse
+from toolkit.provision.stack import normalize
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +53,8 @@ def test_platform_tags_expand_to_older_manylinux():
 def test_host_wheel_list_hashes_each_wheel_once_and_again_when_it_changes(tmp_path):
     import hashlib
 
-    from toolkit import hostrun
-    from toolkit.transport import LocalTransport
+    from toolkit.core import hostrun
+    from toolkit.core.transport import LocalTransport
 
     wheel = tmp_path / "a-1.0-py3-none-any.whl"
     wheel.write_bytes(b"first")

@@ -17,9 +17,11 @@ import pytest
 
 from tests.conftest import free_port
 from tests.server.conftest import ref_model, ssh_host  # noqa: F401 (fixtures)
-from toolkit import rollout, server, wheels
-from toolkit.inventory import Host
-from toolkit.paths import PROJECT_ROOT
+from toolkit import rollout
+from toolkit.server import server
+from toolkit.patch import wheels
+from toolkit.core.inventory import Host
+from toolkit.core.paths import PROJECT_ROOT
 
 DATA = Path(__file__).parent / "data" / "patchsets"
 SERVE_FILE = "transformers/cli/serving/server.py"

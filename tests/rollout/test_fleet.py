@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from toolkit import patching, rollout, server
+from toolkit.patch import patching
+from toolkit import rollout
+from toolkit.server import server
 from toolkit.rollout import Change, Options
 
 from .conftest import SERVE_FILE, SMOKE_TOKENS, invoke_cli, sha256, site_of, write_inventory

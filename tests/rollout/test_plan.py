@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from toolkit import patchsets
-from toolkit.paths import PATCHSETS_DIR
+from toolkit.patch import patchsets
+from toolkit.core.paths import PATCHSETS_DIR
 from toolkit.rollout import (Change, HostResult, Probe, compare_bench, describe_state, fleet_stop, plan_host,
                              waves)
 
@@ -152,8 +152,8 @@ def test_describe_state(phase, state):
 
 def test_the_gpu_broken_patchset_compiles_onto_the_pristine_release(monkeypatch):
     """gpu/patchsets/naive-bypass (the user's hand-made bypass, rolled out on the H200 to be rolled back)."""
-    from toolkit import patching
-    from toolkit.paths import PROJECT_ROOT
+    from toolkit.patch import patching
+    from toolkit.core.paths import PROJECT_ROOT
 
     monkeypatch.setenv("TOOLKIT_PATCHSETS", str(PROJECT_ROOT / "gpu" / "patchsets"))
     report = patching.check("naive-bypass")
@@ -179,7 +179,7 @@ def test_a_rollback_claimed_after_a_request_records_the_phase_the_rollout_had_re
     rollout was interrupted: the guard claims it from "rollback-requested", the record says "restarted"."""
     import types
 
-    from toolkit import hostrun
+    from toolkit.core import hostrun
     # the host library as it travels: with what it uses (`# hostrun-uses:`) in one script
     lib = types.ModuleType("rollout_hostlib")
     exec(compile(hostrun.script_source("rollout_hostlib"), "rollout_hostlib", "exec"), lib.__dict__)

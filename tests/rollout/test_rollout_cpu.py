@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import patching, rollout, server
-from toolkit.paths import PROJECT_ROOT
+from toolkit.patch import patching
+from toolkit import rollout
+from toolkit.server import server
+from toolkit.core.paths import PROJECT_ROOT
 from toolkit.rollout import Change, Options
 
 from .conftest import (SERVE_FILE, SMOKE_TOKENS, guard_gone, invoke_cli, sha256, site_of, wait_final,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from toolkit import server
-from toolkit.inventory import Host, resolve_hosts
-from toolkit.paths import cache_dir
+from toolkit.server import server
+from toolkit.core.inventory import Host, resolve_hosts
+from toolkit.core.paths import cache_dir
 
 HERE = Path(__file__).resolve().parent
 NVIDIA_SMI_DATA = HERE.parent / "data" / "nvidia-smi"

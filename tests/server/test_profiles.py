@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from toolkit import profiles, server
-from toolkit.inventory import Host
+from toolkit.server import profiles, server
+from toolkit.core.inventory import Host
 
 GPU_HOST = Host(name="blackwell-01", address="blackwell-01.example", venv="/opt/sglang/venv", gpus=8,
                 server={"model": "/models/Kimi-K2.5", "draft_model": "/models/Kimi-K2.5-eagle3"})
@@ -69,7 +69,7 @@ def patch_default_hysteresis(threshold):
     import tempfile
     from pathlib import Path
 
-    from toolkit import wheels
+    from toolkit.patch import wheels
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["git", "apply", "-p1", "--include=sglang/srt/speculative/dyn_disable.py",
                         str(Path("patchsets/dyn-disable/0.5.11/0001-dyn-disable.patch").resolve())],
@@ -194,7 +194,7 @@ def test_a_profile_that_needs_the_venv_says_so_on_a_host_without_one():
 
 def test_sglang_profiles_use_flags_and_env_that_sglang_0_5_11_knows():
     # Read from the real pinned wheel (no import: SGLang needs a GPU stack to import).
-    from toolkit import wheels
+    from toolkit.patch import wheels
 
     wheel = wheels.pristine("sglang", "0.5.11")
     server_args = wheel.read("sglang/srt/server_args.py").decode()

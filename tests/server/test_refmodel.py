@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import refmodel
+from toolkit.server import refmodel
 
 SOURCE = Path(refmodel.__file__)
 
@@ -60,5 +60,5 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_reference_model(tmp_path):
 def test_refmodel_imports_nothing_from_the_toolkit():
     # It is sent alone to hosts; an import of a sibling module would fail there.
     text = SOURCE.read_text()
-    assert "from toolkit" not in text.replace("from toolkit.refmodel", "")
+    assert "from toolkit" not in text.replace("from toolkit.server.refmodel", "")
     assert "from ." not in text

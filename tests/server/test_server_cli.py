@@ -129,8 +129,8 @@ def test_errors_quoting_log_lines_are_printed_verbatim(capsys):
     # Server errors quote log text such as "[2026-01-01 10:00:00 TP3]" or "[/x]": not console markup.
     from invoke.exceptions import Exit
 
-    from toolkit.inventory import Host
-    from toolkit.parallel import HostOutcome
+    from toolkit.core.inventory import Host
+    from toolkit.core.parallel import HostOutcome
     from toolkit_cli.server import finish
 
     message = "never printed: TP3: [2026-01-01 10:00:00 TP3] done [/x]"

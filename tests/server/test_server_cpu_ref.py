@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.server.conftest import process_alive
-from toolkit import server
+from toolkit.server import server
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from toolkit import server
+from toolkit.server import server
 
 
 def starting_line(state) -> str:

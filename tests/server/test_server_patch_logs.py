@@ -21,8 +21,8 @@ import pytest
 
 from tests.conftest import free_port
 from tests.patch.conftest import base_venv, sglang_wheel  # noqa: F401  (fixtures: the real wheel in a venv)
-from toolkit.inventory import resolve_hosts
-from toolkit.paths import PROJECT_ROOT
+from toolkit.core.inventory import resolve_hosts
+from toolkit.core.paths import PROJECT_ROOT
 
 FIXTURE_PATCHSETS = Path(__file__).parent / "data" / "patchsets"
 PRINTED = ["[TP0,TP1] print-lines fixture: on every rank", "[TP1] print-lines fixture: only rank 1"]

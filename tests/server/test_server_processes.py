@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from toolkit import server
+from toolkit.server import server
 
 
 GROUP_MEMBERS = """

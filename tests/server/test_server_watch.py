@@ -16,8 +16,8 @@ import pytest
 
 from tests.client.sglang_metrics import metrics_text
 from tests.client.sglang_info import server_info
-from toolkit import server
-from toolkit.watch import HostWatch, poll_once
+from toolkit.server import server
+from toolkit.server.watch import HostWatch, poll_once
 
 from .conftest import FAKE_SERVER, process_alive
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.dyn.conftest import load_by_path, touched_paths
-from toolkit import facts as facts_engine
-from toolkit import wheels
+from toolkit.provision import facts as facts_engine
+from toolkit.patch import wheels
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = ("0.5.11", "0.5.17", "0.5.23")   # every release patchsets/sm120/ has a diff for

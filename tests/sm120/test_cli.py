@@ -16,8 +16,8 @@ import pytest
 
 from tests.patch.conftest import _private_copy, base_venv, host_venv, sglang_wheel, site  # noqa: F401  (fixtures)
 from tests.patch.conftest import newest_base_venv, newest_wheel  # noqa: F401  (fixtures)
-from toolkit import wheels
-from toolkit.paths import PROJECT_ROOT
+from toolkit.patch import wheels
+from toolkit.core.paths import PROJECT_ROOT
 
 SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi" / "interconnect"
 

@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from toolkit import sm120_gates
+from toolkit.patch import sm120_gates
 
 from .conftest import CASES, RULE, case_env, facts_for
 
@@ -66,7 +66,8 @@ def test_each_gpu_stacks_flashinfer_decides_the_fusion_on_a_p2p_sm120_host(stack
     """The jit/comm.py of the FlashInfer each GPU stack pins (the real wheel), read as the patched server
     and `invoke facts` read it: only 0.5.23's FlashInfer 0.7.2 builds trtllm_comm for SM12x (first in
     0.6.17), so only there does an SM120 host with P2P between every pair get the fusion."""
-    from toolkit import stack, wheels
+    from toolkit.provision import stack
+    from toolkit.patch import wheels
 
     version = {p.name: p.version for p in stack.load(stack_name).pins}["flashinfer-python"]
     text = wheels.pristine("flashinfer-python", version).read("flashinfer/jit/comm.py").decode()

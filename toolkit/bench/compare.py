@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .outputs import load_records, median_by_level
+from toolkit.bench.outputs import load_records, median_by_level
 
 # (metric key, heading) shown by compare, one table each.
 COMPARED = (("output_throughput", "output tok/s"),

@@ -12,8 +12,8 @@ going down) leaves the change out and keeps the two readings.
 """
 from __future__ import annotations
 
-from .. import scrape
-from ..client import ClientError, OpenAIClient
+from toolkit.server import scrape
+from toolkit.check.client import ClientError, OpenAIClient
 
 
 async def reading(base_url: str) -> dict | None:

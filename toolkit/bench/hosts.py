@@ -12,10 +12,10 @@ import posixpath
 import shlex
 from typing import Callable, Iterator
 
-from .. import profiles, server
-from ..inventory import Host
-from . import serverconfig
-from .runner import BenchError, ServedProfile
+from toolkit.server import profiles, server
+from toolkit.core.inventory import Host
+from toolkit.bench import serverconfig
+from toolkit.bench.runner import BenchError, ServedProfile
 
 FACT_PACKAGES = ["sglang", "sglang-kernel", "torch", "flashinfer-python", "transformers", "vllm"]
 SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
@@ -151,7 +151,7 @@ class RunningOnHost:
 def host_facts(host: Host, note: Callable[[str], None] = lambda text: None) -> dict:
     """The host and its stack's versions for the records; a bare entry (and a note) if unavailable."""
     try:
-        from .. import facts as facts_mod
+        from toolkit.provision import facts as facts_mod
 
         gathered = facts_mod.gather(host, extra_packages=FACT_PACKAGES)
     except Exception as exc:   # facts are a bonus in the record, never a reason to fail

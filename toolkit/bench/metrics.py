@@ -2,7 +2,7 @@
 
 - TTFT: request start to the first arrival of content (or reasoning).
 - ITL: every gap between consecutive arrivals of content, pooled over requests. An arrival is
-  what one network read brought (toolkit/client.py): events that came together reach a
+  what one network read brought (toolkit/check/client.py): events that came together reach a
   streaming user together, so they make one arrival and no zero gap; an arrival (and an event)
   may carry several tokens, e.g. with speculative decoding. sglang.bench_serving and `vllm
   bench serve` time every event as their parser reaches it, which turns events that arrived
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..client import RequestRecord
+from toolkit.check.client import RequestRecord
 
 PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p99", 99.0))
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

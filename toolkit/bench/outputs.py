@@ -8,7 +8,7 @@ import os
 import statistics
 from pathlib import Path
 
-from .metrics import LATENCY_METRICS, PERCENTILES
+from toolkit.bench.metrics import LATENCY_METRICS, PERCENTILES
 
 JSONL_NAME = "results.jsonl"
 CSV_NAME = "results.csv"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .outputs import median_by_level
+from toolkit.bench.outputs import median_by_level
 
 
 def _series(records: list[dict], label_of) -> dict[str, list[tuple[int, float | None, float | None]]]:

@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from .outputs import median_by_level
+from toolkit.bench.outputs import median_by_level
 
 METRIC = "output_throughput"
 PAIRS = (("eagle3", "eagle3-dyn"), ("eagle3-v2", "eagle3-v2-dyn"))

@@ -21,11 +21,11 @@ from typing import Callable, ContextManager, Iterator, Protocol
 
 import aiohttp
 
-from ..client import OpenAIClient, RequestRecord
-from . import dynlevel
-from . import metrics as metrics_mod
-from . import serverconfig
-from .prompts import BenchRequest, PromptError, PromptSource, SyntheticCalibration, calibration_prompts
+from toolkit.check.client import OpenAIClient, RequestRecord
+from toolkit.bench import dynlevel
+from toolkit.bench import metrics as metrics_mod
+from toolkit.bench import serverconfig
+from toolkit.bench.prompts import BenchRequest, PromptError, PromptSource, SyntheticCalibration, calibration_prompts
 
 SCHEMA = 2          # 2: server config keys (serverconfig), stream-shape metrics, arrivals-based ITL
 CALIBRATION_CONCURRENCY = 8

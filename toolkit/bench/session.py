@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import profiles as profiles_mod
-from .. import server, stack
-from ..inventory import Host, InventoryError, load_inventory
-from . import recommend as recommend_mod
-from .hosts import HostServers, RunningOnHost, host_facts
-from .outputs import OutputError, RunWriter, load_records
-from .plot import plot_throughput
-from .runner import (BenchError, BenchOptions, RunningServer, ServerControl, SweepListener, new_run_id,
+from toolkit.server import profiles as profiles_mod
+from toolkit.server import server
+from toolkit.provision import stack
+from toolkit.core.inventory import Host, InventoryError, load_inventory
+from toolkit.bench import recommend as recommend_mod
+from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
+from toolkit.bench.outputs import OutputError, RunWriter, load_records
+from toolkit.bench.plot import plot_throughput
+from toolkit.bench.runner import (BenchError, BenchOptions, RunningServer, ServerControl, SweepListener, new_run_id,
                      run_sweep)
 
 GPU_PROFILES = ("baseline", "eagle3", "eagle3-dyn")

@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from toolkit import authoring  # noqa: E402
+from toolkit.patch import authoring  # noqa: E402
 
 TWENTY = [
     "sglang/srt/utils/aio_rwlock.py", "sglang/srt/utils/bench_utils.py", "sglang/srt/utils/custom_op.py",

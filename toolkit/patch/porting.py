@@ -31,9 +31,9 @@ from pathlib import Path
 import git
 from unidiff import PatchSet as UniPatchSet
 
-from . import authoring, patching, patchsets, wheels
-from .authoring import BASE_TAG, AuthoringError
-from .patchsets import PatchsetError
+from toolkit.patch import authoring, patching, patchsets, wheels
+from toolkit.patch.authoring import BASE_TAG, AuthoringError
+from toolkit.patch.patchsets import PatchsetError
 
 OLD_TAG = "toolkit-port-old"
 OLD_BASE_TAG = "toolkit-port-old-base"

@@ -3,7 +3,7 @@
 A `HostWatch` keeps, per host, one SSH connection for the server's status (profile, patch stack,
 whether its process and each TP rank's scheduler process live: one round trip per poll) and one
 forward to the server (`server.endpoint`, the tunnel smoke and bench use), through which it reads
-`/health`, SGLang's Prometheus `/metrics` (`toolkit.scrape`) and `/server_info` (the dyn-disable
+`/health`, SGLang's Prometheus `/metrics` (`toolkit.server.scrape`) and `/server_info` (the dyn-disable
 switch where the server exports no metrics, and the mean acceptance length since start). A
 failure at any point gives a view that says `down` or `unreachable` and why; the next poll
 connects again. Nothing here prints.
@@ -15,9 +15,9 @@ import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import scrape, server
-from .client import ClientError, OpenAIClient
-from .inventory import Host
+from toolkit.server import scrape, server
+from toolkit.check.client import ClientError, OpenAIClient
+from toolkit.core.inventory import Host
 
 HTTP_TIMEOUT = 5.0
 
@@ -184,7 +184,7 @@ class HostWatch:
 
 def poll_once(hosts: list[Host]) -> list[HostView]:
     """One poll of every host (for --once), connections closed after."""
-    from .parallel import for_each_host
+    from toolkit.core.parallel import for_each_host
 
     def one(host: Host) -> HostView:
         watch = HostWatch(host)

@@ -14,7 +14,7 @@ import base64
 import json
 from importlib import resources
 
-from .transport import CommandResult, Transport
+from toolkit.core.transport import CommandResult, Transport
 
 RESULT_MARKER = "@@TOOLKIT-RESULT@@"
 USES_PREFIX = "# hostrun-uses:"

@@ -12,7 +12,7 @@ and runs to `max_tokens`, which is what smoke tests and benchmarks need.
 This file must run on its own on a host (sent over SSH as `python - OUT_DIR`), so it
 imports nothing from `toolkit`: the standard library plus torch, transformers, tokenizers.
 
-    python -m toolkit.refmodel OUT_DIR [--seed N]
+    python -m toolkit.server.refmodel OUT_DIR [--seed N]
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def make_model(out_dir, *, seed: int = 0) -> Path:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m toolkit.refmodel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m toolkit.server.refmodel", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="folder to write the model to (created; reused when current)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
     options = parser.parse_args(argv)

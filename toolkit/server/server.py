@@ -34,10 +34,11 @@ from typing import Callable, Iterator
 
 import jinja2
 
-from . import paths, profiles
-from .hostrun import HostScriptError, run_script
-from .inventory import Host
-from .transport import SSHTransport, Transport, TransportError
+from toolkit.core import paths
+from toolkit.server import profiles
+from toolkit.core.hostrun import HostScriptError, run_script
+from toolkit.core.inventory import Host
+from toolkit.core.transport import SSHTransport, Transport, TransportError
 
 DEFAULT_TIMEOUT = 900.0     # SGLang with a large model and CUDA graphs takes minutes
 DEFAULT_KEEP_LOGS = 20      # per profile; older logs are removed at the next start (server.keep_logs)
@@ -231,7 +232,7 @@ def missing_paths(host: Host, launches: list[profiles.LaunchPlan], overrides: di
 def log_prefixes() -> dict[str, dict[str, list[str]]]:
     """{"print_prefixes": {patchset: [prefix, ...]}, "refuse_prefixes": {...}} from the `[logs]
     print` and `refuse` lists of the patchsets in patchsets/ (the host keeps those of its stack)."""
-    from .patchsets import PatchsetError, load_all
+    from toolkit.patch.patchsets import PatchsetError, load_all
 
     try:
         known = load_all()
@@ -285,7 +286,7 @@ def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[st
     if not launch.requires_patchsets:
         return []
     try:
-        from . import patching
+        from toolkit.patch import patching
     except ImportError:
         return [f"patch engine not available: requirement {', '.join(launch.requires_patchsets)} not checked"]
     try:
@@ -569,14 +570,14 @@ def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration
 
 
 def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout: float = 600) -> dict:
-    """Make the tiny reference model on the host inside its venv (toolkit/refmodel.py sent on stdin)."""
+    """Make the tiny reference model on the host inside its venv (toolkit/server/refmodel.py sent on stdin)."""
     from importlib import resources
     import json
 
     if not host.venv and not host.python:
         raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
     target = out_dir or default_model_dir(host)
-    source = resources.files("toolkit").joinpath("refmodel.py").read_text()
+    source = resources.files("toolkit.server").joinpath("refmodel.py").read_text()
     with host.connect() as transport:
         done = transport.run(f"{shlex.quote(host.venv_python)} - {shlex.quote(target)} --seed {int(seed)}",
                              stdin=source, timeout=timeout, env={"HF_HUB_OFFLINE": "1"})

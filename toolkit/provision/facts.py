@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import hostrun
-from .inventory import Host
-from .hostside.facts import describe_installed
-from .stack import Pin, Stack, normalize, version_matches
-from .transport import Transport
+from toolkit.core import hostrun
+from toolkit.core.inventory import Host
+from toolkit.hostside.facts import describe_installed
+from toolkit.provision.stack import Pin, Stack, normalize, version_matches
+from toolkit.core.transport import Transport
 
 
 def host_venv(host: Host, stack: Stack | None) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from unidiff import PatchSet as UniPatchSet
 from unidiff.errors import UnidiffParseError
 
-from . import paths
+from toolkit.core import paths
 
 REQUIRED_KEYS = ("name", "summary", "package", "order")
 OLD_LAYOUT_KEYS = ("versions", "patches")   # the one-release layout: diffs beside patchset.toml

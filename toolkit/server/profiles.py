@@ -23,8 +23,9 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paths, patchsets
-from .inventory import Host
+from toolkit.core import paths
+from toolkit.patch import patchsets
+from toolkit.core.inventory import Host
 
 KINDS = ("sglang", "transformers-serve", "command")
 TOP_LEVEL_KEYS = {

@@ -25,9 +25,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
-from .sandbox import sandbox_port, up_command
-from .transport import LocalTransport, SSHTransport, Transport
+from toolkit.core import paths
+from toolkit.core.sandbox import sandbox_port, up_command
+from toolkit.core.transport import LocalTransport, SSHTransport, Transport
 
 
 class InventoryError(ValueError):

@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import hostrun, wheelhouse as wheelhouse_mod
-from .facts import Facts, gather, host_venv, state_dir
-from .hostrun import HostScriptError
-from .inventory import Host
-from .stack import Stack, Step
-from .transport import Transport
+from toolkit.core import hostrun
+from toolkit.provision import wheelhouse as wheelhouse_mod
+from toolkit.provision.facts import Facts, gather, host_venv, state_dir
+from toolkit.core.hostrun import HostScriptError
+from toolkit.core.inventory import Host
+from toolkit.provision.stack import Stack, Step
+from toolkit.core.transport import Transport
 
 STEP_TIMEOUT = 3600.0
 
@@ -250,7 +251,7 @@ def _check_patches(host: Host, facts: Facts, report: ProvisionReport, note) -> N
         return
     package = state.get("package") or "sglang"
     try:
-        from . import patching
+        from toolkit.patch import patching
     except ImportError:
         report.notes.append(f"patches {', '.join(state['stack'])} were applied to {package}; check them with"
                             f" `invoke patch verify --host {host.name}`")

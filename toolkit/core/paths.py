@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCHSETS_DIR = PROJECT_ROOT / "patchsets"
 HOSTS_DIR = PROJECT_ROOT / "hosts"
 TEMPLATES_DIR = PROJECT_ROOT / "templates"

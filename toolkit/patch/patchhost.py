@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 
-from . import hostrun
-from .inventory import Host
-from .transport import Transport
+from toolkit.core import hostrun
+from toolkit.core.inventory import Host
+from toolkit.core.transport import Transport
 
 DEFAULT_LOCK_TIMEOUT = 30.0
 

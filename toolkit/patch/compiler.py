@@ -21,8 +21,9 @@ from pathlib import Path
 
 import git
 
-from . import paths, wheels
-from .patchsets import Patchset, PatchsetError, check_path
+from toolkit.core import paths
+from toolkit.patch import wheels
+from toolkit.patch.patchsets import Patchset, PatchsetError, check_path
 
 CACHE_FORMAT = 1
 

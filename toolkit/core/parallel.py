@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .inventory import Host
+from toolkit.core.inventory import Host
 
 
 @dataclass

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
-from .client import ClientError, OpenAIClient, RequestRecord
+from toolkit.check.client import ClientError, OpenAIClient, RequestRecord
 
 FIBONACCI_PROMPT = "Write a Python function to compute fibonacci numbers. Be brief."
 CHAT_MAX_TOKENS = 200

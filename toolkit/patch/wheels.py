@@ -17,7 +17,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from . import paths
+from toolkit.core import paths
 
 
 class WheelError(RuntimeError):

@@ -13,10 +13,10 @@ import types
 from dataclasses import dataclass, field
 
 
-from . import facts as facts_engine
-from . import patchsets
-from .inventory import Host
-from .stack import Stack, normalize
+from toolkit.provision import facts as facts_engine
+from toolkit.patch import patchsets
+from toolkit.core.inventory import Host
+from toolkit.provision.stack import Stack, normalize
 
 PATCHSET = "sm120"
 RULE_FILE = "sglang/srt/sm120_gates.py"

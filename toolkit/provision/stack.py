@@ -11,8 +11,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
-from .hostside.facts import version_matches  # noqa: F401  (the one rule, shared with the host side)
+from toolkit.core import paths
+from toolkit.hostside.facts import version_matches  # noqa: F401  (the one rule, shared with the host side)
 
 _STACK_KEYS = {"name", "summary", "python", "venv", "gpu", "min_driver", "cuda", "min_free_gb", "system",
                "indexes", "steps"}

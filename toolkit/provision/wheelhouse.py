@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paths
-from .hostside._lib import sha256_file
-from .stack import Stack
+from toolkit.core import paths
+from toolkit.hostside._lib import sha256_file
+from toolkit.provision.stack import Stack
 
 MANIFEST = "manifest.json"
 

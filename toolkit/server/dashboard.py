@@ -1,5 +1,5 @@
 """The Grafana dashboard of dashboards/sglang-dyn-disable.json drawn into a PNG from a scraped
-`/metrics` time series (JSONL, `toolkit.scrape`; `invoke server watch --record FILE` or
+`/metrics` time series (JSONL, `toolkit.server.scrape`; `invoke server watch --record FILE` or
 gpu/scrape_metrics.py writes one), so docs can show the panels filled from a real run without
 a Grafana.
 
@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import paths, scrape
+from toolkit.core import paths
+from toolkit.server import scrape
 
 DASHBOARD = paths.PROJECT_ROOT / "dashboards" / "sglang-dyn-disable.json"
 WINDOW_S = 60.0

@@ -11,11 +11,11 @@ import base64
 import difflib
 from dataclasses import asdict, dataclass, field
 
-from . import compiler, patchhost, patchsets, wheels
-from .hostside import patch_hostlib
-from .inventory import Host
-from .patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
-from .patchsets import Patchset, PatchsetError
+from toolkit.patch import compiler, patchhost, patchsets, wheels
+from toolkit.hostside import patch_hostlib
+from toolkit.core.inventory import Host
+from toolkit.patch.patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
+from toolkit.patch.patchsets import Patchset, PatchsetError
 
 STATE_FORMAT = 1
 

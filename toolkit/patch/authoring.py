@@ -7,7 +7,7 @@ own patches for that release as commits. The tag `toolkit-base` marks the commit
 NAME's last patch. Edit files there (commit or not, add new files); `refresh(NAME)` exports
 everything since `toolkit-base` as NAME's last patch file of that release
 (`patchsets/NAME/<release>/0001-NAME.patch` for a new one; a new patchset also gets its
-patchset.toml). `toolkit.porting` lays out the same kind of tree for a rebase onto another
+patchset.toml). `toolkit.patch.porting` lays out the same kind of tree for a rebase onto another
 release.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import git
 
-from . import patchsets, paths, wheels
-from .patchsets import PatchsetError
+from toolkit.patch import patchsets, wheels
+from toolkit.core import paths
+from toolkit.patch.patchsets import PatchsetError
 
 DEFAULT_VERSION = "0.5.11"
 BASE_TAG = "toolkit-base"

@@ -1,0 +1,1 @@
+"""Checking a running server: the OpenAI-compatible client and the smoke test."""

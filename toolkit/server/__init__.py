@@ -1,0 +1,1 @@
+"""Server lifecycle: profiles, start/stop, the CPU reference model, /metrics scraping, watch and dashboard."""
