@@ -280,13 +280,16 @@ async def load(s, srv, n, conc, max_tokens):
             "out_tok_per_s": round(sum(toks) / dt, 1)}
 
 
+def make_servers(specs, mem):
+    return [Server(name, pair, 31000 + 10 * (pair == "big") + k, mem) for k, (name, pair) in enumerate(specs)]
+
+
 def start_all(specs, mem, wait_kv=False, stagger=3.0):
     """Start servers one after another. sglang sizes its pools from the memory free
     between two readings around weight loading, so with wait_kv the next server
     starts only once the previous one has allocated its KV cache."""
     servers = []
-    for k, (name, pair) in enumerate(specs):
-        srv = Server(name, pair, 31000 + 10 * (pair == "big") + k, mem)
+    for srv in make_servers(specs, mem):
         srv.start()
         servers.append(srv)
         t0 = time.time()

@@ -21,9 +21,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dyn_device  # noqa: E402
 
 
-async def main(out):
-    tp = int(os.environ.get("SMOKE_TP", "1"))
-    spec = os.environ.get("SMOKE_SERVERS", "clean=baseline,noisy=baseline")
+def make_servers(spec, tp):
+    """label -> server, from SMOKE_SERVERS ("label=profile,...")."""
     servers = {}
     for k, item in enumerate(spec.split(",")):
         label, _, profile = item.partition("=")
@@ -33,6 +32,12 @@ async def main(out):
         if label == "noisy":
             srv.env["PYTHONPATH"] = "/tmp/noisy:" + srv.env["PYTHONPATH"]
         servers[label] = srv
+    return servers
+
+
+async def main(out):
+    tp = int(os.environ.get("SMOKE_TP", "1"))
+    servers = make_servers(os.environ.get("SMOKE_SERVERS", "clean=baseline,noisy=baseline"), tp)
     results = {}
     try:
         for name, srv in servers.items():
