@@ -127,11 +127,8 @@ def checks(metrics: dict, info: dict | None, log: dict, failures: int) -> list[d
 
 
 def make_server(args):
-    srv = dd.Server("eagle3-v2-dyn", args.pair, args.port, args.mem)
-    srv.cmd += ["--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)]
-    if args.tp > 1:
-        srv.cmd += ["--tp-size", str(args.tp)]
-    return srv
+    return dd.Server("eagle3-v2-dyn", args.pair, args.port, args.mem, tp=args.tp,
+                     flags=["--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)])
 
 
 async def main_async(args) -> int:

@@ -93,13 +93,10 @@ def logit_servers(gpus):
 
 
 def memory_server(profile, mem, gpu):
-    srv = Server(group("memory", 2, gpu, mem=mem, kv_tokens=None),
-                 {"profile": profile, "pair": "big", "backend": "triton",
-                  "flags": ["--chunked-prefill-size", "8192"], "label": f"{profile}-{mem:.3f}"}, 0, 8)
-    # size the KV cache from the fraction alone
-    i = srv.cmd.index("--max-total-tokens")
-    del srv.cmd[i:i + 2]
-    return srv
+    # kv_tokens None: the KV cache sized from the fraction alone
+    return Server(group("memory", 2, gpu, mem=mem, kv_tokens=None),
+                  {"profile": profile, "pair": "big", "backend": "triton",
+                   "flags": ["--chunked-prefill-size", "8192"], "label": f"{profile}-{mem:.3f}"}, 0, 8)
 
 
 async def check_sampling(s, gpus):

@@ -26,12 +26,11 @@ def make_servers(spec, tp):
     servers = {}
     for k, item in enumerate(spec.split(",")):
         label, _, profile = item.partition("=")
-        srv = dyn_device.Server(profile, "sharp", 30000 + 10 * k, 0.15)
-        srv.cmd += ["--tp-size", str(tp), "--nccl-port", str(35000 + 10 * k)]
-        srv.env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(tp))
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(tp))}
         if label == "noisy":
-            srv.env["PYTHONPATH"] = "/tmp/noisy:" + srv.env["PYTHONPATH"]
-        servers[label] = srv
+            env["PYTHONPATH"] = dyn_device.site_path("/tmp/noisy")
+        servers[label] = dyn_device.Server(profile, "sharp", 30000 + 10 * k, 0.15, tp=tp,
+                                           flags=["--nccl-port", str(35000 + 10 * k)], env=env)
     return servers
 
 
