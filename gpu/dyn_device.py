@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 

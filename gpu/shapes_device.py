@@ -45,9 +45,10 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
   "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server
   flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
-Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
-(SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
-(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
+Profiles: the product's (profiles/*.toml: baseline; eagle3, the v1 tree; eagle3-dyn; eagle3-v2;
+eagle3-v2-dyn) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, the same with
+SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0), launched through gpu/lab_launch.py as `invoke server start`
+launches them, with the plan's settings as overrides. Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.
 Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and server logs under
