@@ -57,8 +57,10 @@ def _lab_profiles():
 
 
 def _literal(text) -> str:
-    """A value the profile resolver must keep as it is (it fills {placeholders})."""
-    return str(text).replace("{", "{{").replace("}", "}}")
+    """A value the profile resolver must keep as it is (it fills {placeholders}). `{checkout}`
+    names this checkout: the launch script runs in the server's own folder, so a file of the
+    checkout given to a server (e.g. a config in gpu/plans/) needs an absolute path."""
+    return str(text).replace("{checkout}", "\0").replace("{", "{{").replace("}", "}}").replace("\0", str(ROOT))
 
 
 def is_dyn(profile: str) -> bool:

@@ -45,6 +45,8 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
   "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server
   flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
+  A server runs in its own folder (its launch script's), so a file of this checkout is named
+  "{checkout}/gpu/plans/..." in a flag or env value.
 Profiles: the product's (profiles/*.toml: baseline; eagle3, the v1 tree; eagle3-dyn; eagle3-v2;
 eagle3-v2-dyn) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, the same with
 SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0), launched through gpu/lab_launch.py as `invoke server start`

@@ -67,10 +67,14 @@ def hysteresis_default(threshold):
 
 def expected_changes(old_opts, old_env):
     """What the product's launch path adds to the old command line, none of it a change for
-    the server: `--tp-size 1` where the driver left sglang's default (1), and the hysteresis
-    the patch would have chosen itself, now written out by the dyn profiles."""
+    the server: `--tp-size 1` where the driver left sglang's default (1), the hysteresis the
+    patch would have chosen itself, now written out by the dyn profiles, and the checkout's
+    files by absolute path."""
     opts, env = dict(old_opts), dict(old_env)
     opts.setdefault("--tp-size", "1")
+    # a file of the checkout, named relative to the driver's folder (the checkout) before, is
+    # absolute now: the script runs in the server's own folder
+    opts = {f: str(ROOT / v) if isinstance(v, str) and v.startswith("gpu/") else v for f, v in opts.items()}
     if "SGLANG_SPEC_DISABLE_THRESHOLD" in env:
         env.setdefault("SGLANG_SPEC_DISABLE_HYSTERESIS", hysteresis_default(env["SGLANG_SPEC_DISABLE_THRESHOLD"]))
     return opts, env
@@ -102,6 +106,8 @@ def test_only_the_listed_changes_were_needed():
                   and "SGLANG_SPEC_DISABLE_HYSTERESIS" not in v["env"]]
     assert {k.split("/")[0] for k in added_tp} == {"dyn_device", "metrics_device"}
     assert len(added_hyst) == 49
+    relative = [k for k, v in BEFORE.items() if any(a.startswith("gpu/") for a in v["argv"])]
+    assert relative == ["plans/sglang-0517-serves-and-vs-adaptive/peer-0517/2-eagle3-v2-adaptive"]
 
 
 def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
@@ -115,6 +121,7 @@ def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
     (stand_in / "launch_server.py").write_text(
         "import json, os, sys\n"
         "print('ARGS ' + json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),\n"
+        "      'config_readable': os.path.isfile(sys.argv[sys.argv.index('--speculative-adaptive-config') + 1]),\n"
         "      'env': {k: os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'SGLANG_SPEC_DISABLE_THRESHOLD',\n"
         "              'SGLANG_SPEC_DISABLE_HYSTERESIS', 'SGLANG_SIMULATE_ACC_LEN', 'SGLANG_ENABLE_SPEC_V2')}}))\n")
     sys.path.insert(0, str(ROOT / "gpu"))
@@ -122,7 +129,8 @@ def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
     lab = sys.modules["lab_launch"]  # the one the drivers import
     monkeypatch.setattr(lab, "STATE_DIR", str(tmp_path / "state"))
     group = {"name": "g", "index": 3, "gpus": "1", "pair": "kimi", "mem": 0.5}
-    srv = shapes.Server(group, {"profile": "eagle3-v2-dyn"}, 2, 12)
+    srv = shapes.Server(group, {"profile": "eagle3-v2-dyn", "flags": [
+        "--speculative-adaptive-config", "{checkout}/gpu/plans/adaptive-stop-above-8.json"]}, 2, 12)
     log = open(tmp_path / "server.log", "w")
     proc = lab.start(srv.plan, str(tmp_path / "s.launch.sh"), log)
     assert proc.wait(timeout=60) == 0
@@ -131,6 +139,7 @@ def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
     got = json.loads(line[0][5:])
     assert got["argv"] == srv.plan.argv[3:]
     assert got["cwd"] == str(tmp_path / "state" / "server" / "eagle3-v2-dyn")
+    assert got["config_readable"]  # a file of the checkout, found from the server's own folder
     assert got["env"] == {"CUDA_VISIBLE_DEVICES": "1", "SGLANG_SPEC_DISABLE_THRESHOLD": "12",
                           "SGLANG_SPEC_DISABLE_HYSTERESIS": "3", "SGLANG_SIMULATE_ACC_LEN": "2.6",
                           "SGLANG_ENABLE_SPEC_V2": "1"}
