@@ -1,14 +1,15 @@
 """Every server the gpu/ drivers start, built (not started) on the CPU, with its launch line.
 
 `servers()` builds, per driver, the servers its default invocation and each plan in gpu/plans/
-would start (the commands in gpu/README.md), keyed "driver/what/label". Run as a script on the
-commit before the lab drove the product, it wrote tests/gpu/data/launch_before.json (argv with
-the interpreter as {python}, and the environment the driver added); tests/gpu/test_launch_lines.py
-compares today's rendered launch scripts with that record flag by flag.
+would start (the commands in gpu/README.md), keyed "driver/what/label".
+tests/gpu/data/launch_before.json is what the drivers built by hand before they launched through
+the product (argv with the interpreter as {python}, and the environment each driver added): it
+was written by this module's `--record` at commit 75f7976, from those drivers, and its plan keys
+renamed with the plans at e7fcde1. Recording again would record today's launch path against
+itself, so that entry point is gone; tests/gpu/test_launch_lines.py compares today's rendered
+launch scripts with the record flag by flag.
 """
-import argparse
 import json
-import os
 import pathlib
 import sys
 from types import SimpleNamespace
@@ -68,28 +69,3 @@ def servers():
                 srv = shapes.Server(group, spec, k, threshold)
                 out[f"plans/{path.stem}/{group['name']}/{k}-{srv.label}"] = srv
     return out
-
-
-def old_launch(srv):
-    """argv and added environment of a server as the drivers built them before."""
-    argv = [("{python}" if a == sys.executable else a) for a in srv.cmd]
-    env = {k: v for k, v in srv.env.items() if os.environ.get(k) != v}
-    return {"argv": argv, "env": env}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--record", action="store_true", help=f"write {DATA.relative_to(ROOT)}")
-    a = ap.parse_args()
-    os.environ.update(DEVICE_ENV)
-    for var in ("CUDA_VISIBLE_DEVICES", "DYN_THRESHOLD", "SIM_ACC_LEN", "SGLANG_RELEASE"):
-        os.environ.pop(var, None)
-    data = {key: old_launch(srv) for key, srv in servers().items()}
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
-    if a.record:
-        DATA.write_text(text)
-    print(f"{len(data)} servers")
-
-
-if __name__ == "__main__":
-    main()

@@ -60,9 +60,10 @@ def now(tmp_path_factory):
 
 
 def hysteresis_default(threshold):
-    # the patch's own default when SGLANG_SPEC_DISABLE_HYSTERESIS is unset (patchsets/dyn-disable)
-    from toolkit.profiles import default_hysteresis
-    return str(default_hysteresis(int(threshold)))
+    # what the patch's policy module chooses when SGLANG_SPEC_DISABLE_HYSTERESIS is unset
+    from toolkit import patchsets
+    policy = patchsets.added_module("dyn-disable", "sglang/srt/speculative/dyn_disable.py")
+    return str(policy.default_hysteresis(int(threshold)))
 
 
 def expected_changes(old_opts, old_env):
