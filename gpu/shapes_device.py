@@ -140,7 +140,7 @@ class Server(dyn_device.Server):
         self.profiled = False
 
     def meta(self):
-        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+        dyn = self.plan.dyn_threshold is not None
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,

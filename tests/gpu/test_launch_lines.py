@@ -145,3 +145,12 @@ def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
                           "SGLANG_SPEC_DISABLE_HYSTERESIS": "3", "SGLANG_SIMULATE_ACC_LEN": "2.6",
                           "SGLANG_ENABLE_SPEC_V2": "1"}
     assert subprocess.run(["bash", "-n", str(tmp_path / "s.launch.sh")]).returncode == 0
+
+
+def test_the_records_name_the_threshold_the_server_was_started_with(now):
+    """shapes_device's records say threshold N exactly where the old line set SGLANG_SPEC_DISABLE_THRESHOLD=N."""
+    plan_servers = {k: srv for k, (srv, _) in now.items() if hasattr(srv, "meta")}
+    assert len(plan_servers) > 80
+    for key, srv in plan_servers.items():
+        old = BEFORE[key]["env"].get("SGLANG_SPEC_DISABLE_THRESHOLD")
+        assert srv.meta()["threshold"] == (None if old is None else int(old)), key
