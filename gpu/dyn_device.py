@@ -24,13 +24,14 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # toolkit/, for run_smoke
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab_launch  # noqa: E402
 T0 = time.time()
 LOGS = "/tmp/dyn-logs"
 MODELS = "/tmp/models"
@@ -40,17 +41,21 @@ THRESHOLD = int(os.environ.get("DYN_THRESHOLD", "5"))
 OUT_DIR = "/tmp/out"
 
 COMMON = [
-    "--host", "127.0.0.1", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+    "--attention-backend", "triton", "--sampling-backend", "pytorch",
     "--grammar-backend", "none", "--disable-piecewise-cuda-graph", "--random-seed", "0",
     "--max-running-requests", "64", "--cuda-graph-max-bs", "64", "--log-level", "info",
     "--decode-log-interval", "200",
 ]
-V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-      "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
-V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 HARMLESS = re.compile(r"openai_harmony|OpenAIServingResponses")
 ERROR_RE = re.compile(r"Traceback|Error|error:|Exception|CUDA error|core dumped")
+# driver name -> (profile, sglang copy put before SITE on the path); the profiles are the
+# product's (profiles/) or the lab's (gpu/profiles/), resolved by gpu/lab_launch.py
+PROFILES = {
+    "baseline": ("baseline", None), "baseline-nooverlap": ("baseline-nooverlap", None),
+    "eagle3": ("eagle3", None), "eagle3-dyn": ("eagle3-dyn", None),
+    "eagle3-v2": ("eagle3-v2", None), "eagle3-v2-dyn": ("eagle3-v2-dyn", None),
+    "eagle3-stock": ("eagle3", STOCK), "eagle3-naive": ("eagle3", "/tmp/naive"),
+}
 
 
 def el():
@@ -61,65 +66,54 @@ def say(*a):
     print(f"[t={el()}s]", *a, flush=True)
 
 
-def profile(name, pair, mem):
-    """(argv, env, pythonpath) of one server profile; names follow the toolkit's."""
-    t = ["--model-path", f"{MODELS}/target-{pair}"]
-    d = ["--speculative-draft-model-path", f"{MODELS}/draft-{pair}"]
-    extra = ["--load-format", "dummy"] if pair == "big" else []
-    mem_args = ["--mem-fraction-static", str(mem),
-                "--max-total-tokens", "16384" if pair == "big" else "65536"]
-    env = {}
-    pypath = SITE
-    if name == "baseline":
-        args = t
-    elif name == "baseline-nooverlap":  # diagnostic: baseline without the overlap scheduler
-        args = t + ["--disable-overlap-schedule"]
-    elif name in ("eagle3", "eagle3-stock", "eagle3-naive"):
-        args = t + d + V1
-    elif name == "eagle3-dyn":
-        args = t + d + V1
-        env["SGLANG_SPEC_DISABLE_THRESHOLD"] = str(THRESHOLD)
-    elif name == "eagle3-v2":
-        args = t + d + V2
-        env["SGLANG_ENABLE_SPEC_V2"] = "1"
-    elif name == "eagle3-v2-dyn":
-        args = t + d + V2
-        env["SGLANG_ENABLE_SPEC_V2"] = "1"
-        env["SGLANG_SPEC_DISABLE_THRESHOLD"] = str(THRESHOLD)
-    else:
-        raise ValueError(name)
-    if name == "eagle3-stock":
-        pypath = f"{STOCK}:{SITE}"
-    if name == "eagle3-naive":
-        pypath = f"/tmp/naive:{SITE}"
-        env["NAIVE_BYPASS_THRESHOLD"] = str(THRESHOLD)
-    if pair == "big" and name != "baseline":
-        env["SGLANG_SIMULATE_ACC_LEN"] = os.environ.get("SIM_ACC_LEN", "2.6")
-    return COMMON + mem_args + extra + args, env, pypath
+def site_path(first=None):
+    """PYTHONPATH of a server: an sglang copy first (if any), the site, the device's stubs."""
+    extra = os.environ.get("EXTRA_PYTHONPATH", "")
+    return ":".join(p for p in (first, SITE, extra) if p)
 
 
 class Server:
-    def __init__(self, name, pair, port, mem):
+    """One server of a phase, launched through the product's profiles (gpu/lab_launch.py).
+    `flags` and `env` are added to the profile's; the lab's common flags come first."""
+
+    def __init__(self, name, pair, port, mem, tp=1, flags=(), env=None):
         self.name, self.pair, self.port = name, pair, port
         self.base = f"http://127.0.0.1:{port}"
-        argv, env, pypath = profile(name, pair, mem)
-        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port)] + argv
-        self.env = dict(os.environ)
-        self.env.update(env)
-        extra_pp = os.environ.get("EXTRA_PYTHONPATH", "")
-        self.env["PYTHONPATH"] = pypath + (":" + extra_pp if extra_pp else "")
+        profile, first = PROFILES[name]
+        lab_flags = COMMON + ["--mem-fraction-static", str(mem),
+                              "--max-total-tokens", "16384" if pair == "big" else "65536"]
+        if pair == "big":
+            lab_flags += ["--load-format", "dummy"]
+        lab_env = {"PYTHONPATH": site_path(first)}
+        if name == "eagle3-naive":
+            lab_env["NAIVE_BYPASS_THRESHOLD"] = str(THRESHOLD)
+        if pair == "big" and name != "baseline":
+            lab_env["SGLANG_SIMULATE_ACC_LEN"] = os.environ.get("SIM_ACC_LEN", "2.6")
+        lab_env.update(env or {})
+        self.plan = lab_launch.plan(profile, model=f"{MODELS}/target-{pair}", draft=f"{MODELS}/draft-{pair}",
+                                    port=port, tp=tp, flags=lab_flags + list(flags), env=lab_env,
+                                    threshold=THRESHOLD)
+        self.env_shown = {k: v for k, v in self.plan.env.items() if k != "PYTHONPATH"}
         self.log_path = f"{LOGS}/{name}-{pair}.log"
         self.proc = None
-        self.env_shown = {k: v for k, v in env.items()}
 
-    def describe(self):
-        return f"{self.name}/{self.pair} port {self.port}"
+    @property
+    def cmd(self):
+        """The command line the launch script runs."""
+        return self.plan.argv
+
+    @property
+    def env(self):
+        """The environment the server runs with: the driver's, plus what the script exports."""
+        return dict(os.environ, **self.plan.env)
 
     def start(self):
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+        self.proc = lab_launch.start(self.plan, self.log_path[:-len(".log")] + ".launch.sh", self.log)
         say(f"start {self.describe()} env={self.env_shown}")
+
+    def describe(self):
+        return f"{self.name}/{self.pair} port {self.port}"
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -165,9 +159,7 @@ async def run_smoke(srv):
     its burst sized as `invoke smoke` sizes it for the dyn-disable threshold the server was
     started with (none for a server without one): {"ok", "checks"}."""
     from toolkit.check.smoke import burst_size, run_smoke_async
-    threshold = srv.env_shown.get("SGLANG_SPEC_DISABLE_THRESHOLD")
-    result = await run_smoke_async(srv.base, read_log=srv.read_log,
-                                   burst=burst_size(int(threshold) if threshold else None))
+    result = await run_smoke_async(srv.base, read_log=srv.read_log, burst=burst_size(srv.plan.dyn_threshold))
     # burst_gaps: the burst's stall figures, where the smoke reports them (docs/smoke.md)
     return {"ok": result.ok, "burst_gaps": getattr(result, "burst_gaps", None), "checks": [
         {"check": c.name, "status": c.status, "seconds": round(c.seconds, 2), "detail": c.detail}
@@ -280,13 +272,16 @@ async def load(s, srv, n, conc, max_tokens):
             "out_tok_per_s": round(sum(toks) / dt, 1)}
 
 
+def make_servers(specs, mem):
+    return [Server(name, pair, 31000 + 10 * (pair == "big") + k, mem) for k, (name, pair) in enumerate(specs)]
+
+
 def start_all(specs, mem, wait_kv=False, stagger=3.0):
     """Start servers one after another. sglang sizes its pools from the memory free
     between two readings around weight loading, so with wait_kv the next server
     starts only once the previous one has allocated its KV cache."""
     servers = []
-    for k, (name, pair) in enumerate(specs):
-        srv = Server(name, pair, 31000 + 10 * (pair == "big") + k, mem)
+    for srv in make_servers(specs, mem):
         srv.start()
         servers.append(srv)
         t0 = time.time()

@@ -126,16 +126,18 @@ def checks(metrics: dict, info: dict | None, log: dict, failures: int) -> list[d
     return out
 
 
+def make_server(args):
+    return dd.Server("eagle3-v2-dyn", args.pair, args.port, args.mem, tp=args.tp,
+                     flags=["--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)])
+
+
 async def main_async(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     series = os.path.join(args.out, "scrape.jsonl")
     if os.path.exists(series):
         os.remove(series)
     threshold = dd.THRESHOLD
-    srv = dd.Server("eagle3-v2-dyn", args.pair, args.port, args.mem)
-    srv.cmd += ["--enable-metrics", "--decode-log-interval", str(args.decode_log_interval)]
-    if args.tp > 1:
-        srv.cmd += ["--tp-size", str(args.tp)]
+    srv = make_server(args)
     srv.start()
     report = {"threshold": threshold, "pair": args.pair, "tp": args.tp, "cycles": args.cycles,
               "interval_s": args.interval}

@@ -80,11 +80,29 @@ def stop(servers):
         srv.stop()
 
 
+def sampling_server(gpus):
+    return Server(group("sampling", 0, ",".join(gpus[:2]), tp=2, mem=0.2),
+                  {"profile": "eagle3-v2-dyn", "pair": "sharp", "backend": "triton"}, 0, 5)
+
+
+def logit_servers(gpus):
+    flags = ["--enable-custom-logit-processor"]
+    return [Server(group("logit", 1, gpus[0], mem=0.08),
+                   {"profile": p, "pair": "sharp", "backend": "triton", "flags": flags}, i, 5)
+            for i, p in enumerate(["baseline", "eagle3-v2", "eagle3-v2-dyn"])]
+
+
+def memory_server(profile, mem, gpu):
+    # kv_tokens None: the KV cache sized from the fraction alone
+    return Server(group("memory", 2, gpu, mem=mem, kv_tokens=None),
+                  {"profile": profile, "pair": "big", "backend": "triton",
+                   "flags": ["--chunked-prefill-size", "8192"], "label": f"{profile}-{mem:.3f}"}, 0, 8)
+
+
 async def check_sampling(s, gpus):
     if len(gpus) < 2:
         return {"skipped": "needs two GPUs (nvidia-h200-x2)"}
-    srv = Server(group("sampling", 0, ",".join(gpus[:2]), tp=2, mem=0.2),
-                 {"profile": "eagle3-v2-dyn", "pair": "sharp", "backend": "triton"}, 0, 5)
+    srv = sampling_server(gpus)
     rep = {"server": srv.name, "healthy": await up(s, [srv])}
     try:
         before = await server_info(s, srv)
@@ -116,10 +134,7 @@ async def check_sampling(s, gpus):
 
 
 async def check_logit(s, gpus):
-    flags = ["--enable-custom-logit-processor"]
-    servers = [Server(group("logit", 1, gpus[0], mem=0.08),
-                      {"profile": p, "pair": "sharp", "backend": "triton", "flags": flags}, i, 5)
-               for i, p in enumerate(["baseline", "eagle3-v2", "eagle3-v2-dyn"])]
+    servers = logit_servers(gpus)
     rep = {"healthy": await up(s, servers)}
     try:
         from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
@@ -150,12 +165,7 @@ async def check_logit(s, gpus):
 
 
 async def survives(s, profile, mem, gpu):
-    srv = Server(group("memory", 2, gpu, mem=mem, kv_tokens=None),
-                 {"profile": profile, "pair": "big", "backend": "triton",
-                  "flags": ["--chunked-prefill-size", "8192"], "label": f"{profile}-{mem:.3f}"}, 0, 8)
-    # size the KV cache from the fraction alone
-    i = srv.cmd.index("--max-total-tokens")
-    del srv.cmd[i:i + 2]
+    srv = memory_server(profile, mem, gpu)
     try:
         healthy = (await up(s, [srv], timeout=240))[srv.name]
         if healthy is None:

@@ -24,6 +24,9 @@ finish() { tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null; say "done"; }
 trap finish EXIT
 
 . gpu/device_env.sh
+# the drivers launch servers through toolkit.server.profiles (gpu/lab_launch.py), which imports unidiff
+ls .whl2/unidiff-*.whl >/dev/null 2>&1 || python3 -c "import unidiff" 2>/dev/null || {
+  say ".whl2 lacks the unidiff wheel: python3 -m pip download --no-deps -d .whl2 unidiff==1.0.1 (dev machine)"; exit 1; }
 if [ -d /tmp/site/sglang ] && [ ! -d /tmp/site/sglang-$SGLANG_RELEASE.dist-info ]; then
   say "/tmp/site holds another sglang than SGLANG_RELEASE=$SGLANG_RELEASE: rm -rf /tmp/site /tmp/stock /tmp/naive /tmp/fi_ready first"; exit 1
 fi

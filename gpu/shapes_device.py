@@ -45,9 +45,12 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
   "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server
   flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
-Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
-(SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
-(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
+  A server runs in its own folder (its launch script's), so a file of this checkout is named
+  "{checkout}/gpu/plans/..." in a flag or env value.
+Profiles: the product's (profiles/*.toml: baseline; eagle3, the v1 tree; eagle3-dyn; eagle3-v2;
+eagle3-v2-dyn) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, the same with
+SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0), launched through gpu/lab_launch.py as `invoke server start`
+launches them, with the plan's settings as overrides. Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.
 Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and server logs under
@@ -67,6 +70,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
+import lab_launch  # noqa: E402
 import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, run_smoke,
@@ -74,10 +78,6 @@ from dyn_device import (  # noqa: E402
 
 CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
 ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
-V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-      "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
-V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 SWITCH_RE = re.compile(r"^\[[^\]]*?(?: TP(\d+))?\] Dynamic speculation disable: drafting "
                        r"(stopped|resumed) at (\d+) running decode requests \((.*)\)")
 RECORDS = None
@@ -93,7 +93,7 @@ def left():
 class Server(dyn_device.Server):
     """A server of a plan group (start/alive/stop are the first rounds' driver's own)."""
 
-    def __init__(self, group, spec, index, threshold):  # noqa: D107 (no super().__init__: other profiles)
+    def __init__(self, group, spec, index, threshold):  # noqa: D107 (no super().__init__: other ports, names)
         self.group = group
         self.profile = spec["profile"]
         self.pair = spec.get("pair", group.get("pair"))
@@ -106,42 +106,33 @@ class Server(dyn_device.Server):
         self.base = f"http://127.0.0.1:{self.port}"
         mem = spec.get("mem", group.get("mem", 0.8))
         kv = spec.get("kv_tokens", group.get("kv_tokens", 65536))
-        args = ["--model-path", f"{MODELS}/target-{self.pair}", "--host", "127.0.0.1",
-                "--port", str(self.port), "--nccl-port", str(self.port + 5000),
-                "--attention-backend", self.backend, "--sampling-backend", "pytorch",
-                "--grammar-backend", "none", "--disable-piecewise-cuda-graph",
-                "--random-seed", "0", "--tp-size", str(self.tp),
-                "--max-running-requests", str(group.get("max_running", 64)),
-                "--cuda-graph-max-bs", str(group.get("max_running", 64)),
-                "--mem-fraction-static", str(mem), "--max-total-tokens", str(kv),
-                "--log-level", "info", "--decode-log-interval", "100",
-                "--trust-remote-code"]
+        max_running = str(group.get("max_running", 64))
+        lab_flags = ["--nccl-port", str(self.port + 5000),
+                     "--attention-backend", self.backend, "--sampling-backend", "pytorch",
+                     "--grammar-backend", "none", "--disable-piecewise-cuda-graph", "--random-seed", "0",
+                     "--max-running-requests", max_running, "--cuda-graph-max-bs", max_running,
+                     "--mem-fraction-static", str(mem)]
+        if kv is not None:  # None: the KV cache sized from the memory fraction alone
+            lab_flags += ["--max-total-tokens", str(kv)]
+        lab_flags += ["--log-level", "info", "--decode-log-interval", "100", "--trust-remote-code"]
         if self.pair in CONFIG_ONLY:
-            args += ["--load-format", "dummy"]
+            lab_flags += ["--load-format", "dummy"]
         env = {}
-        p = self.profile
-        if p != "baseline":
-            args += ["--speculative-draft-model-path", f"{MODELS}/draft-{self.pair}"]
-            args += V2 if "v2" in p else V1
-            if "v2" in p:
-                env["SGLANG_ENABLE_SPEC_V2"] = "1"
-            if p.endswith("-dyn") or p.endswith("-dyn-full"):
-                env["SGLANG_SPEC_DISABLE_THRESHOLD"] = str(self.threshold)
-            if p.endswith("-dyn-full"):
-                env["SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY"] = "0"
-            if self.pair in CONFIG_ONLY and group.get("simulate_acc", True):
-                env["SGLANG_SIMULATE_ACC_LEN"] = str(group.get("acc_len", 2.6))
+        if self.profile != "baseline" and self.pair in CONFIG_ONLY and group.get("simulate_acc", True):
+            env["SGLANG_SIMULATE_ACC_LEN"] = str(group.get("acc_len", 2.6))
         env.update(spec.get("env", {}))
-        self.env_shown = env
-        self.env = dict(os.environ, **env)
-        self.env["CUDA_VISIBLE_DEVICES"] = spec.get("gpus", group["gpus"])
-        extra = os.environ.get("EXTRA_PYTHONPATH", "")
-        self.env["PYTHONPATH"] = "/tmp/site" + (":" + extra if extra else "")
-        if spec.get("site_first"):  # e.g. /tmp/noisy (gpu/make_noisy_site.sh): a changed sglang
-            self.env["PYTHONPATH"] = spec["site_first"] + ":" + self.env["PYTHONPATH"]
-            self.env_shown = dict(env, PYTHONPATH_FIRST=spec["site_first"])
+        # the plan's threshold and hysteresis are the profile's own options, not raw environment
+        hysteresis = env.pop("SGLANG_SPEC_DISABLE_HYSTERESIS", None)
         self.flags = spec.get("flags", [])
-        self.cmd = [sys.executable, "-m", "sglang.launch_server"] + args + self.flags
+        env["CUDA_VISIBLE_DEVICES"] = spec.get("gpus", group["gpus"])
+        env["PYTHONPATH"] = dyn_device.site_path(spec.get("site_first"))  # e.g. /tmp/noisy first
+        self.plan = lab_launch.plan(
+            self.profile, model=f"{MODELS}/target-{self.pair}", draft=f"{MODELS}/draft-{self.pair}",
+            port=self.port, tp=self.tp, flags=lab_flags + list(self.flags), env=env,
+            threshold=self.threshold, hysteresis=hysteresis)
+        self.env_shown = {k: v for k, v in self.plan.env.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+        if spec.get("site_first"):
+            self.env_shown["PYTHONPATH_FIRST"] = spec["site_first"]
         self.log_path = f"{LOGS}/{self.name}.log"
         self.proc = None
         # set once a torch profile has been asked of this server: in round eight two identical
@@ -149,7 +140,7 @@ class Server(dyn_device.Server):
         self.profiled = False
 
     def meta(self):
-        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+        dyn = self.plan.dyn_threshold is not None
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,

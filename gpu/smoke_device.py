@@ -21,18 +21,22 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dyn_device  # noqa: E402
 
 
-async def main(out):
-    tp = int(os.environ.get("SMOKE_TP", "1"))
-    spec = os.environ.get("SMOKE_SERVERS", "clean=baseline,noisy=baseline")
+def make_servers(spec, tp):
+    """label -> server, from SMOKE_SERVERS ("label=profile,...")."""
     servers = {}
     for k, item in enumerate(spec.split(",")):
         label, _, profile = item.partition("=")
-        srv = dyn_device.Server(profile, "sharp", 30000 + 10 * k, 0.15)
-        srv.cmd += ["--tp-size", str(tp), "--nccl-port", str(35000 + 10 * k)]
-        srv.env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(tp))
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(tp))}
         if label == "noisy":
-            srv.env["PYTHONPATH"] = "/tmp/noisy:" + srv.env["PYTHONPATH"]
-        servers[label] = srv
+            env["PYTHONPATH"] = dyn_device.site_path("/tmp/noisy")
+        servers[label] = dyn_device.Server(profile, "sharp", 30000 + 10 * k, 0.15, tp=tp,
+                                           flags=["--nccl-port", str(35000 + 10 * k)], env=env)
+    return servers
+
+
+async def main(out):
+    tp = int(os.environ.get("SMOKE_TP", "1"))
+    servers = make_servers(os.environ.get("SMOKE_SERVERS", "clean=baseline,noisy=baseline"), tp)
     results = {}
     try:
         for name, srv in servers.items():

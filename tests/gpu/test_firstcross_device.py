@@ -223,7 +223,8 @@ def run_main(tmp_path, **env_extra):
     import subprocess
     import sys
     from tests.gpu.scripts import ROOT
-    env = dict(os.environ, EXTRA_PYTHONPATH=str(ROOT / "tests" / "gpu" / "fake_sglang"), **env_extra)
+    env = dict(os.environ, EXTRA_PYTHONPATH=str(ROOT / "tests" / "gpu" / "fake_sglang"),
+               LAB_STATE_DIR=str(tmp_path / "lab-state"), **env_extra)
     out, jit = tmp_path / "out", tmp_path / "jit"
     return out, subprocess.run([sys.executable, str(ROOT / "gpu" / "firstcross_device.py"), "--out", str(out),
                         "--budget-s", "120", "--threshold", "3", "--burst", "8", "--prompt-len", "6",
