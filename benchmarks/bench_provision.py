@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import figures_file  # noqa: E402
 from toolkit.core import paths, sandbox
-from toolkit.provision.provision import provision, stack, wheelhouse  # noqa: E402
+from toolkit.provision import provision, stack, wheelhouse  # noqa: E402
 from toolkit.core.inventory import resolve_hosts  # noqa: E402
 
 

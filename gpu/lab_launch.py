@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from toolkit.server.server import profiles  # noqa: E402
+from toolkit.server import profiles  # noqa: E402
 from toolkit.core.inventory import Host  # noqa: E402
 from toolkit.server.server import render_launch_script  # noqa: E402
 

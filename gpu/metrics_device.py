@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import dyn_device as dd  # noqa: E402  (its Server, prompts and /generate client)
 
-from toolkit.server.server import scrape  # noqa: E402
+from toolkit.server import scrape  # noqa: E402
 
 SWITCH_LINE = re.compile(r"Dynamic speculation disable: drafting (stopped|resumed) at (\d+) running decode requests "
                          r"\(spec steps: (\d+), plain steps: (\d+), spec off/on switches: (\d+)/(\d+)\)")
