@@ -106,12 +106,13 @@ class Server(dyn_device.Server):
         self.base = f"http://127.0.0.1:{self.port}"
         mem = spec.get("mem", group.get("mem", 0.8))
         kv = spec.get("kv_tokens", group.get("kv_tokens", 65536))
-        max_running = str(group.get("max_running", 64))
+        max_running = group.get("max_running", 64)
         lab_flags = ["--nccl-port", str(self.port + 5000),
                      "--attention-backend", self.backend, "--sampling-backend", "pytorch",
-                     "--grammar-backend", "none", "--disable-piecewise-cuda-graph", "--random-seed", "0",
-                     "--max-running-requests", max_running, "--cuda-graph-max-bs", max_running,
-                     "--mem-fraction-static", str(mem)]
+                     "--grammar-backend", "none", "--disable-piecewise-cuda-graph", "--random-seed", "0"]
+        if max_running is not None:  # None: sglang's own default, as the product's profiles leave it
+            lab_flags += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs", str(max_running)]
+        lab_flags += ["--mem-fraction-static", str(mem)]
         if kv is not None:  # None: the KV cache sized from the memory fraction alone
             lab_flags += ["--max-total-tokens", str(kv)]
         lab_flags += ["--log-level", "info", "--decode-log-interval", "100", "--trust-remote-code"]

@@ -82,8 +82,9 @@ def expected_changes(old_opts, old_env):
 
 
 def test_every_server_of_every_driver_and_plan_is_still_built(now):
-    assert set(now) == set(BEFORE)
-    assert len(now) == 120
+    # plans written after the move have no hand-built line to compare with; every recorded server is still built
+    assert set(BEFORE) <= set(now)
+    assert len(BEFORE) == 120
 
 
 @pytest.mark.parametrize("key", sorted(BEFORE))
@@ -149,7 +150,7 @@ def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):
 
 def test_the_records_name_the_threshold_the_server_was_started_with(now):
     """shapes_device's records say threshold N exactly where the old line set SGLANG_SPEC_DISABLE_THRESHOLD=N."""
-    plan_servers = {k: srv for k, (srv, _) in now.items() if hasattr(srv, "meta")}
+    plan_servers = {k: srv for k, (srv, _) in now.items() if hasattr(srv, "meta") and k in BEFORE}
     assert len(plan_servers) > 80
     for key, srv in plan_servers.items():
         old = BEFORE[key]["env"].get("SGLANG_SPEC_DISABLE_THRESHOLD")
