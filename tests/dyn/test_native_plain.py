@@ -15,6 +15,7 @@ real one). Nothing here ran on a GPU."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import sys
@@ -115,6 +116,7 @@ class Req:
         self.return_logprob = False
         self.return_hidden_states = False
         self.spec_verify_ct = self.spec_accepted_drafts = 0
+        self.extend_input_len = self.extend_logprob_start_len = 0
 
     def finished(self):
         return self.done
@@ -143,10 +145,16 @@ def assign_req_to_token_pool(req_pool_indices, req_to_token, start, end, out_cac
         pt += e - s
 
 
+@functools.lru_cache(maxsize=None)
+def _code(path, class_name, name):
+    """The compiled source of one method (or module-level function) of a patched file."""
+    source = method_source(path, class_name, name) if class_name else function_source(path, name)
+    return compile("from __future__ import annotations\n" + source, str(path), "exec")
+
+
 def _exec(path, class_name, names, namespace):
     for name in names:
-        source = method_source(path, class_name, name) if class_name else function_source(path, name)
-        exec(compile("from __future__ import annotations\n" + source, str(path), "exec"), namespace)
+        exec(_code(path, class_name, name), namespace)
     return namespace
 
 
@@ -565,3 +573,74 @@ def test_spec_then_native_plain_then_spec_with_requests_leaving_and_joining(syst
     finish_previous(e)
     assert batch.seq_lens.tolist() == [17] and a.kv_committed_len == 17   # 15 + the two accepted tokens
     assert_kv_consistent(e, [a])
+
+
+@pytest.mark.parametrize("raw, expected", [(None, "step"), ("", "step"), (" ", "step"), ("step", "step"),
+                                           ("native", "native"), (" native\n", "native")])
+def test_the_setting_picks_the_plain_path(system, raw, expected):
+    environ = {} if raw is None else {"SGLANG_SPEC_DISABLE_PLAIN_PATH": raw}
+    assert system.native.plain_path_from_env(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["Native", "1", "auto", "native,step"])
+def test_a_bad_value_stops_the_server_naming_the_variable(system, raw, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw)
+    worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    with pytest.raises(system.policy.DynDisableConfigError, match=f"SGLANG_SPEC_DISABLE_PLAIN_PATH={raw!r} must be"):
+        system.native.make_native(worker, types.SimpleNamespace())
+
+
+@pytest.mark.parametrize("server, worker, reason", [
+    (dict(disable_overlap_schedule=True), {}, "the overlap scheduler off"),
+    (dict(page_size=16), {}, "page size 16"),
+    (dict(disaggregation_mode="decode"), {}, "PD disaggregation"),
+    ({}, dict(_dyn_draft_kv_only=False), "no KV-only draft update"),
+])
+def test_servers_the_native_path_cannot_serve_keep_the_step_path(system, monkeypatch, caplog, server, worker, reason):
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    w = types.SimpleNamespace(**{"dyn_disable": system.worker.dyn_disable, "_dyn_draft_kv_only": True, **worker})
+    with caplog.at_level(logging.WARNING):
+        assert system.native.make_native(w, types.SimpleNamespace(**server)) is None
+    assert f"SGLANG_SPEC_DISABLE_PLAIN_PATH=native not supported with {reason}" in caplog.text
+    assert "plain steps use the step path" in caplog.text
+
+
+def test_native_is_taken_only_where_dyn_disable_is_on_and_asked_for(system, monkeypatch, caplog):
+    good = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    args = types.SimpleNamespace(page_size=1, disaggregation_mode="null", disable_overlap_schedule=False)
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", raising=False)
+    assert system.native.make_native(good, args) is None                      # default: the step path
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    # dyn-disable refused (DP attention, LoRA, a hybrid target, ...: make_switch gave None)
+    assert system.native.make_native(types.SimpleNamespace(dyn_disable=None), args) is None
+    with caplog.at_level(logging.INFO):
+        path = system.native.make_native(good, args)
+    assert isinstance(path, system.native.NativePlainPath) and "native plain path" in caplog.text
+
+
+def test_a_logprob_request_joining_plain_steps_makes_the_next_step_speculate(system):
+    """Requests the plain path would sample differently keep speculating at any load (0001's rule):
+    in native mode the scheduler resumes for them, with the rebuilt draft state."""
+    e = system
+    reqs = [Req(i, i, 10 + i) for i in range(3)]
+    batch = step(e, prefill(e, reqs, [10, 11, 12], [1, 2, 3]))
+    assert batch.spec_algorithm.is_none()
+    batch.return_logprob = True
+    batch = step(e, batch)
+    assert not batch.spec_algorithm.is_none() and [c[0] for c in e.calls] == ["resync", "verify"]
+    assert e.worker.dyn_disable.forced_spec_steps == 1
+
+
+def test_debug_switch_leaves_the_draft_kv_unwritten_but_still_rebuilds_at_resume(system):
+    """SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV=1 (the negative control of issue #24) in native mode:
+    no KV-only update runs in plain steps; the resume still gets fc(target hidden states)."""
+    e = system
+    e.worker._dyn_debug_skip_draft_kv = True
+    reqs = [Req(i, i, 10) for i in range(3)]
+    batch = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
+    assert [c[0] for c in e.calls] == ["target_decode"]
+    for r in reqs[1:]:
+        r.done = True
+    batch = step(e, batch)
+    resync = e.calls[0]
+    assert resync[0] == "resync" and resync[4].tolist() == [[100.0, 101.0]]
