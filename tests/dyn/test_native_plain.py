@@ -644,3 +644,15 @@ def test_debug_switch_leaves_the_draft_kv_unwritten_but_still_rebuilds_at_resume
     batch = step(e, batch)
     resync = e.calls[0]
     assert resync[0] == "resync" and resync[4].tolist() == [[100.0, 101.0]]
+
+
+def test_the_native_diff_applies_after_0001_and_0002_and_compiles(tree):
+    """The `tree` fixture applied the three diffs in order to the pristine wheel files (git apply
+    fails the fixture otherwise); the loader applies them in the same order, and every patched
+    file byte-compiles."""
+    from toolkit import patchsets
+
+    names = [p.name for p in patchsets.load_all()["dyn-disable"].patches("0.5.11")]
+    assert names.index("0004-dyn-disable-native-plain.patch") > names.index("0002-dyn-disable-metrics.patch")
+    for path in (NATIVE, SCHEDULER, SCHEDULE_BATCH, WORKER_V2):
+        compile((tree / path).read_text(), path, "exec")
