@@ -47,7 +47,8 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
 Profiles: baseline; eagle3 (v1 tree: steps 2, topk 4, 16 draft tokens); eagle3-dyn; eagle3-v2
 (SGLANG_ENABLE_SPEC_V2=1, steps 3, topk 1, 4 draft tokens); eagle3-v2-dyn; eagle3-v2-dyn-full
-(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0). Config-only pairs (big, huge, kimi, kimideep, tinymla)
+(the same with SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0); eagle3-v2-dyn-native (the same with
+SGLANG_SPEC_DISABLE_PLAIN_PATH=native: plain steps as a non-speculative batch, 0004, issue #34). Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.
 Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and server logs under
@@ -90,6 +91,9 @@ def left():
     return BUDGET - el()
 
 
+DYN_SUFFIXES = ("-dyn", "-dyn-full", "-dyn-native")  # the dyn-disable profiles
+
+
 class Server(dyn_device.Server):
     """A server of a plan group (start/alive/stop are the first rounds' driver's own)."""
 
@@ -125,8 +129,10 @@ class Server(dyn_device.Server):
             args += V2 if "v2" in p else V1
             if "v2" in p:
                 env["SGLANG_ENABLE_SPEC_V2"] = "1"
-            if p.endswith("-dyn") or p.endswith("-dyn-full"):
+            if p.endswith(DYN_SUFFIXES):
                 env["SGLANG_SPEC_DISABLE_THRESHOLD"] = str(self.threshold)
+            if p.endswith("-dyn-native"):
+                env["SGLANG_SPEC_DISABLE_PLAIN_PATH"] = "native"
             if p.endswith("-dyn-full"):
                 env["SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY"] = "0"
             if self.pair in CONFIG_ONLY and group.get("simulate_acc", True):
@@ -149,11 +155,12 @@ class Server(dyn_device.Server):
         self.profiled = False
 
     def meta(self):
-        dyn = self.profile.endswith("-dyn") or self.profile.endswith("-dyn-full")
+        dyn = self.profile.endswith(DYN_SUFFIXES)
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
+                "plain_path": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_PATH", "step") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
                 "profiled_before": self.profiled}
