@@ -656,3 +656,41 @@ def test_the_native_diff_applies_after_0001_and_0002_and_compiles(tree):
     assert names.index("0004-dyn-disable-native-plain.patch") > names.index("0002-dyn-disable-metrics.patch")
     for path in (NATIVE, SCHEDULER, SCHEDULE_BATCH, WORKER_V2):
         compile((tree / path).read_text(), path, "exec")
+
+
+def _metrics_hook(tree):
+    """The `if` around update_spec_metrics in the patched process_batch_result_decode, as code."""
+    import ast
+
+    for node in ast.walk(ast.parse((tree / OUTPUT_MIXIN).read_text())):
+        if isinstance(node, ast.If) and "update_spec_metrics" in ast.unparse(node.body[0]):
+            return compile(ast.Module(body=[node], type_ignores=[]), OUTPUT_MIXIN, "exec")
+    raise AssertionError("no update_spec_metrics call")
+
+
+def test_plain_steps_count_as_steps_without_accepted_drafts(system, tree):
+    """The Decode batch line divides the accepted tokens by the speculative steps counted since the
+    last line: an interval of native plain steps only (non-speculative batches) must still count
+    steps, or the line divides by zero. They count as the step path's plain steps do: one step
+    with no accepted draft per request, also in each request's spec_verify_ct."""
+    e = system
+    code = _metrics_hook(tree)
+    metrics_ns = _exec(tree / "sglang/srt/observability/scheduler_metrics_mixin.py", "SchedulerMetricsMixin",
+                       ["update_spec_metrics"], {})
+    sched = types.SimpleNamespace(spec_num_accepted_tokens=0, spec_num_forward_ct=0, num_generated_tokens=0,
+                                  dyn_native=e.worker._dyn_native)
+    sched.update_spec_metrics = types.MethodType(metrics_ns["update_spec_metrics"], sched)
+    reqs = [Req(i, i, 10) for i in range(3)]
+    plain = e.Batch(reqs, [11, 11, 11], SpeculativeAlgorithm.NONE)
+    for _ in range(2):
+        exec(code, {"self": sched, "batch": plain, "result": Result(num_accepted_drafts=0)})
+    assert (sched.spec_num_forward_ct, sched.spec_num_accepted_tokens) == (6, 6)   # accept length 1.0
+    assert [r.spec_verify_ct for r in reqs] == [2, 2, 2]
+    spec = e.Batch(reqs, [13, 13, 13], SpeculativeAlgorithm.EAGLE3)
+    exec(code, {"self": sched, "batch": spec, "result": Result(num_accepted_drafts=3)})
+    assert (sched.spec_num_forward_ct, sched.spec_num_accepted_tokens) == (9, 12)
+    assert [r.spec_verify_ct for r in reqs] == [2, 2, 2]    # a speculative step counts them elsewhere
+    stock = types.SimpleNamespace(spec_num_accepted_tokens=0, spec_num_forward_ct=0, num_generated_tokens=0)
+    stock.update_spec_metrics = types.MethodType(metrics_ns["update_spec_metrics"], stock)
+    exec(code, {"self": stock, "batch": plain, "result": Result(num_accepted_drafts=0)})
+    assert stock.spec_num_forward_ct == 0                   # a server without the native path: untouched
