@@ -694,3 +694,27 @@ def test_plain_steps_count_as_steps_without_accepted_drafts(system, tree):
     stock.update_spec_metrics = types.MethodType(metrics_ns["update_spec_metrics"], stock)
     exec(code, {"self": stock, "batch": plain, "result": Result(num_accepted_drafts=0)})
     assert stock.spec_num_forward_ct == 0                   # a server without the native path: untouched
+
+
+def test_plain_steps_use_up_the_over_allocated_tail_then_allocate_as_stock(system):
+    """A spec-v2 step leaves each request up to 2 x draft tokens of KV slots ahead; the plain steps
+    after it write into them one by one, then allocate one slot per step as a server without
+    speculation does. No slot is leaked or shared at any step."""
+    e = system
+    a, b = Req("a", 0, 10), Req("b", 1, 20)
+    batch = step(e, prefill(e, [a, b], [10, 20], [1, 2]))
+    c = Req("c", 2, 8)
+    batch.merge_batch(prefill(e, [c], [8], [40]))
+    flags, free_before = [], []
+    for _ in range(9):
+        free_before.append(len(e.pool.free))
+        batch = step(e, batch)
+        assert batch.spec_algorithm.is_none()
+        assert_kv_consistent(e, [a, b, c])
+        flags.append(batch.dyn_native_slots)
+    finish_previous(e)
+    assert a.kv_committed_len == 12 + 9 and a.kv_allocated_len == a.kv_committed_len
+    # a and b used their 6 slots of tail (positions 12..17 and 22..27) first; c allocated every step
+    taken = [x - y for x, y in zip(free_before, free_before[1:] + [len(e.pool.free)])]
+    assert taken == [1] * 6 + [3] * 3
+    assert flags == [True] * 5 + [False] * 4
