@@ -654,7 +654,7 @@ def test_the_native_diff_applies_after_0001_and_0002_and_compiles(tree):
 
     names = [p.name for p in patchsets.load_all()["dyn-disable"].patches("0.5.11")]
     assert names.index("0004-dyn-disable-native-plain.patch") > names.index("0002-dyn-disable-metrics.patch")
-    for path in (NATIVE, SCHEDULER, SCHEDULE_BATCH, WORKER_V2):
+    for path in (NATIVE, SCHEDULER, SCHEDULE_BATCH, WORKER_V2, OUTPUT_MIXIN, "sglang/srt/speculative/eagle_worker.py"):
         compile((tree / path).read_text(), path, "exec")
 
 
@@ -718,3 +718,13 @@ def test_plain_steps_use_up_the_over_allocated_tail_then_allocate_as_stock(syste
     taken = [x - y for x, y in zip(free_before, free_before[1:] + [len(e.pool.free)])]
     assert taken == [1] * 6 + [3] * 3
     assert flags == [True] * 5 + [False] * 4
+
+
+def test_the_v1_tree_worker_keeps_the_step_path_and_says_so(system, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    with caplog.at_level(logging.WARNING):
+        system.native.step_path_only("EAGLEWorker (v1)")
+    assert "SGLANG_SPEC_DISABLE_PLAIN_PATH=native not supported with EAGLEWorker (v1)" in caplog.text
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "nativ")
+    with pytest.raises(system.policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_PLAIN_PATH='nativ'"):
+        system.native.step_path_only("EAGLEWorker (v1)")
