@@ -193,6 +193,7 @@ class WorkerBatch:
     return_logprob: bool
     has_grammar: bool
     reqs: list
+    capture_hidden_mode: int = Capture.NULL
 
 
 @pytest.fixture()
@@ -349,7 +350,21 @@ def system(env, tree, monkeypatch):
             return types.SimpleNamespace(spec_info=types.SimpleNamespace(), hidden=self.hidden_states,
                                          input_ids=predict, positions=batch.seq_lens, out_cache_loc=batch.out_cache_loc)
 
+    use_plain_ns = _exec(tree / "sglang/srt/speculative/dyn_disable_runtime.py", None, ["use_plain_decode_state"],
+                         {"contextlib": __import__("contextlib"),
+                          "contextmanager": __import__("contextlib").contextmanager})
+    e.forward_batches = []
+
+    class ForwardBatch:
+        @staticmethod
+        def init_new(batch, model_runner):
+            fb = types.SimpleNamespace(batch=dataclasses.replace(batch), attn_backend=model_runner.attn_backend,
+                                       graph_runner=model_runner.graph_runner)
+            e.forward_batches.append(fb)
+            return fb
+
     runtime_stub = dict(
+        use_plain_decode_state=use_plain_ns["use_plain_decode_state"],
         force_spec_reason=lambda batch: "logprobs" if batch.return_logprob else None,
         sync_sampled_tokens=lambda tokens, sampling: None,
         draft_input_hidden=lambda runner, hidden: hidden[:, :HIDDEN] + 100.0,
@@ -364,11 +379,14 @@ def system(env, tree, monkeypatch):
         "sglang.srt.speculative.spec_utils": dict(maybe_detect_nan=lambda *a: None,
                                                   assign_req_to_token_pool_func=assign_req_to_token_pool),
         "sglang.srt.mem_cache.common": e.mem_common,
+        "sglang.srt.model_executor.forward_batch_info": dict(CaptureHiddenMode=Capture, ForwardBatch=ForwardBatch),
+        "sglang.srt.managers.utils": dict(GenerationBatchResult=Result),
         "sglang.srt.layers.moe.utils": dict(speculative_moe_backend_context=nullcontext,
                                             speculative_moe_a2a_backend_context=nullcontext),
     }
     with stub_modules(stubs):
         native = load_by_path("sglang.srt.speculative.dyn_disable_native", tree / NATIVE)
+        e.native_decode_forward = native.native_decode_forward   # the real one, for its own test
         monkeypatch.setattr(native, "native_decode_forward", models.native_decode_forward)
         e.native = native
 
@@ -728,3 +746,43 @@ def test_the_v1_tree_worker_keeps_the_step_path_and_says_so(system, monkeypatch,
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "nativ")
     with pytest.raises(system.policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_PLAIN_PATH='nativ'"):
         system.native.step_path_only("EAGLEWorker (v1)")
+
+
+def test_the_plain_forward_is_a_decode_forward_on_the_plain_path_of_the_batch_as_prepared(system):
+    """A native plain step's target forward: the non-speculative batch as the scheduler prepared it
+    (the new token counted in seq_lens, one slot per request, no spec_info), on the plain decode
+    path's attention backend and DECODE graphs (the verify ones restored after), with the EAGLE-3
+    hidden states captured for the draft, sampled by the target's own sampler."""
+    e = system
+    runner = types.SimpleNamespace(attn_backend="verify-backend", graph_runner="verify-graphs",
+                                   spec_algorithm=SpeculativeAlgorithm.EAGLE3)
+    runner.forward = lambda fb: types.SimpleNamespace(
+        logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(2, 50)), can_run_graph=True,
+        expert_distribution_metrics=None, routed_experts_output=None)
+    runner.sample = lambda logits_output, fb: torch.tensor([7, 8])
+    state = types.SimpleNamespace(attn_backend="plain-backend", graph_runner="plain-decode-graphs")
+    batch = WorkerBatch(forward_mode=Mode.DECODE, input_ids=torch.tensor([3, 4]), out_cache_loc=torch.tensor([51, 52]),
+                        seq_lens=torch.tensor([13, 23]), seq_lens_cpu=torch.tensor([13, 23]), seq_lens_sum=36,
+                        req_pool_indices=torch.tensor([0, 1]), spec_info=None, spec_algorithm=SpeculativeAlgorithm.NONE,
+                        sampling_info=None, is_extend_in_batch=False, return_logprob=False, has_grammar=False, reqs=[])
+    out = e.native_decode_forward(types.SimpleNamespace(model_runner=runner), state, batch)
+    (fb,) = e.forward_batches
+    assert (fb.attn_backend, fb.graph_runner) == ("plain-backend", "plain-decode-graphs")
+    assert (runner.attn_backend, runner.graph_runner) == ("verify-backend", "verify-graphs")
+    seen = fb.batch
+    assert seen.forward_mode == "DECODE" and seen.spec_info is None and seen.capture_hidden_mode == Capture.FULL
+    assert seen.seq_lens.tolist() == [13, 23] and seen.out_cache_loc.tolist() == [51, 52]
+    assert out.next_token_ids.tolist() == [7, 8] and out.can_run_cuda_graph
+
+
+def test_the_future_map_compiles_the_non_speculative_resolve_at_start(system, monkeypatch):
+    """0.5.11 resolves a non-speculative batch's input ids with a JIT kernel that a speculative
+    server never calls; compiled on first use, it would stall the first plain step (as the decode
+    positions' kernel stalled the first crossing, issue #25). Adopting the map calls it once."""
+    e = system
+    seen = []
+    monkeypatch.setattr(e.overlap, "_resolve_future_token_ids", lambda ids, buf: seen.append((ids.tolist(), buf.shape)))
+    with stub_modules({"sglang.srt.managers.overlap_utils": public_attrs(e.overlap)}):
+        sys.modules["sglang.srt.managers"].overlap_utils = sys.modules["sglang.srt.managers.overlap_utils"]
+        native_map = e.native.NativeFutureMap.adopt(e.overlap.FutureMap(16, 0, 128, "cpu", SpeculativeAlgorithm.EAGLE3))
+    assert seen == [([0], native_map.token_ids_buf.shape)]
