@@ -156,7 +156,8 @@ def test_a_profiled_server_says_so_in_its_records_and_gets_answers_its_context_a
     assert [cmd[cmd.index("--max-tokens") + 1] for cmd in calls] == ["3072", "3072"]
 
 
-@pytest.mark.parametrize("plan", ["r10-native-kimi6-tp1", "r10-native-dense-flashinfer-tp1", "r10-native-kimi32-tp1"])
+@pytest.mark.parametrize("plan", ["r10-native-kimi6-tp1", "r10-native-dense-flashinfer-tp1", "r10-native-kimi32-tp1",
+                                  "r10-native-kimi6-tp2", "r10-native-kimi16-tp2"])
 def test_the_native_plans_put_the_native_server_beside_a_baseline_and_profile_existing_servers(shapes, plan):
     """The issue #34 plans (gpu/README.md, not run yet): each group runs the native-path server
     beside a baseline of the same pair and backend, above 4x the threshold, and its torch-profile
