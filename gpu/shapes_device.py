@@ -49,7 +49,8 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   "{checkout}/gpu/plans/..." in a flag or env value.
 Profiles: the product's (profiles/*.toml: baseline; eagle3, the v1 tree; eagle3-dyn; eagle3-v2;
 eagle3-v2-dyn) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, the same with
-SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0), launched through gpu/lab_launch.py as `invoke server start`
+SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0; eagle3-v2-dyn-native, the same with
+SGLANG_SPEC_DISABLE_PLAIN_PATH=native: plain steps as a non-speculative batch, 0004, issue #34), launched through gpu/lab_launch.py as `invoke server start`
 launches them, with the plan's settings as overrides. Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.
@@ -88,6 +89,9 @@ DONE = {}  # group name -> asyncio.Event set once the group has finished
 
 def left():
     return BUDGET - el()
+
+
+DYN_SUFFIXES = ("-dyn", "-dyn-full", "-dyn-native")  # the dyn-disable profiles
 
 
 class Server(dyn_device.Server):
@@ -146,6 +150,7 @@ class Server(dyn_device.Server):
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
+                "plain_path": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_PATH", "step") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
                 "profiled_before": self.profiled}

@@ -38,6 +38,17 @@ def test_a_profile_entry_adds_flags_and_puts_a_changed_site_first(shapes, monkey
     # a dyn profile carries its threshold to the server and into every record
     dyn = shapes.Server(GROUP, shapes.profile_spec("eagle3-v2-dyn"), 3, 8)
     assert dyn.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "8" and dyn.meta()["threshold"] == 8
+    assert "SGLANG_SPEC_DISABLE_PLAIN_PATH" not in dyn.env_shown and dyn.meta()["plain_path"] == "step"
+
+
+def test_the_native_profile_runs_the_v2_dyn_server_with_the_native_plain_path(shapes):
+    native = shapes.Server(GROUP, shapes.profile_spec("eagle3-v2-dyn-native@flashinfer"), 4, 12)
+    assert native.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "12"
+    assert native.env["SGLANG_SPEC_DISABLE_PLAIN_PATH"] == "native" and native.env["SGLANG_ENABLE_SPEC_V2"] == "1"
+    meta = native.meta()
+    assert (meta["plain_path"], meta["threshold"], meta["draft_kv_only"], meta["attention_backend"]) == (
+        "native", 12, True, "flashinfer")
+    assert shapes.Server(GROUP, shapes.profile_spec("baseline"), 0, 12).meta()["plain_path"] is None
 
 
 def test_the_smoke_runs_on_every_server_and_sizes_the_dyn_burst(shapes, tmp_path):
@@ -143,3 +154,25 @@ def test_a_profiled_server_says_so_in_its_records_and_gets_answers_its_context_a
     # asked for, though no trace came back: the server's later records say it was profiled
     assert srv.meta()["profiled_before"] is True
     assert [cmd[cmd.index("--max-tokens") + 1] for cmd in calls] == ["3072", "3072"]
+
+
+@pytest.mark.parametrize("plan", ["native-plain-kimi6-tp1-at-baseline-cost", "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost",
+                                  "native-plain-kimi6-tp2-at-baseline-cost", "native-plain-kimi16-tp2-at-baseline-cost"])
+def test_the_native_plans_put_the_native_server_beside_a_baseline_and_profile_existing_servers(shapes, plan):
+    """The issue #34 plans (gpu/README.md, not run yet): each group runs the native-path server
+    beside a baseline of the same pair and backend, above 4x the threshold, and its torch-profile
+    labels name servers the group starts (a label that names none is silently skipped)."""
+    import json
+    from pathlib import Path
+
+    spec = json.loads((Path(__file__).resolve().parents[2] / "gpu" / "plans" / f"{plan}.json").read_text())
+    for index, group in enumerate(spec["groups"]):
+        group = dict(group, index=index)
+        servers = [shapes.Server(group, shapes.profile_spec(p), k, spec["threshold"])
+                   for k, p in enumerate(group["profiles"])]
+        native = [s for s in servers if s.meta()["plain_path"] == "native"]
+        assert len(native) == 1
+        assert any(s.profile == "baseline" and s.backend == native[0].backend for s in servers)
+        assert max(group["levels"]) > 4 * spec["threshold"]
+        assert set(group["torch_profile"]) <= {s.label for s in servers}
+        assert len({s.port for s in servers}) == len(servers)
