@@ -1,0 +1,327 @@
+"""SGLANG_SPEC_DISABLE_THRESHOLD=auto (0003-dyn-disable-auto.patch), on the patched files of every
+release: the configuration (bad values stop the server naming the variable), and the controller
+(dyn_disable_auto.py, torch-free) driven by a simulated server whose right answer is known.
+
+The simulated server: a plain step takes PLAIN_A + PLAIN_B * bucket seconds, a speculative one
+SPEC_A + SPEC_B * bucket (the verify processes several tokens per request, so speculation's gain
+falls with batch size), each times log-normal noise; a resume after plain steps adds the draft's
+resync. Each request accepts a random number of tokens per speculative step with the workload's
+mean. As with SGLang's overlap scheduler (launch step i, then wait for step i - 1's result), the
+time between the launches of steps i and i + 1 is the GPU time of step i - 1, and a step's accept
+lengths come back one step later. The right
+decision per bucket is known in closed form (gain = accept * plain / spec)."""
+from __future__ import annotations
+
+import logging
+import pickle
+import random
+import sys
+import types
+from typing import Optional
+
+import pytest
+
+from .conftest import PATCHSET, function_source, load_by_path, public_attrs, stub_modules, tree_with
+
+AUTO = "sglang/srt/speculative/dyn_disable_auto.py"
+POLICY = "sglang/srt/speculative/dyn_disable.py"
+RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
+SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128]
+
+PLAIN_A, PLAIN_B = 5e-3, 0.1e-3
+SPEC_A, SPEC_B = 7e-3, 0.35e-3
+RESYNC_S = 2e-3
+
+
+def patches(release):
+    return [PATCHSET / release / name for name in
+            ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch", "0003-dyn-disable-auto.patch")]
+
+
+@pytest.fixture(scope="module")
+def auto_tree(tmp_path_factory, release):
+    return tree_with(tmp_path_factory.mktemp(f"auto-{release}"), patches(release), release)
+
+
+@pytest.fixture(scope="module")
+def auto(auto_tree, release):
+    return load_by_path(f"dyn_disable_auto_under_test_{release.replace('.', '_')}", auto_tree / AUTO)
+
+
+@pytest.fixture(scope="module")
+def policy(auto_tree, release, auto):
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": public_attrs(auto)}):
+        yield load_by_path(f"dyn_disable_policy_auto_{release.replace('.', '_')}", auto_tree / POLICY)
+
+
+def config(policy, auto, env):
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": public_attrs(auto)}):
+        return policy.config_from_env(env)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
+    cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": " auto "})
+    assert (cfg.threshold, cfg.hysteresis) == (0, 0)
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.02, 0.05, 0.005)
+    cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "auto",
+                                "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "0.1",
+                                "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "0",
+                                "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.01"})
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.1, 0.0, 0.01)
+    assert config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "12"}).auto is None
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto2"}, "SGLANG_SPEC_DISABLE_THRESHOLD"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "Auto"}, "SGLANG_SPEC_DISABLE_THRESHOLD"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "1.5"},
+     "SGLANG_SPEC_DISABLE_AUTO_MARGIN"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "-0.1"},
+     "SGLANG_SPEC_DISABLE_AUTO_MARGIN"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "x"},
+     "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.02"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_HYSTERESIS": "2"},
+     "SGLANG_SPEC_DISABLE_HYSTERESIS"),
+])
+def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names):
+    with pytest.raises(policy.DynDisableConfigError, match=names):
+        config(policy, auto, env)
+
+
+def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, policy, auto, monkeypatch,
+                                                                    caplog):
+    """make_switch and _make_auto_switch of the patched dyn_disable_runtime.py, executed (the rest
+    of that module needs torch and GPU parts of sglang)."""
+    path = auto_tree / RUNTIME
+    namespace = dict(config_from_env=policy.config_from_env, SpecSwitch=policy.SpecSwitch,
+                     unsupported_reason=lambda server_args, model_runner: None,
+                     logger=logging.getLogger("dyn_disable_runtime"), LOG_PREFIX="x", Optional=Optional)
+    for name in ("make_switch", "_make_auto_switch"):
+        exec(function_source(path, name), namespace)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "auto")
+    monkeypatch.setattr(auto, "ACTIVE", None)
+    server_args = types.SimpleNamespace(tp_size=2)
+    runner = types.SimpleNamespace(tp_rank=1, graph_runner=types.SimpleNamespace(capture_bs=[8, 1, 4]))
+    with stub_modules({"sglang.srt.speculative.dyn_disable": public_attrs(policy)}):
+        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_auto", auto)
+        with caplog.at_level(logging.INFO):
+            switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
+        assert auto.ACTIVE is switch and switch.shared and switch.tp_rank == 1
+        assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
+        switch.decide(3)
+        assert sorted(switch.buckets) == [4]  # bucketed by the target's captured graph sizes
+        with pytest.raises(policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_THRESHOLD=auto"):
+            namespace["make_switch"](server_args, "EAGLEWorker", runner)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
+    assert type(namespace["make_switch"](server_args, "EAGLEWorker", runner)) is policy.SpecSwitch
+
+
+# --- the simulated server ------------------------------------------------------------------
+
+class Server:
+    """A decode loop over one controller, with the overlap scheduler's timing."""
+
+    def __init__(self, auto, accept=2.5, noise=0.1, seed=1, tp_rank=0, tp_size=1, margin=0.02,
+                 hysteresis=0.05, budget=0.005):
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.accept = accept
+        self.noise = noise
+        cfg = types.SimpleNamespace(threshold=0, hysteresis=0)
+        self.switch = auto.AutoSwitch(cfg, auto.AutoConfig(margin, hysteresis, budget),
+                                      tp_rank=tp_rank, tp_size=tp_size,
+                                      bucket_sizes=lambda: SIZES, clock=lambda: self.now)
+        self.gpu = [0.0]               # the duration of the step launched before
+        self.results = []              # (bs, accept lens) due one step later
+        self.last_spec = True
+        self.time = {True: 0.0, False: 0.0}
+        self.tokens = 0
+        self.steps = 0
+
+    def step(self, bs, decide=None):
+        speculate = self.switch.decide(bs) if decide is None else decide
+        size = bucket(bs)
+        if speculate:
+            duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0)
+            lens = [min(5, max(1, round(self.accept + self.rng.uniform(-1, 1)))) for _ in range(bs)]
+        else:
+            duration = PLAIN_A + PLAIN_B * size
+            lens = [1] * bs
+        duration *= self.rng.lognormvariate(0, self.noise)
+        self.last_spec = speculate
+        self.tokens += sum(lens)
+        self.time[speculate] += duration
+        self.steps += 1
+        # the interval to the next launch: the GPU time of the step launched before this one
+        self.now += self.gpu.pop(0)
+        self.gpu.append(duration)
+        if self.results:
+            self.switch.observe_accept(*self.results.pop(0))
+        self.results.append((bs, lens))
+        return speculate
+
+    def run(self, bs, steps):
+        for _ in range(steps):
+            self.step(bs)
+
+
+def bucket(bs):
+    return next(s for s in SIZES if s >= bs)
+
+
+def true_gain(accept, size):
+    return accept * (PLAIN_A + PLAIN_B * size) / (SPEC_A + SPEC_B * size)
+
+
+def sweep(server, steps=3000, sizes=SIZES):
+    for size in sizes:
+        server.run(size, steps)
+
+
+def plain_from(server):
+    """The first bucket index the controller runs plain, checking every bucket above it is plain
+    and every one below speculates (a single crossover)."""
+    modes = [server.switch.buckets[s].applied_speculate for s in SIZES]
+    first = modes.index(False) if False in modes else len(SIZES)
+    assert all(modes[:first]) and not any(modes[first:]), modes
+    return first
+
+
+def true_plain_from(accept, margin=0.02):
+    gains = [true_gain(accept, s) for s in SIZES]
+    return next((i for i, g in enumerate(gains) if g < 1 + margin), len(SIZES))
+
+
+@pytest.mark.parametrize("accept", [2.5, 1.8])
+def test_it_converges_within_one_bucket_of_the_true_crossover(auto, accept):
+    server = Server(auto, accept=accept)
+    sweep(server)
+    truth = true_plain_from(accept)
+    assert 2 <= truth <= len(SIZES) - 2  # the model has a crossover inside the buckets
+    assert abs(plain_from(server) - truth) <= 1, (plain_from(server), truth)
+    # the buckets far from it are right, with the estimates the model has
+    for size in (1, 2, 112, 128):
+        b = server.switch.buckets[size]
+        assert b.applied_speculate == (true_gain(accept, size) > 1.02)
+        assert b.accept.value == pytest.approx(accept, rel=0.1)
+        assert b.plain_s.value == pytest.approx(PLAIN_A + PLAIN_B * size, rel=0.15)
+        assert b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.15)
+
+
+def test_a_fixed_threshold_in_the_wrong_place_is_what_it_replaces(auto):
+    """The controller's answer differs between two workloads (a single fixed threshold fits one)."""
+    high, low = Server(auto, accept=2.5), Server(auto, accept=1.8)
+    sweep(high)
+    sweep(low)
+    assert plain_from(low) < plain_from(high)
+
+
+def test_it_does_not_flap_under_noise(auto):
+    server = Server(auto, accept=2.5, noise=0.25, seed=7)
+    sweep(server, steps=1000)
+    truth = true_plain_from(2.5)
+    before = server.switch.switches_off + server.switch.switches_on
+    for size in (SIZES[truth - 1], SIZES[truth]):   # the two buckets around the crossover
+        server.run(size, 20000)
+    switches = server.switch.switches_off + server.switch.switches_on - before
+    assert switches <= 2, switches
+
+
+def test_it_recovers_when_acceptance_drops_and_returns(auto):
+    server = Server(auto, accept=2.5)
+    sweep(server, steps=1500)
+    assert server.switch.buckets[16].applied_speculate
+    server.accept = 1.2  # the traffic changes: the draft is now mostly wrong
+    server.run(16, 300)
+    assert not server.switch.buckets[16].applied_speculate
+    assert server.switch.switches_off >= 1
+    server.accept = 2.5  # and back: only probes can see it from the plain side
+    start = server.now
+    while not server.switch.buckets[16].applied_speculate:
+        server.run(16, 100)
+        assert server.now - start < 60, "no resume within a minute of simulated time"
+
+
+@pytest.mark.parametrize("size", [1, 128])
+def test_probing_costs_under_one_percent(auto, size):
+    """After convergence, tokens per second against an oracle that never probes, same noise."""
+    server = Server(auto, accept=2.5, seed=3)
+    server.run(size, 3000)
+    mode = server.switch.buckets[size].applied_speculate
+    assert mode == (true_gain(2.5, size) > 1.02)
+    server.tokens, t0, probes0 = 0, sum(server.time.values()), server.switch.probe_steps
+    server.run(size, 40000)
+    auto_rate = server.tokens / (sum(server.time.values()) - t0)
+    assert server.switch.probe_steps > probes0  # it did probe
+    oracle = Server(auto, accept=2.5, seed=3)
+    for _ in range(40000):
+        oracle.step(size, decide=mode)
+    oracle_rate = oracle.tokens / sum(oracle.time.values())
+    assert auto_rate >= 0.99 * oracle_rate, (auto_rate / oracle_rate)
+
+
+def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):
+    """Rank 1's clock disagrees with rank 0's (other noise, slower), yet both follow rank 0's
+    table, handed over through the scheduler's broadcast (pickled), in every step."""
+    r0 = Server(auto, accept=2.5, seed=11, tp_rank=0, tp_size=2)
+    r1 = Server(auto, accept=2.5, seed=12, tp_rank=1, tp_size=2, noise=0.4)
+    r1_rate = 1.7
+    differ = 0
+    rng = random.Random(5)
+    for i in range(30000):
+        if i % 3 == 0:  # the scheduler's broadcast, not every iteration (the receive skipper)
+            auto.ACTIVE = r0.switch
+            sent = auto.attach(["req"])
+            auto.ACTIVE = r1.switch
+            assert auto.attach(None) is None  # only rank 0 has a list to send
+            wire = pickle.dumps(sent)
+            auto.ACTIVE = r0.switch
+            assert auto.detach(pickle.loads(wire)) == ["req"]
+            auto.ACTIVE = r1.switch
+            assert auto.detach(pickle.loads(wire)) == ["req"]
+        bs = SIZES[min(len(SIZES) - 1, (i // 1500) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
+        a, b = r0.switch.decide(bs), r1.switch.decide(bs)
+        assert a == b, i
+        for server, speculate in ((r0, a), (r1, b)):
+            server.step(bs, decide=speculate)
+        r1.now += r1.gpu[-1] * (r1_rate - 1)
+        differ += r0.switch.buckets[bucket(bs)].spec_s.value != r1.switch.buckets[bucket(bs)].spec_s.value
+    auto.ACTIVE = None
+    assert differ > 0  # the estimates did differ between the ranks
+    assert r0.switch.switches_off >= 1 and r0.switch.probe_steps > 0
+    assert (r0.switch.switches_off, r0.switch.switches_on) == (r1.switch.switches_off, r1.switch.switches_on)
+
+
+def test_switch_lines_and_server_info_carry_the_bucket_and_the_two_costs(auto):
+    server = Server(auto, accept=2.5)
+    lines = []
+    for size in SIZES:
+        for _ in range(1500):
+            server.step(size)
+            msg = server.switch.switch_message(size)
+            if msg:
+                lines.append(msg)
+    stop = next(line for line in lines if "drafting stopped" in line)
+    assert "bucket" in stop and "speculative" in stop and "plain" in stop and "gain" in stop
+    info = server.switch.as_dict()
+    assert info["threshold"] == "auto"
+    b128 = info["buckets"]["128"]
+    assert b128["speculating"] is False
+    assert b128["plain_step_ms"] == pytest.approx((PLAIN_A + PLAIN_B * 128) * 1e3, rel=0.15)
+    assert b128["gain"] == pytest.approx(true_gain(2.5, 128), rel=0.2)
+    assert server.switch.startup_message().startswith("Dynamic speculation disable enabled: threshold=auto")
+
+
+def test_the_diff_applies_after_0001_and_0002_and_every_patched_file_compiles(auto_tree, release):
+    from .conftest import touched_paths
+    diff = (PATCHSET / release / "0003-dyn-disable-auto.patch").read_text()
+    paths = [path for path, _ in touched_paths(diff)]
+    assert "sglang/srt/speculative/dyn_disable_auto.py" in paths
+    for path in paths:
+        compile((auto_tree / path).read_text(), path, "exec")
