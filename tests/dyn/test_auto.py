@@ -325,3 +325,27 @@ def test_the_diff_applies_after_0001_and_0002_and_every_patched_file_compiles(au
     assert "sglang/srt/speculative/dyn_disable_auto.py" in paths
     for path in paths:
         compile((auto_tree / path).read_text(), path, "exec")
+
+
+def test_server_start_threshold_auto_renders_what_the_patched_server_reads_and_logs(policy, auto):
+    """`invoke server start eagle3-v2-dyn --threshold auto`: the plan's environment is one the
+    patched policy accepts, and the line it waits for on every rank is the controller's start line."""
+    from toolkit import profiles, server
+    from toolkit.inventory import Host
+    from invoke.exceptions import Exit
+    from toolkit_cli.server import threshold_option
+
+    host = Host(name="gpu", address="gpu.example", venv="/opt/venv", gpus=2,
+                server={"model": "/m/target", "draft_model": "/m/draft"})
+    plan = server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": threshold_option("auto"), "tp_size": 2})
+    assert plan.dyn_threshold == "auto"
+    assert plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "auto"
+    cfg = config(policy, auto, plan.env)
+    switch = auto.AutoSwitch(cfg, cfg.auto)
+    waited = [line.split(": ", 1)[1] for line in plan.expected_log_lines() if line.startswith("TP1: Dynamic")]
+    assert waited and all(line in switch.startup_message() for line in waited)
+    with pytest.raises(profiles.ProfileError, match="dyn_hysteresis"):
+        server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": "auto", "dyn_hysteresis": 2})
+    with pytest.raises(Exit, match="--threshold takes an integer or auto"):
+        threshold_option("auto2")
+    assert threshold_option("12") == 12
