@@ -349,3 +349,10 @@ def test_server_start_threshold_auto_renders_what_the_patched_server_reads_and_l
     with pytest.raises(Exit, match="--threshold takes an integer or auto"):
         threshold_option("auto2")
     assert threshold_option("12") == 12
+
+
+def test_patchset_toml_documents_every_knob_of_the_controller(auto):
+    import tomllib
+    documented = set(tomllib.loads((PATCHSET / "patchset.toml").read_text())["env"])
+    read = {value for name, value in vars(auto).items() if name.endswith("_ENV")}
+    assert read and read <= documented
