@@ -109,7 +109,7 @@ def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, pol
     server_args = types.SimpleNamespace(tp_size=2)
     runner = types.SimpleNamespace(tp_rank=1, graph_runner=types.SimpleNamespace(capture_bs=[8, 1, 4]))
     with stub_modules({"sglang.srt.speculative.dyn_disable": public_attrs(policy)}):
-        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_auto", auto)
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
         with caplog.at_level(logging.INFO):
             switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
         assert auto.ACTIVE is switch and switch.shared and switch.tp_rank == 1
@@ -356,3 +356,91 @@ def test_patchset_toml_documents_every_knob_of_the_controller(auto):
     documented = set(tomllib.loads((PATCHSET / "patchset.toml").read_text())["env"])
     read = {value for name, value in vars(auto).items() if name.endswith("_ENV")}
     assert read and read <= documented
+
+
+# --- the decision table on the scheduler's own broadcast (the patched functions, executed) ---
+
+class Wire:
+    """broadcast_pyobj of two TP ranks in one process: rank 0 sends (pickled), rank 1 receives."""
+
+    def __init__(self):
+        self.sent = []
+
+    def broadcast_pyobj(self, data, rank, group, src=0):
+        if rank == src:
+            self.sent.append(pickle.dumps(data))
+            return data
+        return pickle.loads(self.sent[-1])
+
+
+def broadcast_function(auto_tree, release, wire):
+    """The patched function that makes the request broadcast, and a `self` for rank r."""
+    from .conftest import method_source
+
+    if release == "0.5.11":
+        path, cls, name = "sglang/srt/managers/scheduler.py", "Scheduler", "recv_requests"
+    else:
+        path, cls, name = ("sglang/srt/managers/scheduler_components/request_receiver.py",
+                           "SchedulerRequestReceiver", "_broadcast_reqs_across_ranks")
+
+    class ZMQError(Exception):
+        pass
+
+    namespace = dict(broadcast_pyobj=wire.broadcast_pyobj, zmq=types.SimpleNamespace(ZMQError=ZMQError, NOBLOCK=1),
+                     has_shm_features=lambda reqs: False, unwrap_shm_features=lambda req: None,
+                     get_parallel=lambda: types.SimpleNamespace(enable_dp_attention=False),
+                     List=list, Union=Optional, Any=object, Optional=Optional,
+                     TokenizedGenerateReqInput=object, TokenizedEmbeddingReqInput=object)
+    exec(method_source(auto_tree / path, cls, name), namespace)
+    fn = namespace[name]
+
+    def make_self(rank, inbox):
+        def recv_pyobj(flags):
+            if not inbox:
+                raise ZMQError()
+            return inbox.pop(0)
+
+        group = types.SimpleNamespace(rank=rank, ranks=[0, 1])
+        return types.SimpleNamespace(
+            recv_skipper=None, pp_rank=0, attn_tp_rank=rank, attn_cp_rank=0, input_blocker=None,
+            recv_limit_reached=lambda n: False,
+            recv_from_tokenizer=types.SimpleNamespace(recv_pyobj=recv_pyobj),
+            recv_from_rpc=types.SimpleNamespace(recv_pyobj=recv_pyobj),
+            server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False,
+                                              encoder_transfer_backend=""),
+            tp_size=2, tp_group=group, tp_cpu_group=None, model_config=types.SimpleNamespace(is_multimodal=False),
+            ps=types.SimpleNamespace(tp_size=2))
+
+    if release == "0.5.11":
+        return lambda rank, inbox: fn(make_self(rank, inbox))
+    return lambda rank, inbox: fn(make_self(rank, inbox), list(inbox) if rank == 0 else None)
+
+
+def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_tree, release, auto):
+    wire = Wire()
+    recv = broadcast_function(auto_tree, release, wire)
+    rank0 = Server(auto, tp_rank=0, tp_size=2)
+    rank0.run(40, 20)   # rank 0 measured bucket 40's speculative side and proposes its first probe
+    r0, r1 = rank0.switch, Server(auto, tp_rank=1, tp_size=2).switch
+    assert r0.buckets[40].probe_left == 0   # proposed, not applied: it waits for the broadcast
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
+
+        def iteration(requests):
+            auto.ACTIVE = r0
+            got0 = recv(0, list(requests))
+            auto.ACTIVE = r1
+            got1 = recv(1, [])
+            return got0, got1
+
+        assert iteration(["req"]) == (["req"], ["req"])   # the table went and was taken out again
+        assert any(isinstance(x, auto.AutoDecision) for x in pickle.loads(wire.sent[-1]))
+        assert r0.buckets[40].probe_left == r1.buckets[40].probe_left > 0
+        r0.buckets[40].speculate = False   # rank 0's estimates say plain (rank 1's may not)
+        r0._version += 1
+        assert iteration([]) == ([], [])
+        assert r0.buckets[40].applied_speculate is False and r1.buckets[40].applied_speculate is False
+        assert r1.switches_off == r0.switches_off == 1
+        assert iteration(["a", "b"]) == (["a", "b"], ["a", "b"])
+        assert pickle.loads(wire.sent[-1]) == ["a", "b"]   # nothing new: the broadcast as stock sends it
+    auto.ACTIVE = None
