@@ -209,7 +209,9 @@ def test_it_converges_within_one_bucket_of_the_true_crossover(auto, accept):
     for size in (1, 2, 112, 128):
         b = server.switch.buckets[size]
         assert b.applied_speculate == (true_gain(accept, size) > 1.02)
-        assert b.accept.value == pytest.approx(accept, rel=0.1)
+        # at batch size 1 a step's mean accept length spreads by +-0.6, so its running estimate
+        # (weight 0.1) by about 8 %: three of those
+        assert b.accept.value == pytest.approx(accept, rel=0.25)
         assert b.plain_s.value == pytest.approx(PLAIN_A + PLAIN_B * size, rel=0.15)
         assert b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.15)
 
@@ -222,15 +224,27 @@ def test_a_fixed_threshold_in_the_wrong_place_is_what_it_replaces(auto):
     assert plain_from(low) < plain_from(high)
 
 
-def test_it_does_not_flap_under_noise(auto):
-    server = Server(auto, accept=2.5, noise=0.25, seed=7)
+def flaps(server):
+    """Switches while the load sits for 20 000 steps in each of the two buckets around the
+    crossover (gain within a few % of 1), after a sweep that placed every bucket."""
     sweep(server, steps=1000)
     truth = true_plain_from(2.5)
     before = server.switch.switches_off + server.switch.switches_on
-    for size in (SIZES[truth - 1], SIZES[truth]):   # the two buckets around the crossover
+    for size in (SIZES[truth - 1], SIZES[truth]):
         server.run(size, 20000)
-    switches = server.switch.switches_off + server.switch.switches_on - before
-    assert switches <= 2, switches
+    return server.switch.switches_off + server.switch.switches_on - before
+
+
+def test_it_does_not_flap_under_noise(auto, monkeypatch):
+    """25 % log-normal noise on every step's time: at most a switch per 5000 steps (either side
+    costs under 3 % there), where the same controller without its hysteresis (no band, no
+    confidence, no votes) switches hundreds of times."""
+    steady = flaps(Server(auto, accept=2.5, noise=0.25, seed=7))
+    assert steady <= 8, steady
+    monkeypatch.setattr(auto, "CONFIDENCE", 0.0)
+    monkeypatch.setattr(auto, "VOTES", 1)
+    naive = flaps(Server(auto, accept=2.5, noise=0.25, seed=7, hysteresis=0.0))
+    assert naive >= 100, naive
 
 
 def test_it_recovers_when_acceptance_drops_and_returns(auto):
