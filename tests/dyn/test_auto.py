@@ -118,6 +118,13 @@ def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, pol
         assert sorted(switch.buckets) == [4]  # bucketed by the target's captured graph sizes
         with pytest.raises(policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_THRESHOLD=auto"):
             namespace["make_switch"](server_args, "EAGLEWorker", runner)
+        # 0.5.17's ModelRunner: the rank in its ParallelState, the graphs as decode_cuda_graph_runner
+        runner_0517 = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
+                                            decode_cuda_graph_runner=types.SimpleNamespace(capture_bs=[2, 6]))
+        switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner_0517)
+        assert switch.tp_rank == 1
+        switch.decide(5)
+        assert sorted(switch.buckets) == [6]
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
     assert type(namespace["make_switch"](server_args, "EAGLEWorker", runner)) is policy.SpecSwitch
 
