@@ -223,14 +223,6 @@ def test_it_converges_within_one_bucket_of_the_true_crossover(auto, accept):
         assert b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.15)
 
 
-def test_a_fixed_threshold_in_the_wrong_place_is_what_it_replaces(auto):
-    """The controller's answer differs between two workloads (a single fixed threshold fits one)."""
-    high, low = Server(auto, accept=2.5), Server(auto, accept=1.8)
-    sweep(high)
-    sweep(low)
-    assert plain_from(low) < plain_from(high)
-
-
 def flaps(server):
     """Switches while the load sits for 20 000 steps in each of the two buckets around the
     crossover (gain within a few % of 1), after a sweep that placed every bucket."""
@@ -295,7 +287,7 @@ def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(au
     r1_rate = 1.7
     differ = 0
     rng = random.Random(5)
-    for i in range(30000):
+    for i in range(20000):
         if i % 3 == 0:  # the scheduler's broadcast, not every iteration (the receive skipper)
             auto.ACTIVE = r0.switch
             sent = auto.attach(["req"])
@@ -306,7 +298,7 @@ def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(au
             assert auto.detach(pickle.loads(wire)) == ["req"]
             auto.ACTIVE = r1.switch
             assert auto.detach(pickle.loads(wire)) == ["req"]
-        bs = SIZES[min(len(SIZES) - 1, (i // 1500) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
+        bs = SIZES[min(len(SIZES) - 1, (i // 1000) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
         a, b = r0.switch.decide(bs), r1.switch.decide(bs)
         assert a == b, i
         for server, speculate in ((r0, a), (r1, b)):
