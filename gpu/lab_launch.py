@@ -70,7 +70,7 @@ def is_dyn(profile: str) -> bool:
 
 
 def plan(profile: str, *, model: str, port: int, draft: str | None = None, tp: int = 1,
-         flags=(), env: dict | None = None, threshold: int | None = None,
+         flags=(), env: dict | None = None, threshold: int | str | None = None,
          hysteresis: int | None = None) -> profiles.LaunchPlan:
     """The launch plan of one lab server: `profile` with the lab's overrides."""
     overrides = {"model": _literal(model), "port": int(port), "tp_size": int(tp),
@@ -80,8 +80,9 @@ def plan(profile: str, *, model: str, port: int, draft: str | None = None, tp: i
         overrides["draft_model"] = _literal(draft)
     with _lab_profiles():
         if threshold is not None and is_dyn(profile):
-            overrides["dyn_threshold"] = int(threshold)
-            if hysteresis is not None:
+            # "auto": the patch's controller (0003) finds the crossover; it takes no hysteresis
+            overrides["dyn_threshold"] = threshold if threshold == profiles.AUTO_THRESHOLD else int(threshold)
+            if hysteresis is not None and threshold != profiles.AUTO_THRESHOLD:
                 overrides["dyn_hysteresis"] = int(hysteresis)
         return profiles.resolve(host(), profile, overrides)
 

@@ -103,7 +103,8 @@ class Server(dyn_device.Server):
         self.pair = spec.get("pair", group.get("pair"))
         self.backend = spec.get("backend", group.get("backend", "triton"))
         self.tp = int(spec.get("tp", group.get("tp", 1)))
-        self.threshold = int(spec.get("threshold", threshold))
+        threshold = spec.get("threshold", threshold)
+        self.threshold = threshold if threshold == "auto" else int(threshold)
         self.label = spec.get("label", self.profile)
         self.name = f"{group['name']}-{self.label}-{self.pair}-{self.backend}"
         self.port = 30000 + 100 * group["index"] + 10 * index

@@ -16,7 +16,7 @@ from toolkit_cli.parsing import command
 
 ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
 USAGE = """usage: invoke server ACTION [PROFILE] [options]
-  start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N] [--hysteresis N]
+  start PROFILE [--timeout S] [--port N] [--model P] [--draft-model P] [--tp N] [--threshold N|auto] [--hysteresis N]
                 [--skip-patch-check] [--dry-run]
                            render launch.sh on the host, start detached, wait until ready; then show the
                            log lines the applied patchsets ask for ([logs] print)
@@ -46,9 +46,21 @@ every host action takes --host NAME[,NAME...] (default: sandbox)"""
 TAKES_PROFILE = ("start", "render", "restart", "logs")
 
 
+def threshold_option(value):
+    """--threshold N, or --threshold auto (the dyn-disable patch finds the crossover itself)."""
+    if value == profiles.AUTO_THRESHOLD:
+        return value
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        fail(f"--threshold takes an integer or auto, got {value!r}", code=2)
+
+
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     return {"port": int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
-            "tp_size": int_option(tp, "--tp"), "dyn_threshold": int_option(threshold, "--threshold"),
+            "tp_size": int_option(tp, "--tp"), "dyn_threshold": threshold_option(threshold),
             "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
 
 
@@ -64,7 +76,8 @@ def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     "model": "start/render/restart: model path on the host instead of the host's server.model",
     "draft_model": "start/render/restart: draft model path on the host instead of server.draft_model",
     "tp": "start/render/restart: tensor-parallel size instead of the profile's/host's",
-    "threshold": "start/render/restart: dyn-disable threshold (running requests above which drafting stops)",
+    "threshold": "start/render/restart: dyn-disable threshold (running requests above which drafting stops), "
+                 "or auto (the patch measures each batch size's plain and speculative steps and decides)",
     "hysteresis": "start/render/restart: drafting resumes at threshold - hysteresis (default with --threshold: "
                   "max(1, threshold // 4), as the patch's own default)",
     "skip_patch_check": "start/restart: do not check that the profile's required patchsets are applied",

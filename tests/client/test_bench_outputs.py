@@ -297,3 +297,13 @@ def test_slightly_slower_plain_steps_move_the_crossover_up_a_little():
     baseline_only = recommend(sweep(base, eagle))
     assert rec.crossover_concurrency > baseline_only.crossover_concurrency
     assert rec.threshold == 7 and "0.96 of baseline" in rec.text
+
+
+def test_a_dyn_server_with_threshold_auto_is_benched_without_a_plain_share():
+    """threshold=auto has no level above which every step is plain: the recommendation runs, against
+    baseline, instead of failing on the threshold."""
+    records = with_threshold([record(p, c, v) for p, vs in KIMI_V1.items() for c, v in zip(KIMI_LEVELS, vs)],
+                             "eagle3-dyn", "auto")
+    rec = recommend(records)
+    assert rec.plain_share is None and rec.break_even == 1.0
+    assert rec.verdict == "eagle3-never-wins"

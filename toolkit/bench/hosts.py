@@ -67,7 +67,9 @@ def config_fallback(host: Host, state: server.ServerState, overrides: dict | Non
         launch = server.plan(host, state.profile, overrides)
         argv = launch.argv
         hysteresis = launch.dyn_hysteresis
-        if state.dyn_threshold is not None and launch.dyn_threshold != state.dyn_threshold:
+        if state.dyn_threshold == profiles.AUTO_THRESHOLD:
+            hysteresis = None
+        elif state.dyn_threshold is not None and launch.dyn_threshold != state.dyn_threshold:
             hysteresis = profiles.default_hysteresis(state.dyn_threshold)   # started with an override
     except Exception:   # a profile changed or removed since the start: keep what the state says
         argv, hysteresis = [], None

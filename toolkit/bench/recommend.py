@@ -88,11 +88,12 @@ def crossover(levels: list[int], ratios: list[float], at: float = 1.0) -> float 
 
 
 def dyn_threshold(records: list[dict], profile: str) -> int | None:
-    """The threshold the dyn profile's server ran with (its records' server.dyn_disable)."""
+    """The threshold the dyn profile's server ran with (its records' server.dyn_disable); None
+    for a server with threshold=auto, which has no one level above which every step is plain."""
     for record in records:
         dyn = record.get("server", {}).get("dyn_disable")
         if record.get("profile") == profile and isinstance(dyn, dict) and dyn.get("threshold"):
-            return int(dyn["threshold"])
+            return None if dyn["threshold"] == "auto" else int(dyn["threshold"])
     return None
 
 

@@ -92,9 +92,9 @@ class CheckFailed(Exception):
     pass
 
 
-def burst_size(dyn_threshold: int | None) -> int:
+def burst_size(dyn_threshold: int | str | None) -> int:
     """Enough concurrent requests to cross the dyn-disable threshold both ways."""
-    return 2 * dyn_threshold + 2 if dyn_threshold else DEFAULT_BURST
+    return 2 * dyn_threshold + 2 if isinstance(dyn_threshold, int) and dyn_threshold else DEFAULT_BURST
 
 
 # --- log scan ---------------------------------------------------------------------------------

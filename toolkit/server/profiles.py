@@ -64,7 +64,7 @@ class LaunchPlan:
     log_lines: list[str]
     rank_log_lines: list[str]
     requires_patchsets: list[str]
-    dyn_threshold: int | None
+    dyn_threshold: int | str | None   # "auto": the patch's controller finds it
     dyn_hysteresis: int | None
     venv: str | None
     server_dir: str
@@ -201,6 +201,7 @@ def shared_gpu(host: Host) -> bool:
 
 
 DYN_DISABLE_POLICY = "sglang/srt/speculative/dyn_disable.py"
+AUTO_THRESHOLD = "auto"
 
 
 def default_hysteresis(threshold: int) -> int:
@@ -241,8 +242,12 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     bind = str(pick("bind", "127.0.0.1"))
     threshold = pick("dyn_threshold")
     hysteresis = pick("dyn_hysteresis")
-    threshold = None if threshold is None else _int(threshold, "dyn_threshold", name)
-    hysteresis = None if hysteresis is None else _int(hysteresis, "dyn_hysteresis", name)
+    auto = threshold == AUTO_THRESHOLD   # the patch's 0003 diff finds the crossover itself
+    if auto and "dyn_hysteresis" in overrides:
+        raise ProfileError(f"profile {name}: dyn_threshold = auto takes no dyn_hysteresis (the controller's "
+                           f"band is SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS)")
+    threshold = None if threshold is None or auto else _int(threshold, "dyn_threshold", name)
+    hysteresis = None if hysteresis is None or auto else _int(hysteresis, "dyn_hysteresis", name)
     if threshold is not None and (hysteresis is None or
                                   ("dyn_threshold" in overrides and "dyn_hysteresis" not in overrides)):
         # none given, or one set for the profile's own threshold (which would flap at e.g. 18)
@@ -252,6 +257,8 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     if threshold is not None and hysteresis is not None and not 0 <= hysteresis < threshold:
         raise ProfileError(f"profile {name}: dyn_hysteresis must satisfy 0 <= hysteresis < threshold ({threshold})")
 
+    if auto:
+        threshold = AUTO_THRESHOLD
     base = {"python": python, "bind": bind, "port": port, "tp_size": tp_size,
             "dyn_threshold": "" if threshold is None else threshold,
             "dyn_hysteresis": "" if hysteresis is None else hysteresis}

@@ -72,7 +72,7 @@ class ServerState:
     script_path: str
     started_at: float
     tp_size: int
-    dyn_threshold: int | None
+    dyn_threshold: int | str | None   # "auto" with --threshold auto
     expected_log_lines: list[str]
     health_endpoint: str = "/health"
     model: str | None = None

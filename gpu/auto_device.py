@@ -1,0 +1,222 @@
+"""threshold=auto against the best fixed threshold (issue #29), one workload per call, on the
+trained pair (gpu/train_pair.py), simulation off. NOT RUN YET (no GPU was lent when it was written).
+
+Usage (repo root, after gpu/run_auto.sh has prepared /tmp/site and the pair):
+  python3 gpu/auto_device.py --out DIR --workload own|random [--budget-s 420]
+      [--fixed 2,4,8,16,32,64] [--levels 1,4,16,32,64] [--rounds 1]
+
+Servers side by side on one GPU (shapes_device.Server, the flags the profiles give), all
+eagle3-v2-dyn on the same pair: `fixed-N` with SGLANG_SPEC_DISABLE_THRESHOLD=N for each N of
+--fixed (64 = the largest batch: never plain, stock speculation) and `auto` with
+SGLANG_SPEC_DISABLE_THRESHOLD=auto. Workloads: `own` = the pair's held-out text (the draft
+accepts 2.5-2.6 tokens per step, docs/evidence/real-acceptance), `random` = random token ids (the
+draft is mostly wrong), so the crossover differs. Per level c of --levels, servers one at a time
+(the order rotates per level): a warm-up of c requests, then 4c requests (at least 8) at
+concurrency c, --in-tokens prompt tokens, --out-tokens generated, ignore_eos; output tok/s. Then
+the bursty trace: a closed loop whose concurrency moves between --burst-low and --burst-high every
+--period-s seconds for --bursty-s seconds; tok/s over the trace and its drain. After each level
+auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
+Writes DIR/records.jsonl, DIR/auto_state.jsonl, DIR/part-WORKLOAD.json (auto_summary's shape).
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import auto_summary  # noqa: E402
+
+T0 = time.time()
+BUDGET = 420.0
+
+
+def el():
+    return time.time() - T0
+
+
+def left():
+    return BUDGET - el()
+
+
+def say(*a):
+    print(f"[t={el():.1f}s]", *a, flush=True)
+
+
+def prompts_for(workload, models, n, in_tokens, seed=0):
+    """n prompts of in_tokens ids: the pair's held-out text, or random ids of its vocabulary."""
+    rnd = random.Random(seed)
+    if workload == "own":
+        held = json.load(open(os.path.join(models, "heldout.json")))["prompts"]
+        held = [p for p in held if len(p) >= in_tokens] or held
+        return [list(held[i % len(held)][:in_tokens]) for i in range(n)]
+    vocab = json.load(open(os.path.join(models, "target-trained", "config.json")))["vocab_size"]
+    return [[rnd.randrange(3, vocab) for _ in range(in_tokens)] for _ in range(n)]
+
+
+async def generate(s, srv, ids, out_tokens):
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": out_tokens,
+                                                  "ignore_eos": True}}
+    for attempt in (0, 1):
+        try:
+            async with s.post(srv.base + "/generate", json=body) as r:
+                j = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {str(j)[:200]}")
+                return j["meta_info"]["completion_tokens"]
+        except aiohttp.ServerDisconnectedError:  # a kept-alive connection the server closed
+            if attempt:
+                raise
+
+
+async def fixed_level(s, srv, prompts, c, n, out_tokens):
+    sem = asyncio.Semaphore(c)
+    toks = []
+
+    async def one(ids):
+        async with sem:
+            toks.append(await generate(s, srv, ids, out_tokens))
+
+    t0 = time.time()
+    await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(n)))
+    wall = time.time() - t0
+    return {"requests": n, "out_tokens": sum(toks), "wall_s": round(wall, 3),
+            "out_tok_per_s": round(sum(toks) / wall, 1)}
+
+
+async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
+    """A closed loop: `high` requests in flight in odd periods, `low` in even ones."""
+    toks, inflight, started = [], set(), 0
+    t0 = time.time()
+
+    async def one(ids):
+        toks.append(await generate(s, srv, ids, out_tokens))
+
+    while time.time() - t0 < total_s:
+        target = high if int((time.time() - t0) / period_s) % 2 else low
+        inflight = {t for t in inflight if not t.done()}
+        while len(inflight) < target:
+            inflight.add(asyncio.ensure_future(one(prompts[started % len(prompts)])))
+            started += 1
+        await asyncio.sleep(0.02)
+    await asyncio.gather(*inflight)
+    wall = time.time() - t0
+    return {"requests": started, "out_tokens": sum(toks), "wall_s": round(wall, 3),
+            "out_tok_per_s": round(sum(toks) / wall, 1), "low": low, "high": high,
+            "period_s": period_s, "total_s": total_s}
+
+
+async def dyn_state(s, srv):
+    try:
+        async with s.get(srv.base + "/server_info") as r:
+            info = await r.json()
+        return info["internal_states"][0].get("dyn_spec_disable")
+    except Exception as exc:  # noqa: BLE001 (kept as evidence, the run goes on)
+        return {"error": repr(exc)}
+
+
+def make_servers(fixed, mem):
+    import shapes_device
+    group = {"name": "auto", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+             "mem": mem, "kv_tokens": 32768, "max_running": 64}
+    servers = []
+    for k, threshold in enumerate([*fixed, "auto"]):
+        label = "auto" if threshold == "auto" else f"fixed-{threshold}"
+        env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
+        # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
+        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": "trained", "env": env}
+        srv = shapes_device.Server(group, spec, k, threshold)
+        srv.threshold_label = threshold
+        servers.append(srv)
+    return servers
+
+
+async def main():
+    global BUDGET
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workload", choices=("own", "random"), required=True)
+    ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--models", default="/tmp/models")
+    ap.add_argument("--fixed", default="2,4,8,16,32,64")
+    ap.add_argument("--levels", default="1,4,16,32,64")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--mem", type=float, default=0.08)
+    ap.add_argument("--in-tokens", type=int, default=128)
+    ap.add_argument("--out-tokens", type=int, default=96)
+    ap.add_argument("--burst-low", type=int, default=2)
+    ap.add_argument("--burst-high", type=int, default=48)
+    ap.add_argument("--period-s", type=float, default=3.0)
+    ap.add_argument("--bursty-s", type=float, default=15.0)
+    a = ap.parse_args()
+    BUDGET = a.budget_s
+    import accept_device
+    import shapes_device
+    shapes_device.BUDGET = a.budget_s
+    os.makedirs(a.out, exist_ok=True)
+    levels = [int(c) for c in a.levels.split(",")]
+    prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens)
+    servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem)
+    records_path = os.path.join(a.out, "records.jsonl")
+    state_path = os.path.join(a.out, "auto_state.jsonl")
+    auto = servers[-1]
+
+    def keep(path, rec):
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
+        try:
+            await shapes_device.start_servers(servers, False, 2)
+            health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
+            live = [srv for srv in servers if health.get(srv.name) is not None]
+            say("live:", [srv.label for srv in live])
+            for li, c in enumerate(levels):
+                for rnd in range(a.rounds):
+                    order = live[li % len(live):] + live[:li % len(live)]
+                    for srv in order:
+                        if left() < 30:
+                            say("budget: stopping before", srv.label, "c =", c)
+                            raise TimeoutError("budget")
+                        await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
+                        res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens)
+                        rec = dict(res, workload=a.workload, level=str(c), server=srv.label,
+                                   threshold=srv.threshold_label, round=rnd)
+                        keep(records_path, rec)
+                        say(a.workload, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
+                keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
+            for rnd in range(a.rounds):
+                for srv in live:
+                    if left() < a.bursty_s + 15:
+                        say("budget: no bursty trace for", srv.label)
+                        continue
+                    res = await bursty(s, srv, prompts, a.burst_low, a.burst_high, a.period_s,
+                                       a.bursty_s, a.out_tokens)
+                    keep(records_path, dict(res, workload=a.workload, level="bursty", server=srv.label,
+                                            threshold=srv.threshold_label, round=rnd))
+                    say(a.workload, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
+            keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
+        except TimeoutError:
+            pass
+        finally:
+            accept_device.stop_all(servers)
+            scans = {srv.label: srv.scan_log() for srv in servers}
+            with open(os.path.join(a.out, "logs_scan.json"), "w") as f:
+                json.dump(scans, f, indent=1)
+            for lab, sc in scans.items():
+                say(f"log {lab}: {sc['error_lines']} error lines; first={sc['first_errors'][:2]}")
+            if os.path.exists(records_path):
+                part = auto_summary.workload_summary(auto_summary.read_records(records_path), a.workload)
+                with open(os.path.join(a.out, f"part-{a.workload}.json"), "w") as f:
+                    json.dump(part, f, indent=1)
+                for level, e in part["levels"].items():
+                    say("summary", a.workload, level, json.dumps({k: e[k] for k in (
+                        "auto", "best_fixed", "best_fixed_threshold", "auto_over_best")}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

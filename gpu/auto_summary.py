@@ -1,0 +1,87 @@
+"""threshold=auto's proof (issue #29): auto against the best fixed threshold of a sweep, from the
+records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/test_auto_summary.py).
+
+  python3 gpu/auto_summary.py part RECORDS.jsonl WORKLOAD OUT.json   # one call's workload
+  python3 gpu/auto_summary.py merge OUT.json PART.json [PART.json ...]  # the evidence file
+
+A record: {"workload", "level" ("1", "4", ..., "bursty"), "server" ("auto" or "fixed-N"),
+"threshold" ("auto" or N), "out_tok_per_s", "round"}. Several rounds of one server at one level
+give their median. The merged file has the issue's shape:
+  {"workloads": [{"name": ..., "levels": {"1": {"auto": tok_s, "best_fixed": tok_s,
+   "best_fixed_threshold": N, "auto_over_best": r, "fixed": {"N": tok_s, ...}}, ...}}],
+   "goal": ..., "met": {...}}
+"""
+import json
+import statistics
+import sys
+
+GOAL_LEVEL = 0.97    # auto >= 0.97x the best fixed threshold at every level of every workload
+GOAL_BURSTY = 1.0    # and >= 1.0x on the bursty trace
+
+
+def _level_key(level):
+    return (1, 0) if level == "bursty" else (0, int(level))
+
+
+def workload_summary(records, name):
+    """{"name", "levels"} for one workload's records."""
+    by = {}
+    for r in records:
+        if r.get("workload") != name or r.get("out_tok_per_s") is None:
+            continue
+        by.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["out_tok_per_s"])
+    levels = {}
+    for level in sorted(by, key=_level_key):
+        medians = {t: statistics.median(v) for t, v in by[level].items()}
+        fixed = {t: v for t, v in medians.items() if t != "auto"}
+        entry = {"auto": medians.get("auto"), "best_fixed": None, "best_fixed_threshold": None,
+                 "auto_over_best": None,
+                 "fixed": {t: fixed[t] for t in sorted(fixed, key=int)}}
+        if fixed:
+            best = max(fixed, key=lambda t: (fixed[t], -int(t)))
+            entry["best_fixed"], entry["best_fixed_threshold"] = fixed[best], int(best)
+            if entry["auto"] is not None and fixed[best] > 0:
+                entry["auto_over_best"] = round(entry["auto"] / fixed[best], 4)
+        levels[level] = entry
+    return {"name": name, "levels": levels}
+
+
+def merge(parts):
+    """The evidence file from the workloads' summaries, with the goal checked level by level."""
+    workloads = sorted(parts, key=lambda w: w["name"])
+    met = {}
+    for w in workloads:
+        for level, e in w["levels"].items():
+            goal = GOAL_BURSTY if level == "bursty" else GOAL_LEVEL
+            ratio = e.get("auto_over_best")
+            met[f"{w['name']}/{level}"] = None if ratio is None else ratio >= goal
+    return {"workloads": workloads,
+            "goal": {"every_level": GOAL_LEVEL, "bursty": GOAL_BURSTY},
+            "met": met,
+            "all_met": bool(met) and all(v is True for v in met.values())}
+
+
+def read_records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv):
+    if len(argv) >= 4 and argv[0] == "part":
+        out = workload_summary(read_records(argv[1]), argv[2])
+        path = argv[3]
+    elif len(argv) >= 3 and argv[0] == "merge":
+        out = merge([json.load(open(p)) for p in argv[2:]])
+        path = argv[1]
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(json.dumps(out.get("met", out.get("levels")), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

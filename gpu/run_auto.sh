@@ -1,0 +1,55 @@
+#!/bin/bash
+# threshold=auto against the best fixed threshold of a sweep (issue #29), one workload per call:
+# site setup (unless SKIP_SETUP=1), the trained pair (unless it is already in /tmp/models), then
+# gpu/auto_device.py with what is left. NOT RUN YET: no GPU was lent when it was written.
+# Run from the repo root with the carried .whl1 .whl2 .whl3 (gpu/README.md):
+#   WORKLOAD=own BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
+#   SKIP_SETUP=1 WORKLOAD=random BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
+# Env: WORKLOAD (own | random, default own), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
+#      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
+#      AUTO_FIXED (default 2,4,8,16,32,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (1),
+#      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4").
+# $OUT gets part-$WORKLOAD.json, records.jsonl, auto_state.jsonl, train_report.json and
+# evidence.tgz (server logs, driver log, logs_scan.json).
+set -u
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+WORKLOAD=${WORKLOAD:-own}
+OUT=${OUT:-/tmp/out}
+LOGS=/tmp/dyn-logs
+WORK=$LOGS/auto-$WORKLOAD
+rm -rf "$WORK"
+mkdir -p "$OUT" "$WORK"
+say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
+finish() {
+  for f in part-$WORKLOAD.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
+  [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
+  tar -C "$LOGS" -czf "$OUT/evidence.tgz" . 2>/dev/null
+  say "done"
+}
+trap finish EXIT
+
+if [ "${SKIP_SETUP:-0}" = 1 ] && [ -d /tmp/site ]; then
+  say "setup skipped (SKIP_SETUP=1)"
+else
+  OUT=/tmp/setup-out bash gpu/run_dyn.sh setup || { say "setup failed"; exit 1; }
+fi
+grep -q "dyn_disable_auto" /tmp/site/sglang/srt/managers/scheduler.py \
+  || { say "the site lacks 0003-dyn-disable-auto.patch"; exit 1; }
+. gpu/device_env.sh
+export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
+if [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ]; then
+  say "trained pair already in /tmp/models"
+else
+  STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+  say "training the pair ($(left) s left)"
+  timeout $(( $(left) - 240 )) python3 gpu/train_pair.py /tmp/models --corpus /tmp/site --corpus "$STDLIB" \
+    --size small --bytes ${CORPUS_BYTES:-40000000} --target-s ${TARGET_S:-70} --draft-s ${DRAFT_S:-35} \
+    --seed 0 --device cuda 2>&1 | grep -v "UserWarning\|warnings.warn" | tee "$WORK/train.log"
+  [ -f /tmp/models/draft-trained/model.safetensors ] || { say "no trained pair"; exit 1; }
+fi
+say "pair ready ($(left) s left); workload $WORKLOAD"
+python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --budget-s $(( $(left) - 15 )) \
+  --fixed ${AUTO_FIXED:-2,4,8,16,32,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-1} \
+  ${AUTO_ARGS:-} 2>&1 | tee "$WORK/driver.log"

@@ -1,0 +1,487 @@
+"""SGLANG_SPEC_DISABLE_THRESHOLD=auto (0003-dyn-disable-auto.patch), on the patched files of every
+release: the configuration (bad values stop the server naming the variable), and the controller
+(dyn_disable_auto.py, torch-free) driven by a simulated server whose right answer is known.
+
+The simulated server: a plain step takes PLAIN_A + PLAIN_B * bucket seconds, a speculative one
+SPEC_A + SPEC_B * bucket (the verify processes several tokens per request, so speculation's gain
+falls with batch size), each times log-normal noise; a resume after plain steps adds the draft's
+resync. Each request accepts a random number of tokens per speculative step with the workload's
+mean. As with SGLang's overlap scheduler (launch step i, then wait for step i - 1's result), the
+time between the launches of steps i and i + 1 is the GPU time of step i - 1, and a step's accept
+lengths come back one step later. The right
+decision per bucket is known in closed form (gain = accept * plain / spec)."""
+from __future__ import annotations
+
+import logging
+import pickle
+import random
+import sys
+import types
+from typing import Optional
+
+import pytest
+
+from .conftest import PATCHSET, function_source, load_by_path, public_attrs, stub_modules, tree_with
+
+AUTO = "sglang/srt/speculative/dyn_disable_auto.py"
+POLICY = "sglang/srt/speculative/dyn_disable.py"
+RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
+SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128]
+
+PLAIN_A, PLAIN_B = 5e-3, 0.1e-3
+SPEC_A, SPEC_B = 7e-3, 0.35e-3
+RESYNC_S = 2e-3
+
+
+def patches(release):
+    return [PATCHSET / release / name for name in
+            ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch", "0003-dyn-disable-auto.patch")]
+
+
+@pytest.fixture(scope="module")
+def auto_tree(tmp_path_factory, release):
+    return tree_with(tmp_path_factory.mktemp(f"auto-{release}"), patches(release), release)
+
+
+@pytest.fixture(scope="module")
+def auto(auto_tree, release):
+    return load_by_path(f"dyn_disable_auto_under_test_{release.replace('.', '_')}", auto_tree / AUTO)
+
+
+@pytest.fixture(scope="module")
+def policy(auto_tree, release, auto):
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": public_attrs(auto)}):
+        yield load_by_path(f"dyn_disable_policy_auto_{release.replace('.', '_')}", auto_tree / POLICY)
+
+
+def config(policy, auto, env):
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": public_attrs(auto)}):
+        return policy.config_from_env(env)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
+    cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": " auto "})
+    assert (cfg.threshold, cfg.hysteresis) == (0, 0)
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.02, 0.05, 0.005)
+    cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "auto",
+                                "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "0.1",
+                                "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "0",
+                                "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.01"})
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.1, 0.0, 0.01)
+    assert config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "12"}).auto is None
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto2"}, "SGLANG_SPEC_DISABLE_THRESHOLD"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "Auto"}, "SGLANG_SPEC_DISABLE_THRESHOLD"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "1.5"},
+     "SGLANG_SPEC_DISABLE_AUTO_MARGIN"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "-0.1"},
+     "SGLANG_SPEC_DISABLE_AUTO_MARGIN"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "x"},
+     "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.02"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_HYSTERESIS": "2"},
+     "SGLANG_SPEC_DISABLE_HYSTERESIS"),
+])
+def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names):
+    with pytest.raises(policy.DynDisableConfigError, match=names):
+        config(policy, auto, env)
+
+
+def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, policy, auto, monkeypatch,
+                                                                    caplog):
+    """make_switch and _make_auto_switch of the patched dyn_disable_runtime.py, executed (the rest
+    of that module needs torch and GPU parts of sglang)."""
+    path = auto_tree / RUNTIME
+    namespace = dict(config_from_env=policy.config_from_env, SpecSwitch=policy.SpecSwitch,
+                     unsupported_reason=lambda server_args, model_runner: None,
+                     logger=logging.getLogger("dyn_disable_runtime"), LOG_PREFIX="x", Optional=Optional)
+    for name in ("make_switch", "_make_auto_switch"):
+        exec(function_source(path, name), namespace)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "auto")
+    monkeypatch.setattr(auto, "ACTIVE", None)
+    server_args = types.SimpleNamespace(tp_size=2)
+    runner = types.SimpleNamespace(tp_rank=1, graph_runner=types.SimpleNamespace(capture_bs=[8, 1, 4]))
+    with stub_modules({"sglang.srt.speculative.dyn_disable": public_attrs(policy)}):
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
+        with caplog.at_level(logging.INFO):
+            switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
+        assert auto.ACTIVE is switch and switch.shared and switch.tp_rank == 1
+        assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
+        switch.decide(3)
+        assert sorted(switch.buckets) == [4]  # bucketed by the target's captured graph sizes
+        with pytest.raises(policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_THRESHOLD=auto"):
+            namespace["make_switch"](server_args, "EAGLEWorker", runner)
+        # 0.5.17's ModelRunner: the rank in its ParallelState, the graphs as decode_cuda_graph_runner
+        runner_0517 = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
+                                            decode_cuda_graph_runner=types.SimpleNamespace(capture_bs=[2, 6]))
+        switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner_0517)
+        assert switch.tp_rank == 1
+        switch.decide(5)
+        assert sorted(switch.buckets) == [6]
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
+    assert type(namespace["make_switch"](server_args, "EAGLEWorker", runner)) is policy.SpecSwitch
+
+
+# --- the simulated server ------------------------------------------------------------------
+
+class Server:
+    """A decode loop over one controller, with the overlap scheduler's timing."""
+
+    def __init__(self, auto, accept=2.5, noise=0.1, seed=1, tp_rank=0, tp_size=1, margin=0.02,
+                 hysteresis=0.05, budget=0.005):
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.accept = accept
+        self.noise = noise
+        cfg = types.SimpleNamespace(threshold=0, hysteresis=0)
+        self.switch = auto.AutoSwitch(cfg, auto.AutoConfig(margin, hysteresis, budget),
+                                      tp_rank=tp_rank, tp_size=tp_size,
+                                      bucket_sizes=lambda: SIZES, clock=lambda: self.now)
+        self.gpu = [0.0]               # the duration of the step launched before
+        self.results = []              # (bs, accept lens) due one step later
+        self.last_spec = True
+        self.time = {True: 0.0, False: 0.0}
+        self.tokens = 0
+        self.steps = 0
+
+    def step(self, bs, decide=None):
+        speculate = self.switch.decide(bs) if decide is None else decide
+        size = bucket(bs)
+        if speculate:
+            duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0)
+            lens = [min(5, max(1, round(self.accept + self.rng.uniform(-1, 1)))) for _ in range(bs)]
+        else:
+            duration = PLAIN_A + PLAIN_B * size
+            lens = [1] * bs
+        duration *= self.rng.lognormvariate(0, self.noise)
+        self.last_spec = speculate
+        self.tokens += sum(lens)
+        self.time[speculate] += duration
+        self.steps += 1
+        # the interval to the next launch: the GPU time of the step launched before this one
+        self.now += self.gpu.pop(0)
+        self.gpu.append(duration)
+        if self.results:
+            self.switch.observe_accept(*self.results.pop(0))
+        self.results.append((bs, lens))
+        return speculate
+
+    def run(self, bs, steps):
+        for _ in range(steps):
+            self.step(bs)
+
+
+def bucket(bs):
+    return next(s for s in SIZES if s >= bs)
+
+
+def true_gain(accept, size):
+    return accept * (PLAIN_A + PLAIN_B * size) / (SPEC_A + SPEC_B * size)
+
+
+def sweep(server, steps=3000, sizes=SIZES):
+    for size in sizes:
+        server.run(size, steps)
+
+
+def plain_from(server):
+    """The first bucket index the controller runs plain, checking every bucket above it is plain
+    and every one below speculates (a single crossover)."""
+    modes = [server.switch.buckets[s].applied_speculate for s in SIZES]
+    first = modes.index(False) if False in modes else len(SIZES)
+    assert all(modes[:first]) and not any(modes[first:]), modes
+    return first
+
+
+def true_plain_from(accept, margin=0.02):
+    gains = [true_gain(accept, s) for s in SIZES]
+    return next((i for i, g in enumerate(gains) if g < 1 + margin), len(SIZES))
+
+
+@pytest.mark.parametrize("accept", [2.5, 1.8])
+def test_it_converges_within_one_bucket_of_the_true_crossover(auto, accept):
+    server = Server(auto, accept=accept)
+    sweep(server)
+    truth = true_plain_from(accept)
+    assert 2 <= truth <= len(SIZES) - 2  # the model has a crossover inside the buckets
+    assert abs(plain_from(server) - truth) <= 1, (plain_from(server), truth)
+    # the buckets far from it are right, with the estimates the model has
+    for size in (1, 2, 112, 128):
+        b = server.switch.buckets[size]
+        assert b.applied_speculate == (true_gain(accept, size) > 1.02)
+        # at batch size 1 a step's mean accept length spreads by +-0.6, so its running estimate
+        # (weight 0.1) by about 8 %: three of those
+        assert b.accept.value == pytest.approx(accept, rel=0.25)
+        assert b.plain_s.value == pytest.approx(PLAIN_A + PLAIN_B * size, rel=0.15)
+        assert b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.15)
+
+
+def flaps(server):
+    """Switches while the load sits for 20 000 steps in each of the two buckets around the
+    crossover (gain within a few % of 1), after a sweep that placed every bucket."""
+    sweep(server, steps=1000)
+    truth = true_plain_from(2.5)
+    before = server.switch.switches_off + server.switch.switches_on
+    for size in (SIZES[truth - 1], SIZES[truth]):
+        server.run(size, 20000)
+    return server.switch.switches_off + server.switch.switches_on - before
+
+
+def test_it_does_not_flap_under_noise(auto, monkeypatch):
+    """25 % log-normal noise on every step's time: at most a switch per 5000 steps (either side
+    costs under 3 % there), where the same controller without its hysteresis (no band, no
+    confidence, no votes) switches hundreds of times."""
+    steady = flaps(Server(auto, accept=2.5, noise=0.25, seed=7))
+    assert steady <= 8, steady
+    monkeypatch.setattr(auto, "CONFIDENCE", 0.0)
+    monkeypatch.setattr(auto, "VOTES", 1)
+    naive = flaps(Server(auto, accept=2.5, noise=0.25, seed=7, hysteresis=0.0))
+    assert naive >= 100, naive
+
+
+def test_it_recovers_when_acceptance_drops_and_returns(auto):
+    server = Server(auto, accept=2.5)
+    sweep(server, steps=1500)
+    assert server.switch.buckets[16].applied_speculate
+    server.accept = 1.2  # the traffic changes: the draft is now mostly wrong
+    server.run(16, 300)
+    assert not server.switch.buckets[16].applied_speculate
+    assert server.switch.switches_off >= 1
+    server.accept = 2.5  # and back: only probes can see it from the plain side
+    start = server.now
+    while not server.switch.buckets[16].applied_speculate:
+        server.run(16, 100)
+        assert server.now - start < 60, "no resume within a minute of simulated time"
+
+
+@pytest.mark.parametrize("size", [1, 128])
+def test_probing_costs_under_one_percent(auto, size):
+    """After convergence, tokens per second against an oracle that never probes, same noise."""
+    server = Server(auto, accept=2.5, seed=3)
+    server.run(size, 3000)
+    mode = server.switch.buckets[size].applied_speculate
+    assert mode == (true_gain(2.5, size) > 1.02)
+    server.tokens, t0, probes0 = 0, sum(server.time.values()), server.switch.probe_steps
+    server.run(size, 40000)
+    auto_rate = server.tokens / (sum(server.time.values()) - t0)
+    assert server.switch.probe_steps > probes0  # it did probe
+    oracle = Server(auto, accept=2.5, seed=3)
+    for _ in range(40000):
+        oracle.step(size, decide=mode)
+    oracle_rate = oracle.tokens / sum(oracle.time.values())
+    assert auto_rate >= 0.99 * oracle_rate, (auto_rate / oracle_rate)
+
+
+def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):
+    """Rank 1's clock disagrees with rank 0's (other noise, slower), yet both follow rank 0's
+    table, handed over through the scheduler's broadcast (pickled), in every step."""
+    r0 = Server(auto, accept=2.5, seed=11, tp_rank=0, tp_size=2)
+    r1 = Server(auto, accept=2.5, seed=12, tp_rank=1, tp_size=2, noise=0.4)
+    r1_rate = 1.7
+    differ = 0
+    rng = random.Random(5)
+    for i in range(20000):
+        if i % 3 == 0:  # the scheduler's broadcast, not every iteration (the receive skipper)
+            auto.ACTIVE = r0.switch
+            sent = auto.attach(["req"])
+            auto.ACTIVE = r1.switch
+            assert auto.attach(None) is None  # only rank 0 has a list to send
+            wire = pickle.dumps(sent)
+            auto.ACTIVE = r0.switch
+            assert auto.detach(pickle.loads(wire)) == ["req"]
+            auto.ACTIVE = r1.switch
+            assert auto.detach(pickle.loads(wire)) == ["req"]
+        bs = SIZES[min(len(SIZES) - 1, (i // 1000) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
+        a, b = r0.switch.decide(bs), r1.switch.decide(bs)
+        assert a == b, i
+        for server, speculate in ((r0, a), (r1, b)):
+            server.step(bs, decide=speculate)
+        r1.now += r1.gpu[-1] * (r1_rate - 1)
+        differ += r0.switch.buckets[bucket(bs)].spec_s.value != r1.switch.buckets[bucket(bs)].spec_s.value
+    auto.ACTIVE = None
+    assert differ > 0  # the estimates did differ between the ranks
+    assert r0.switch.switches_off >= 1 and r0.switch.probe_steps > 0
+    assert (r0.switch.switches_off, r0.switch.switches_on) == (r1.switch.switches_off, r1.switch.switches_on)
+
+
+def test_switch_lines_and_server_info_carry_the_bucket_and_the_two_costs(auto):
+    server = Server(auto, accept=2.5)
+    lines = []
+    for size in SIZES:
+        for _ in range(1500):
+            server.step(size)
+            msg = server.switch.switch_message(size)
+            if msg:
+                lines.append(msg)
+    stop = next(line for line in lines if "drafting stopped" in line)
+    assert "bucket" in stop and "speculative" in stop and "plain" in stop and "gain" in stop
+    info = server.switch.as_dict()
+    assert info["threshold"] == "auto"
+    b128 = info["buckets"]["128"]
+    assert b128["speculating"] is False
+    assert b128["plain_step_ms"] == pytest.approx((PLAIN_A + PLAIN_B * 128) * 1e3, rel=0.15)
+    assert b128["gain"] == pytest.approx(true_gain(2.5, 128), rel=0.2)
+    assert server.switch.startup_message().startswith("Dynamic speculation disable enabled: threshold=auto")
+
+
+def test_the_diff_applies_after_0001_and_0002_and_every_patched_file_compiles(auto_tree, release):
+    from .conftest import touched_paths
+    diff = (PATCHSET / release / "0003-dyn-disable-auto.patch").read_text()
+    paths = [path for path, _ in touched_paths(diff)]
+    assert "sglang/srt/speculative/dyn_disable_auto.py" in paths
+    for path in paths:
+        compile((auto_tree / path).read_text(), path, "exec")
+
+
+def test_server_start_threshold_auto_renders_what_the_patched_server_reads_and_logs(policy, auto):
+    """`invoke server start eagle3-v2-dyn --threshold auto`: the plan's environment is one the
+    patched policy accepts, and the line it waits for on every rank is the controller's start line."""
+    from toolkit.server import profiles, server
+    from toolkit.core.inventory import Host
+    from invoke.exceptions import Exit
+    from toolkit_cli.server import threshold_option
+
+    host = Host(name="gpu", address="gpu.example", venv="/opt/venv", gpus=2,
+                server={"model": "/m/target", "draft_model": "/m/draft"})
+    plan = server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": threshold_option("auto"), "tp_size": 2})
+    assert plan.dyn_threshold == "auto"
+    assert plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "auto"
+    cfg = config(policy, auto, plan.env)
+    switch = auto.AutoSwitch(cfg, cfg.auto)
+    waited = [line.split(": ", 1)[1] for line in plan.expected_log_lines() if line.startswith("TP1: Dynamic")]
+    assert waited and all(line in switch.startup_message() for line in waited)
+    with pytest.raises(profiles.ProfileError, match="dyn_hysteresis"):
+        server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": "auto", "dyn_hysteresis": 2})
+    with pytest.raises(Exit, match="--threshold takes an integer or auto"):
+        threshold_option("auto2")
+    assert threshold_option("12") == 12
+
+
+def test_patchset_toml_documents_every_knob_of_the_controller(auto):
+    import tomllib
+    documented = set(tomllib.loads((PATCHSET / "patchset.toml").read_text())["env"])
+    read = {value for name, value in vars(auto).items() if name.endswith("_ENV")}
+    assert read and read <= documented
+
+
+# --- the decision table on the scheduler's own broadcast (the patched functions, executed) ---
+
+class Wire:
+    """broadcast_pyobj of two TP ranks in one process: rank 0 sends (pickled), rank 1 receives."""
+
+    def __init__(self):
+        self.sent = []
+
+    def broadcast_pyobj(self, data, rank, group, src=0):
+        if rank == src:
+            self.sent.append(pickle.dumps(data))
+            return data
+        return pickle.loads(self.sent[-1])
+
+
+def broadcast_function(auto_tree, release, wire):
+    """The patched function that makes the request broadcast, and a `self` for rank r."""
+    from .conftest import method_source
+
+    if release == "0.5.11":
+        path, cls, name = "sglang/srt/managers/scheduler.py", "Scheduler", "recv_requests"
+    else:
+        path, cls, name = ("sglang/srt/managers/scheduler_components/request_receiver.py",
+                           "SchedulerRequestReceiver", "_broadcast_reqs_across_ranks")
+
+    class ZMQError(Exception):
+        pass
+
+    namespace = dict(broadcast_pyobj=wire.broadcast_pyobj, zmq=types.SimpleNamespace(ZMQError=ZMQError, NOBLOCK=1),
+                     has_shm_features=lambda reqs: False, unwrap_shm_features=lambda req: None,
+                     get_parallel=lambda: types.SimpleNamespace(enable_dp_attention=False),
+                     List=list, Union=Optional, Any=object, Optional=Optional,
+                     TokenizedGenerateReqInput=object, TokenizedEmbeddingReqInput=object)
+    exec(method_source(auto_tree / path, cls, name), namespace)
+    fn = namespace[name]
+
+    def make_self(rank, inbox):
+        def recv_pyobj(flags):
+            if not inbox:
+                raise ZMQError()
+            return inbox.pop(0)
+
+        group = types.SimpleNamespace(rank=rank, ranks=[0, 1])
+        return types.SimpleNamespace(
+            recv_skipper=None, pp_rank=0, attn_tp_rank=rank, attn_cp_rank=0, input_blocker=None,
+            recv_limit_reached=lambda n: False,
+            recv_from_tokenizer=types.SimpleNamespace(recv_pyobj=recv_pyobj),
+            recv_from_rpc=types.SimpleNamespace(recv_pyobj=recv_pyobj),
+            server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False,
+                                              encoder_transfer_backend=""),
+            tp_size=2, tp_group=group, tp_cpu_group=None, model_config=types.SimpleNamespace(is_multimodal=False),
+            ps=types.SimpleNamespace(tp_size=2))
+
+    if release == "0.5.11":
+        return lambda rank, inbox: fn(make_self(rank, inbox))
+    return lambda rank, inbox: fn(make_self(rank, inbox), list(inbox) if rank == 0 else None)
+
+
+def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_tree, release, auto):
+    wire = Wire()
+    recv = broadcast_function(auto_tree, release, wire)
+    rank0 = Server(auto, tp_rank=0, tp_size=2)
+    rank0.run(40, 20)   # rank 0 measured bucket 40's speculative side and proposes its first probe
+    r0, r1 = rank0.switch, Server(auto, tp_rank=1, tp_size=2).switch
+    assert r0.buckets[40].probe_left == 0   # proposed, not applied: it waits for the broadcast
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
+
+        def iteration(requests):
+            auto.ACTIVE = r0
+            got0 = recv(0, list(requests))
+            auto.ACTIVE = r1
+            got1 = recv(1, [])
+            return got0, got1
+
+        assert iteration(["req"]) == (["req"], ["req"])   # the table went and was taken out again
+        assert any(isinstance(x, auto.AutoDecision) for x in pickle.loads(wire.sent[-1]))
+        assert r0.buckets[40].probe_left == r1.buckets[40].probe_left > 0
+        r0.buckets[40].speculate = False   # rank 0's estimates say plain (rank 1's may not)
+        r0._version += 1
+        assert iteration([]) == ([], [])
+        assert r0.buckets[40].applied_speculate is False and r1.buckets[40].applied_speculate is False
+        assert r1.switches_off == r0.switches_off == 1
+        assert iteration(["a", "b"]) == (["a", "b"], ["a", "b"])
+        assert pickle.loads(wire.sent[-1]) == ["a", "b"]   # nothing new: the broadcast as stock sends it
+    auto.ACTIVE = None
+
+
+# --- the issue's proof, on the simulated server ----------------------------------------------
+
+def tokens_per_s(server, seconds, size_at, decide=None):
+    """Simulated seconds of load whose batch size follows size_at(elapsed seconds)."""
+    server.tokens, start = 0, sum(server.time.values())
+    while sum(server.time.values()) - start < seconds:
+        bs = size_at(sum(server.time.values()) - start)
+        server.step(bs, decide=None if decide is None else decide(bs))
+    return server.tokens / (sum(server.time.values()) - start)
+
+
+@pytest.mark.parametrize("accept", [2.5, 1.8])
+def test_auto_is_within_3_percent_of_the_best_fixed_threshold_at_every_level(auto, accept):
+    """gpu/run_auto.sh's protocol on the simulated server: one auto server through c = 1, 4, 16,
+    32, 64 and a bursty load (48 <-> 2 running every 3 s), each level 10 s to settle and 40 s
+    measured, against a fresh server per fixed threshold (speculate while bs <= N). The two
+    workloads' crossovers differ (bucket 56 and 12)."""
+    server = Server(auto, accept=accept, seed=5)
+    levels = {c: (lambda t, c=c: c) for c in (1, 4, 16, 32, 64)}
+    levels["bursty"] = lambda t: 48 if int(t / 3.0) % 2 == 0 else 2
+    for name, size_at in levels.items():
+        tokens_per_s(server, 10, size_at)
+        got = tokens_per_s(server, 40, size_at)
+        best = max(tokens_per_s(Server(auto, accept=accept, seed=5), 40, size_at, decide=lambda bs, n=n: bs <= n)
+                   for n in (1, 4, 8, 16, 32, 48, 64))
+        assert got >= 0.97 * best, (name, got / best)

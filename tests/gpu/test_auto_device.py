@@ -1,0 +1,87 @@
+"""gpu/auto_device.py's load generators against a stand-in /generate server on 127.0.0.1 (the
+real driver has not run on a GPU yet: these catch its bugs before device time is spent)."""
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from .scripts import load_gpu_script
+
+
+@pytest.fixture(scope="module")
+def driver():
+    return load_gpu_script("auto_device")
+
+
+class StandIn:
+    """/generate answers max_new_tokens tokens after a short sleep; counts requests in flight."""
+
+    def __init__(self):
+        self.inflight = 0
+        self.peaks = []
+        self.bodies = []
+
+    async def generate(self, request):
+        body = await request.json()
+        self.bodies.append(body)
+        self.inflight += 1
+        self.peaks.append(self.inflight)
+        await asyncio.sleep(0.05)
+        self.inflight -= 1
+        n = body["sampling_params"]["max_new_tokens"]
+        return web.json_response({"meta_info": {"completion_tokens": n}})
+
+    async def server_info(self, request):
+        return web.json_response({"internal_states": [{"dyn_spec_disable": {"threshold": "auto"}}]})
+
+
+async def with_stand_in(fn):
+    stand_in = StandIn()
+    app = web.Application()
+    app.router.add_post("/generate", stand_in.generate)
+    app.router.add_get("/server_info", stand_in.server_info)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    srv = type("Srv", (), {"base": f"http://127.0.0.1:{port}"})()
+    try:
+        async with aiohttp.ClientSession() as s:
+            return stand_in, await fn(s, srv)
+    finally:
+        await runner.cleanup()
+
+
+def test_a_level_runs_n_requests_at_concurrency_c_and_counts_their_tokens(driver):
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    stand_in, res = asyncio.run(with_stand_in(lambda s, srv: driver.fixed_level(s, srv, prompts, 4, 10, 7)))
+    assert res["requests"] == 10 and res["out_tokens"] == 70
+    assert 1 < max(stand_in.peaks) <= 4   # concurrent, never above c
+    assert all(b["sampling_params"]["ignore_eos"] and b["sampling_params"]["temperature"] == 0
+               for b in stand_in.bodies)
+
+
+def test_the_bursty_trace_moves_between_its_two_concurrencies(driver):
+    stand_in, res = asyncio.run(with_stand_in(
+        lambda s, srv: driver.bursty(s, srv, [[1, 2]], 1, 6, 0.4, 1.6, 5)))
+    assert 1 < max(stand_in.peaks) <= 6   # the high phases ran requests together, never above 6
+    assert res["requests"] == len(stand_in.bodies) and res["out_tokens"] == 5 * res["requests"]
+
+
+def test_the_auto_state_is_read_from_server_info(driver):
+    _, state = asyncio.run(with_stand_in(lambda s, srv: driver.dyn_state(s, srv)))
+    assert state == {"threshold": "auto"}
+
+
+def test_prompts_are_the_held_out_text_or_random_ids_of_the_vocabulary(driver, tmp_path):
+    (tmp_path / "target-trained").mkdir()
+    (tmp_path / "target-trained" / "config.json").write_text(json.dumps({"vocab_size": 50}))
+    (tmp_path / "heldout.json").write_text(json.dumps({"prompts": [list(range(10)), list(range(20, 40))]}))
+    own = driver.prompts_for("own", str(tmp_path), 3, 8)
+    assert own == [list(range(8)), list(range(20, 28)), list(range(8))]
+    rnd = driver.prompts_for("random", str(tmp_path), 3, 8)
+    assert len(rnd) == 3 and all(len(p) == 8 and all(3 <= t < 50 for t in p) for p in rnd)
+    assert rnd != own
