@@ -1,16 +1,8 @@
-"""Invoke collection: `invoke --list` shows the commands; each lives in toolkit_cli/.
-
-Thin by design: tasks parse arguments, call the `toolkit` engine and print.
+"""`invoke ARGS` from this folder: Invoke's own program loads this file to find the tasks; it
+hands the command line to the toolkit's program (toolkit_cli/program.py, an Invoke `Program`
+subclass), which knows the commands' shape. `invoke --list` shows the commands; each lives in
+toolkit_cli/. Thin by design: tasks parse arguments, call the `toolkit` engine and print.
 """
-from invoke import Collection
+from toolkit_cli.program import hand_over, ns  # noqa: F401  (ns: the collection, for Invoke's loader)
 
-from toolkit_cli.bench import bench
-from toolkit_cli.demo import demo
-from toolkit_cli.patch import patch
-from toolkit_cli.provision import facts, provision, wheelhouse
-from toolkit_cli.rollout import rollout
-from toolkit_cli.sandbox import sandbox
-from toolkit_cli.server import server_task
-from toolkit_cli.smoke import smoke
-
-ns = Collection(bench, demo, facts, patch, provision, rollout, sandbox, server_task, smoke, wheelhouse)
+hand_over()

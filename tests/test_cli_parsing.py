@@ -1,7 +1,9 @@
-"""The command shape the user types: `invoke patch apply NAME` and `invoke patch verify`."""
+"""The command shape the user types: `invoke patch apply NAME` and `invoke patch verify`, parsed
+by the toolkit's Program (toolkit_cli/program.py)."""
 from invoke import Collection, Program
 
 from toolkit_cli.parsing import command
+from toolkit_cli.program import Toolkit, started_by_invoke
 
 seen = []
 
@@ -18,7 +20,7 @@ def other(c, action):
 
 def run(argv):
     seen.clear()
-    Program(namespace=Collection(patch, other)).run(["invoke", *argv], exit=False)
+    Toolkit(namespace=Collection(patch, other)).run(["invoke", *argv], exit=False)
     return list(seen)
 
 
@@ -53,8 +55,23 @@ def test_dash_h_is_help_and_dash_capital_h_is_the_host(capsys):
 
 
 def test_every_host_option_takes_dash_capital_h():
-    from tasks import ns
+    from toolkit_cli.program import ns
     for name in ("patch", "server", "smoke", "bench", "facts", "provision", "wheelhouse", "demo", "rollout"):
         task = ns[name]
         names = {arg.name: arg.names for arg in task.get_arguments()}
         assert names["host"] == ("host", "H"), name
+
+
+def test_invoke_itself_is_left_as_it_is(capsys):
+    """Only the toolkit's Program lets a positional be left out; Invoke's own still requires it."""
+    seen.clear()
+    Program(namespace=Collection(patch, other)).run(["invoke", "patch", "verify"], exit=False)
+    assert seen == []
+    assert "did not receive required positional arguments: 'name'" in capsys.readouterr().err
+
+
+def test_tasks_py_hands_over_only_under_invokes_own_program():
+    for argv0 in ("/venv/bin/invoke", "inv", "/venv/lib/python3.11/site-packages/invoke/__main__.py"):
+        assert started_by_invoke(argv0), argv0
+    for argv0 in ("/venv/bin/pytest", "-c", "/repo/toolkit_cli/__main__.py", "/venv/bin/invoker"):
+        assert not started_by_invoke(argv0), argv0

@@ -3,9 +3,10 @@
 The user types `invoke patch apply dyn-disable` and also `invoke patch verify`: the
 action is a positional argument and the patchset name a positional that may be left
 out. Invoke 2.x requires every positional (pyinvoke/invoke#159), so tasks made with
-`command(optional=[...])` mark those arguments, and the parser's end-of-task check is
-taught to let a marked one stay empty (it then reaches the task as ""). The parser
-still eats the next bare word into it, exactly like a required positional.
+`command(optional=[...])` mark those arguments, and the toolkit's Program
+(toolkit_cli/program.py) parses with an end-of-task check that lets a marked one stay
+empty (it then reaches the task as ""). The parser still eats the next bare word into it,
+exactly like a required positional.
 
 Short flags: Invoke would give every option the first free letter of its name, so `-d`
 meant --dry-run in one command and --model in another. Here only SHORT_FLAGS get one,
@@ -21,10 +22,9 @@ import inspect
 import shutil
 import textwrap
 
-from invoke import Program, Task
-from invoke.parser.parser import ParseMachine
+from invoke import Task
 
-_OPTIONAL = "_toolkit_optional_positional"
+OPTIONAL = "_toolkit_optional_positional"   # marks an Argument that may be left out
 
 # One meaning per letter, in every command. -h is help (Invoke's own).
 SHORT_FLAGS = {"host": "H", "dry-run": "n", "json": "j", "follow": "f"}
@@ -43,7 +43,7 @@ class Command(Task):
         arguments = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         for argument in arguments:
             if argument.name in self.optional_positional:
-                setattr(argument, _OPTIONAL, True)
+                setattr(argument, OPTIONAL, True)
             long_name = argument.names[0]
             if long_name in SHORT_FLAGS and not argument.positional:
                 argument.names = (long_name, SHORT_FLAGS[long_name])
@@ -120,31 +120,3 @@ def render_help(task: Command, name: str) -> str:
             lines.append(f"  {flags.ljust(column)}{wrapped[0]}")
             lines += [" " * (column + 2) + part for part in wrapped[1:]]
     return "\n".join(lines)
-
-
-def _complete_context(self):
-    context = self.context
-    if context is not None:
-        for argument in context.positional_args:
-            if argument.value is None and getattr(argument, _OPTIONAL, False):
-                argument._value = ""  # "given, empty": satisfies the required-positional check
-    return _original_complete_context(self)
-
-
-def _print_task_help(self, name: str) -> None:
-    task = self.collection[name]
-    if isinstance(task, Command):
-        print(render_help(task, name))
-        return
-    _original_print_task_help(self, name)
-
-
-_original_complete_context = ParseMachine.complete_context
-if not getattr(ParseMachine.complete_context, "_toolkit", False):
-    _complete_context._toolkit = True
-    ParseMachine.complete_context = _complete_context
-
-_original_print_task_help = Program.print_task_help
-if not getattr(Program.print_task_help, "_toolkit", False):
-    _print_task_help._toolkit = True
-    Program.print_task_help = _print_task_help

@@ -14,7 +14,7 @@ from toolkit.core.inventory import InventoryError
 from toolkit.patch.patchsets import PatchsetError
 from toolkit.core.transport import TransportError
 
-from toolkit_cli import sm120
+from toolkit_cli import predictions
 from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, run_on_hosts
 from toolkit_cli.parsing import command
 
@@ -79,12 +79,12 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
 
         def apply_one(h):
             result = _with_server_check(h, patching.apply(h, name, dry_run=dry_run, note=report.note), stale)
-            # with sm120 in the stack, also which of its features this host will run (one facts trip)
-            return result, sm120.prediction_after_apply(h, result)
+            # what the stack's patchsets with a `predict` hook say this host's server will decide (one facts trip)
+            return result, predictions.after_apply(h, result)
 
         outcomes = run_on_hosts(host, apply_one)
         finish(outcomes, show=lambda pair: (_print_apply(pair[0]), _print_stale(pair[0], stale.get(pair[0].host), "apply"),
-                                            sm120.show(pair[1])))
+                                            predictions.show(pair[1])))
     elif action == "revert":
         stale = {}
         outcomes = run_on_hosts(host, lambda h: _with_server_check(

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from toolkit.server import profiles, server
 from toolkit.core import report
 
-from toolkit_cli import sm120
+from toolkit_cli import predictions
 from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
 from toolkit_cli.parsing import command
 
@@ -181,8 +181,8 @@ def _render(host_spec, profile, overrides, for_start: bool, check_patches: bool 
 def _start(host_spec, profile, overrides, timeout, check_patches, json_) -> None:
     def one(host):
         launch = server.plan(host, profile, overrides)
-        if launch.kind == "sglang":  # where sm120 is applied: what its gates will decide, before the start
-            sm120.note_before_start(sm120.predict_or_reason(host, launch.tp_size, launch.env))
+        if launch.kind == "sglang":  # what the applied patchsets' hooks say the server will decide at start
+            predictions.note_before_start(predictions.predict_or_reason(host, None, launch.tp_size, launch.env))
         return server.start(host, profile, timeout=timeout, overrides=overrides, check_patches=check_patches,
                             progress=report.note)
 

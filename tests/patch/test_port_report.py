@@ -62,7 +62,8 @@ def dyn_patchsets(tmp_path, monkeypatch) -> Path:
     """A private patchsets/ with the real dyn-disable (its 0.5.11 diff only)."""
     folder = tmp_path / "patchsets"
     (folder / "dyn-disable").mkdir(parents=True)
-    shutil.copy(ROOT / "patchsets" / "dyn-disable" / "patchset.toml", folder / "dyn-disable")
+    for name in ("patchset.toml", "hooks.py"):
+        shutil.copy(ROOT / "patchsets" / "dyn-disable" / name, folder / "dyn-disable")
     shutil.copytree(ROOT / "patchsets" / "dyn-disable" / VERSION, folder / "dyn-disable" / VERSION)
     monkeypatch.setenv("TOOLKIT_PATCHSETS", str(folder))
     return folder

@@ -61,34 +61,18 @@ def test_eagle3_v2_dyn_is_topk_1_with_spec_v2_and_keeps_the_dyn_env():
                         "SGLANG_SPEC_DISABLE_HYSTERESIS": "2"}
 
 
-def patch_default_hysteresis(threshold):
-    """What the patched server itself uses when SGLANG_SPEC_DISABLE_HYSTERESIS is unset: the
-    policy module of the dyn-disable patch, applied to the real wheel file and loaded by path."""
-    import importlib.util
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from toolkit.patch import wheels
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["git", "apply", "-p1", "--include=sglang/srt/speculative/dyn_disable.py",
-                        str(Path("patchsets/dyn-disable/0.5.11/0001-dyn-disable.patch").resolve())],
-                       cwd=tmp, check=True)
-        spec = importlib.util.spec_from_file_location("policy", Path(tmp) / "sglang/srt/speculative/dyn_disable.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    assert wheels  # the patch applies to the pinned wheel; tests/dyn checks that
-    return module.config_from_env({module.THRESHOLD_ENV: str(threshold)}).hysteresis
+# The dyn-disable patch's documented default (patchset.toml [env]): max(1, threshold // 4), capped
+# at threshold - 1; written out here, not computed, so that a change of rule shows.
+DEFAULT_HYSTERESIS = {5: 1, 8: 2, 18: 4, 2: 1, 1: 0, 100: 25}
 
 
-def test_the_profile_hysteresis_is_what_the_patched_server_would_choose():
-    for name in ("eagle3-dyn", "eagle3-v2-dyn"):
-        plan = server.plan(GPU_HOST, name)
-        threshold = int(plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"])
-        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == str(patch_default_hysteresis(threshold))
-    for threshold in (18, 2, 1, 100):
+def test_the_profile_hysteresis_is_the_patchs_documented_default():
+    assert server.plan(GPU_HOST, "eagle3-dyn").env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "1"      # threshold 5
+    assert server.plan(GPU_HOST, "eagle3-v2-dyn").env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "2"   # threshold 8
+    for threshold, hysteresis in DEFAULT_HYSTERESIS.items():
         plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": threshold})
-        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == str(patch_default_hysteresis(threshold)), threshold
+        assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == str(hysteresis), threshold
+        assert profiles.default_hysteresis(threshold) == hysteresis
     plan = server.plan(GPU_HOST, "eagle3-v2-dyn", {"dyn_threshold": 18, "dyn_hysteresis": 2})
     assert plan.env["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "2"
     assert "TP7: Dynamic speculation disable enabled: threshold=18 hysteresis=2" in plan.expected_log_lines()

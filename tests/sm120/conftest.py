@@ -19,7 +19,7 @@ import pytest
 
 from tests.dyn.conftest import load_by_path, touched_paths
 from toolkit.provision import facts as facts_engine
-from toolkit.patch import wheels
+from toolkit.patch import patchhooks, patchsets, wheels
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = ("0.5.11", "0.5.17", "0.5.23")   # every release patchsets/sm120/ has a diff for
@@ -131,7 +131,7 @@ def gen_vllm_comm_module() -> JitSpec:
 
 
 class FakeMachine:
-    """Installs stand-ins for what sm120_gates.runtime_inputs probes, shaped like `case`."""
+    """Installs stand-ins for what the rule's runtime_inputs probes, shaped like `case`."""
 
     def __init__(self, case, root: Path, monkeypatch):
         self.case, self.n = case, case["gpus"]
@@ -215,3 +215,14 @@ def fake_machine(tmp_path, monkeypatch):
     def install(case):
         return FakeMachine(case, tmp_path / "site", monkeypatch)
     return install
+
+
+def rule():
+    """The rule module the sm120 hook runs: the file the patch adds, loaded out of its diff."""
+    return patchhooks.HookContext("sm120", patchsets.load_all()).added_module(RULE)
+
+
+def predict(found, tp_size=None, env=None):
+    """The sm120 hook's prediction, called as the engine calls it."""
+    [prediction] = patchhooks.predict(found, ["sm120"], tp_size, env)
+    return prediction

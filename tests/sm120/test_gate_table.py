@@ -7,9 +7,9 @@ from importlib import resources
 
 import pytest
 
-from toolkit.patch import sm120_gates
+from toolkit.patch import patchsets
 
-from .conftest import CASES, RULE, case_env, facts_for
+from .conftest import CASES, RULE, case_env, facts_for, predict, rule
 
 IDS = [c["name"] for c in CASES]
 
@@ -27,13 +27,12 @@ def check(decisions, case, side):
 def test_the_toolkit_loads_exactly_the_file_the_patch_installs(patched_tree):
     """The prediction runs the bytes SGLang runs: the rule text read out of the diff equals the file
     in the patched tree (made from the real 0.5.11 wheel files with git apply)."""
-    assert sm120_gates.rule_source() == (patched_tree / RULE).read_text()
-    assert sm120_gates.rule().decide is not None
+    assert patchsets.added_file_text("sm120", RULE) == (patched_tree / RULE).read_text()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_prediction_from_facts(case):
-    prediction = sm120_gates.predict(facts_for(case), tp_size=case.get("tp", case["gpus"]), env=case_env(case))
+    prediction = predict(facts_for(case), tp_size=case.get("tp", case["gpus"]), env=case_env(case))
     check(prediction.decisions, case, "facts")
     assert prediction.applied and prediction.gpus == list(range(case["gpus"]))[:case.get("tp", case["gpus"])]
 
@@ -52,7 +51,7 @@ def test_both_sides_give_the_same_lines(case, patched_rule, fake_machine):
     """Not only the states: the toolkit prints, word for word, the lines the server will log."""
     import os
     tp = case.get("tp", case["gpus"])
-    predicted = sm120_gates.predict(facts_for(case), tp_size=tp, env=case_env(case)).lines()
+    predicted = predict(facts_for(case), tp_size=tp, env=case_env(case)).lines()
     fake_machine(case)
     logged = [patched_rule.line(d) for d in patched_rule.decide(patched_rule.runtime_inputs(list(range(tp)), tp),
                                                                 os.environ)]
@@ -71,13 +70,13 @@ def test_each_gpu_stacks_flashinfer_decides_the_fusion_on_a_p2p_sm120_host(stack
 
     version = {p.name: p.version for p in stack.load(stack_name).pins}["flashinfer-python"]
     text = wheels.pristine("flashinfer-python", version).read("flashinfer/jit/comm.py").decode()
-    rule = sm120_gates.rule()
-    assert rule.trtllm_comm_majors(text) == majors
+    module = rule()
+    assert module.trtllm_comm_majors(text) == majors
     namespace: dict = {}
     exec(resources.files("toolkit.hostside").joinpath("facts.py").read_text(), namespace)
     assert namespace["trtllm_comm_majors"](text) == majors
     case = next(c for c in CASES if c["name"].startswith("8x RTX PRO 6000 with P2P but no P2P atomics, the gpu-0.5.23"))
     host = dict(case, flashinfer=version, majors=majors)
-    decisions = {d.feature: d for d in sm120_gates.predict(facts_for(host), tp_size=8).decisions}
+    decisions = {d.feature: d for d in predict(facts_for(host), tp_size=8).decisions}
     assert decisions["fusion"].state == fusion, decisions["fusion"]
     assert version in decisions["fusion"].why

@@ -361,6 +361,123 @@ def _determinism_detail(first: str, second: str, third: str) -> str:
             f"as making them match)")
 
 
+# -- judging: pure functions of what a check saw (tests/client/test_smoke_judges.py) ---------
+
+def judge_stream(record: RequestRecord, detail: str, loop_longest_s: float) -> str:
+    """A streamed answer: content must arrive in pieces, unless this machine itself kept the
+    client from reading for at least half of the hold (then it is not judged)."""
+    ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.0f}"
+    shape = f"first content at {ttft} ms; {record.stream_shape()}"
+    done = "[DONE] seen" if record.saw_done else "no [DONE] (tolerated)"
+    if record.held_back:
+        held_for = record.hold_evidence()[0]
+        if loop_longest_s < held_for / 2:
+            raise CheckFailed(f"not streamed: {shape}")
+        return (f"{shape}; not judged: this machine kept the client from reading for "
+                f"{loop_longest_s * 1000:.0f} ms of it, {done}; {detail}")
+    return f"{shape}, {done}; {detail}"
+
+
+def judge_burst_records(records: list[RequestRecord]) -> None:
+    """Every burst request completed and reported its usage."""
+    failed = [r for r in records if not r.ok]
+    no_usage = [r for r in records if r.ok and r.completion_tokens is None]
+    if failed:
+        raise CheckFailed(f"{len(failed)}/{len(records)} failed; first: {failed[0].error}")
+    if no_usage:
+        raise CheckFailed(f"{len(no_usage)}/{len(records)} streams carried no usage")
+
+
+def judge_burst(records: list[RequestRecord], elapsed: float, gaps: GapReport, accept: dict) -> str:
+    tokens = sum(r.completion_tokens for r in records)
+    text = (f"{len(records)} concurrent streams ok, {tokens} tokens in {elapsed:.2f} s; {gaps.describe()}; "
+            f"{describe_accept(accept)}")
+    if gaps.stalled:
+        raise CheckFailed(f"stalled: {text}")
+    return text
+
+
+def judge_log(text: str, allow=DEFAULT_LOG_ALLOW) -> str:
+    problems, excused = scan_log(text, allow)
+    if problems:
+        shown = "; ".join(p.summary() for p in problems[:3])
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckFailed(f"{len(problems)} problem(s): {shown}{more}")
+    note = f", {len(excused)} known-harmless skipped" if excused else ""
+    return f"{len(text.splitlines())} lines clean{note}"
+
+
+# -- doing: one method per check, each asks the server and hands what it saw to a judge ----
+
+class _Checks:
+    def __init__(self, client: OpenAIClient, result: SmokeResult, *, read_log, burst: int, burst_max_tokens: int,
+                 chat_max_tokens: int, log_allow, simulated_accept_length):
+        self.client, self.result, self.read_log = client, result, read_log
+        self.burst, self.burst_max_tokens, self.chat_max_tokens = burst, burst_max_tokens, chat_max_tokens
+        self.log_allow, self.simulated_accept_length = log_allow, simulated_accept_length
+        self.first_answer: str | None = None      # the chat check's, for the determinism check
+
+    async def models(self) -> str:
+        names = await self.client.list_models()
+        self.client.model = self.client.model or names[0]
+        return f"{len(names)} model(s); using {self.client.model}"
+
+    async def chat(self) -> str:
+        record, detail = await _chat_check(self.client, stream=False, max_tokens=self.chat_max_tokens)
+        self.first_answer = _answer_of(record)
+        return f"{detail}, {record.latency:.2f} s"
+
+    async def determinism(self) -> str:
+        if self.first_answer is None:
+            raise CheckFailed("the chat check gave no answer to compare with")
+        again = []
+        for _ in range(2):
+            record, _ = await _chat_check(self.client, stream=False, max_tokens=self.chat_max_tokens)
+            again.append(_answer_of(record))
+        return _determinism_detail(self.first_answer, *again)
+
+    async def stream(self) -> str:
+        async with LoopWatch() as watch:
+            record, detail = await _chat_check(self.client, stream=True,
+                                               max_tokens=max(self.chat_max_tokens, STREAM_MIN_TOKENS),
+                                               extra={"ignore_eos": True})
+        return judge_stream(record, detail, watch.longest)
+
+    async def burst_check(self) -> str:
+        client = self.client
+        before = await client.accept_length_probe(FIBONACCI_PROMPT)
+        state_before = await client.server_state()
+        messages = [[{"role": "user", "content": f"{FIBONACCI_PROMPT} (variant {i})"}] for i in range(self.burst)]
+        async with LoopWatch() as watch:
+            started = time.perf_counter()
+            records = await asyncio.gather(*(
+                client.chat(m, max_tokens=self.burst_max_tokens, temperature=0.0, stream=True,
+                            extra={"ignore_eos": True}) for m in messages))
+            elapsed = time.perf_counter() - started
+        judge_burst_records(records)
+        gaps = burst_gaps(records, started, watch.longest)
+        self.result.burst_gaps = gaps.to_dict()
+        state_after = await client.server_state()
+        after = await client.accept_length_probe(FIBONACCI_PROMPT)
+        self.result.accept_length = accept_phases(before, after, state_before, state_after,
+                                                  self.simulated_accept_length)
+        return judge_burst(records, elapsed, gaps, self.result.accept_length)
+
+    async def health(self) -> str:
+        problem = await self.client.healthy()
+        if problem:
+            raise CheckFailed(problem)
+        return "answers"
+
+    async def log(self) -> str:
+        if self.read_log is None:
+            raise _Skip("no log reader for this server")
+        return judge_log(await asyncio.to_thread(self.read_log), self.log_allow)
+
+    def step(self, name: str):
+        return self.burst_check if name == "burst" else getattr(self, name)
+
+
 async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None = None,
                           burst: int = DEFAULT_BURST, burst_max_tokens: int = BURST_MAX_TOKENS,
                           chat_max_tokens: int = CHAT_MAX_TOKENS,
@@ -371,117 +488,36 @@ async def run_smoke_async(base_url: str, *, read_log: Callable[[], str] | None =
     """`simulated_accept_length`: SGLANG_SIMULATE_ACC_LEN as the server runs with it (False: not
     set, None: unknown), reported beside the accept length."""
     result = SmokeResult(base_url=base_url)
-    state: dict = {}
-
     async with OpenAIClient(base_url, model=model, timeout=request_timeout,
                             max_connections=max(burst, 8)) as client:
-
-        async def models() -> str:
-            names = await client.list_models()
-            client.model = client.model or names[0]
-            return f"{len(names)} model(s); using {client.model}"
-
-        async def chat() -> str:
-            record, detail = await _chat_check(client, stream=False, max_tokens=chat_max_tokens)
-            state["first"] = _answer_of(record)
-            return f"{detail}, {record.latency:.2f} s"
-
-        async def determinism() -> str:
-            first = state.get("first")
-            if first is None:
-                raise CheckFailed("the chat check gave no answer to compare with")
-            again = []
-            for _ in range(2):
-                record, _ = await _chat_check(client, stream=False, max_tokens=chat_max_tokens)
-                again.append(_answer_of(record))
-            return _determinism_detail(first, *again)
-
-        async def stream() -> str:
-            async with LoopWatch() as watch:
-                record, detail = await _chat_check(client, stream=True,
-                                                   max_tokens=max(chat_max_tokens, STREAM_MIN_TOKENS),
-                                                   extra={"ignore_eos": True})
-            ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.0f}"
-            shape = f"first content at {ttft} ms; {record.stream_shape()}"
-            done = "[DONE] seen" if record.saw_done else "no [DONE] (tolerated)"
-            if record.held_back:
-                held_for = record.hold_evidence()[0]
-                if watch.longest < held_for / 2:
-                    raise CheckFailed(f"not streamed: {shape}")
-                return (f"{shape}; not judged: this machine kept the client from reading for "
-                        f"{watch.longest * 1000:.0f} ms of it, {done}; {detail}")
-            return f"{shape}, {done}; {detail}"
-
-        async def burst_check() -> str:
-            before = await client.accept_length_probe(FIBONACCI_PROMPT)
-            state_before = await client.server_state()
-            messages = [[{"role": "user", "content": f"{FIBONACCI_PROMPT} (variant {i})"}] for i in range(burst)]
-            async with LoopWatch() as watch:
-                started = time.perf_counter()
-                records = await asyncio.gather(*(
-                    client.chat(m, max_tokens=burst_max_tokens, temperature=0.0, stream=True,
-                                extra={"ignore_eos": True}) for m in messages))
-                elapsed = time.perf_counter() - started
-            failed = [r for r in records if not r.ok]
-            no_usage = [r for r in records if r.ok and r.completion_tokens is None]
-            if failed:
-                raise CheckFailed(f"{len(failed)}/{burst} failed; first: {failed[0].error}")
-            if no_usage:
-                raise CheckFailed(f"{len(no_usage)}/{burst} streams carried no usage")
-            gaps = burst_gaps(records, started, watch.longest)
-            result.burst_gaps = gaps.to_dict()
-            state_after = await client.server_state()
-            after = await client.accept_length_probe(FIBONACCI_PROMPT)
-            result.accept_length = accept_phases(before, after, state_before, state_after,
-                                                 simulated_accept_length)
-            tokens = sum(r.completion_tokens for r in records)
-            text = (f"{burst} concurrent streams ok, {tokens} tokens in {elapsed:.2f} s; {gaps.describe()}; "
-                    f"{describe_accept(result.accept_length)}")
-            if gaps.stalled:
-                raise CheckFailed(f"stalled: {text}")
-            return text
-
-        async def health() -> str:
-            problem = await client.healthy()
-            if problem:
-                raise CheckFailed(problem)
-            return "answers"
-
-        async def log() -> str:
-            if read_log is None:
-                raise _Skip("no log reader for this server")
-            text = await asyncio.to_thread(read_log)
-            problems, excused = scan_log(text, log_allow)
-            if problems:
-                shown = "; ".join(p.summary() for p in problems[:3])
-                more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-                raise CheckFailed(f"{len(problems)} problem(s): {shown}{more}")
-            note = f", {len(excused)} known-harmless skipped" if excused else ""
-            return f"{len(text.splitlines())} lines clean{note}"
-
-        steps = {"models": models, "chat": chat, "determinism": determinism, "stream": stream,
-                 "burst": burst_check, "health": health, "log": log}
+        checks = _Checks(client, result, read_log=read_log, burst=burst, burst_max_tokens=burst_max_tokens,
+                         chat_max_tokens=chat_max_tokens, log_allow=log_allow,
+                         simulated_accept_length=simulated_accept_length)
         for name in CHECK_NAMES:
             if on_check is not None:
                 maybe = on_check(name)
                 if asyncio.iscoroutine(maybe):
                     await maybe
-            check = Check(name)
-            started = time.perf_counter()
-            try:
-                check.detail = await steps[name]()
-                check.status = "pass"
-            except _Skip as exc:
-                check.status, check.detail = "skipped", str(exc)
-            except (CheckFailed, ClientError) as exc:
-                check.detail = str(exc)
-            except Exception as exc:   # a smoke test reports, it does not crash
-                check.detail = f"{type(exc).__name__}: {exc}"
-            check.seconds = time.perf_counter() - started
-            result.checks.append(check)
+            result.checks.append(await _run_check(name, checks.step(name)))
         result.model = client.model
         result.rejected_fields = sorted(client.rejected_fields)
     return result
+
+
+async def _run_check(name: str, step) -> Check:
+    check = Check(name)
+    started = time.perf_counter()
+    try:
+        check.detail = await step()
+        check.status = "pass"
+    except _Skip as exc:
+        check.status, check.detail = "skipped", str(exc)
+    except (CheckFailed, ClientError) as exc:
+        check.detail = str(exc)
+    except Exception as exc:   # a smoke test reports, it does not crash
+        check.detail = f"{type(exc).__name__}: {exc}"
+    check.seconds = time.perf_counter() - started
+    return check
 
 
 class _Skip(Exception):

@@ -11,21 +11,11 @@ import base64
 import difflib
 from dataclasses import asdict, dataclass, field
 
-from toolkit.patch import compiler, patchhost, patchsets, wheels
-from toolkit.hostside import patch_hostlib
+from toolkit.patch import compiler, patchhost, patchplan, patchsets, wheels
 from toolkit.core.inventory import Host
 from toolkit.patch.patchhost import PatchFailed, PatchRefused  # noqa: F401 (part of this module's API)
+from toolkit.patch.patchplan import STATE_FORMAT, FileChange  # noqa: F401 (part of this module's API)
 from toolkit.patch.patchsets import Patchset, PatchsetError
-
-STATE_FORMAT = 1
-
-
-@dataclass
-class FileChange:
-    path: str
-    status: str          # changed | unchanged | would change | pristine | patched | drifted | missing
-    by: str | None = None
-    detail: str = ""
 
 
 @dataclass
@@ -154,20 +144,7 @@ def _short(sha: str | None, absent: str) -> str:
     return sha[:12] if sha else absent
 
 
-def _stack_of(state: dict | None) -> list[str]:
-    return [entry["name"] for entry in (state or {}).get("stack", [])]
-
-
-def _new_state(image: compiler.Image, known: dict[str, Patchset], site: str) -> dict:
-    return {"format": STATE_FORMAT, "package": image.package, "version": image.version, "site": site,
-            "stack": [{"name": n, "patches": known[n].fingerprint(image.version)} for n in image.stack],
-            "files": {p: {"pristine": f.pristine_sha256, "expected": f.sha256, "by": f.by}
-                      for p, f in sorted(image.files.items())}}
-
-
-def _same_state(a: dict | None, b: dict | None) -> bool:
-    strip = lambda s: {k: v for k, v in (s or {}).items() if k not in ("site", "damaged")}  # noqa: E731
-    return strip(a) == strip(b) and not (a or {}).get("damaged")
+_stack_of = patchplan.stack_of
 
 
 def _probe_notes(answer: dict) -> list[str]:
@@ -177,46 +154,6 @@ def _probe_notes(answer: dict) -> list[str]:
         return []
     names = ", ".join(sorted(name.rsplit("/", 1)[-1] for name in cleaned))
     return [f"removed {len(cleaned)} temporary file(s) that interrupted runs had left: {names}"]
-
-
-def _refuse_unreplaceable(probe: dict, writes: list[dict], host: Host) -> None:
-    """Before anything is written: every file the run would replace must be replaceable."""
-    blocked = probe.get("blocked") or {}
-    reasons = [f"{w['path']}: {blocked[w['path']]}" for w in writes if w["path"] in blocked]
-    if reasons:
-        raise PatchRefused(f"cannot replace {len(reasons)} file(s) on {host.name}; nothing written:\n  "
-                           + "\n  ".join(reasons))
-
-
-def _refuse_unwritable(probe: dict, host: Host, writes: list[dict], sizes: list[int], state: dict) -> None:
-    """Before anything is written (a dry run too): the run can take the lock and write its state,
-    journal and backups, and every file system it writes on has room for what it writes."""
-    if probe.get("state_blocked"):
-        raise PatchRefused(f"{host.name}: {probe['state_blocked']}; nothing written")
-    space = probe.get("space")
-    if not space:
-        return
-    backups = [probe["sizes"].get(w["path"]) or 0 for w in writes
-               if probe["files"].get(w["path"]) and probe["backups"].get(probe["files"][w["path"]]) != "ok"]
-    short = patch_hostlib.space_shortfalls(space["site"], space["state"], sizes, backups,
-                                           patch_hostlib.meta_estimate(state, probe["state"], writes))
-    if short:
-        raise PatchRefused(f"not enough free space on {host.name}; nothing written: " + "; ".join(
-            f"{folder} has {free} bytes free, the run needs {need} there" for folder, need, free in short))
-
-
-def _require_installed(probe: dict, host: Host, package: str) -> str:
-    if not probe["version"]:
-        raise PatchRefused(f"{package} is not installed in {probe['site']} on {host.name}; nothing written")
-    return probe["version"]
-
-
-def _check_record_matches_wheel(probe: dict, wheel: wheels.Wheel, paths) -> None:
-    for p in paths:
-        installed = probe["record"].get(p)
-        if wheel.has(p) and installed is not None and installed != wheel.record[p]:
-            raise PatchRefused(f"the installed RECORD hash of {p} differs from the {wheel.path.name} wheel's:"
-                               f" this is not the release the patchsets were compiled for; nothing written")
 
 
 def _unified(expected: bytes | None, found: bytes | None, path: str, label: str) -> str:
@@ -248,88 +185,42 @@ def _image_bytes(path: str, state: dict | None, known, version, wheel) -> tuple[
 # -- apply ------------------------------------------------------------------------------
 
 def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyResult:
+    """Probe, decide (`patchplan.plan_apply`), then one host-side run that writes the plan."""
     known = load_patchsets()
     ps = patchsets.get(name, known)
     closure = patchsets.requirement_closure(name, known)
     with host.connect() as transport:
         note(f"{host.name}: probing {ps.package} files")
-        touched = {p for n in closure for p in known[n].touched()}
-        probe = patchhost.probe(transport, host, ps.package, touched)
-        version = _require_installed(probe, host, ps.package)
-        if version not in ps.versions:
-            raise PatchRefused(f"{host.name} has {ps.package} {version}: {ps.no_release(version)}; nothing written")
-        state = probe["state"]
-        current = _stack_of(state)
-        if current and state.get("version") != version:
-            raise PatchRefused(f"{host.name}'s patch state records {ps.package} {state.get('version')} but"
-                               f" {version} is installed (reinstalled?); run `invoke patch revert --all --force"
-                               f" --host {host.name}` to clear it; nothing written")
-        missing = [req for req in ps.requires if req not in current]
-        if missing:
-            raise PatchRefused(f"{name} requires {', '.join(missing)}, not applied on {host.name};"
-                               f" run `invoke patch apply {missing[0]} --host {host.name}` first; nothing written")
-        unknown = [n for n in current if n not in known]
-        if unknown:
-            raise PatchRefused(f"{host.name} has {', '.join(unknown)} applied, which is not in patchsets/;"
-                               f" nothing written")
-        if (state or {}).get("damaged"):
-            raise PatchRefused(f"a cut run left {', '.join(state['damaged'])} damaged on {host.name}"
-                               f" (`invoke patch verify` says what each holds and why); once the cause is gone,"
-                               f" run `invoke patch revert --all --force --host {host.name}`; nothing written")
-        desired = patchsets.sort_stack(current + [name], known)
+        probe = patchhost.probe(transport, host, ps.package, {p for n in closure for p in known[n].touched()})
+        version, current, desired = patchplan.apply_stack(name, known, probe, host.name)
         image = compiler.compile_stack([known[n] for n in desired], version, note)
         wheel = wheels.pristine(ps.package, version, note)
-        paths = sorted(set(image.files) | set((state or {}).get("files", {})))
-        _check_record_matches_wheel(probe, wheel, paths)
-        recorded = (state or {}).get("files", {})
-        writes, rows, drifted, sizes = [], [], {}, []
-        for p in paths:
-            found, pristine = probe["files"].get(p), wheel.record.get(p)
-            if p in image.files:
-                target = image.files[p]
-            else:
-                target = compiler.FileImage(p, pristine, pristine, None, "pristine")
-            allowed = {pristine}
-            if p in recorded:
-                allowed.add(recorded[p]["expected"])
-            if found not in allowed:
-                drifted[p] = _image_bytes(p, state, known, version, wheel)
-                continue
-            if found == target.sha256:
-                rows.append(FileChange(p, "unchanged", target.by))
-                continue
-            content = target.content if target.content is not None or target.sha256 is None else wheel.read(p)
-            writes.append({"path": p, "sha256": target.sha256,
-                           "content": None if content is None else base64.b64encode(content).decode()})
-            sizes.append(0 if content is None else len(content))
-            rows.append(FileChange(p, "would change" if dry_run else "changed", target.by))
-        if drifted:
-            diff = _drift_diff(transport, host, ps.package, drifted)
-            raise PatchRefused(f"{', '.join(sorted(drifted))} changed by hand (neither pristine nor"
+        plan = patchplan.plan_apply(name, known, probe, image, wheel, host.name, dry_run)
+        if plan.drifted:
+            state = probe["state"]
+            diff = _drift_diff(transport, host, ps.package,
+                               {p: _image_bytes(p, state, known, version, wheel) for p in plan.drifted})
+            raise PatchRefused(f"{', '.join(plan.drifted)} changed by hand (neither pristine nor"
                                f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
-        _refuse_unreplaceable(probe, writes, host)
-        new_state = _new_state(image, known, probe["site"])
-        result = ApplyResult(host.name, current, desired, rows, dry_run, 0, patchset=name,
+        result = ApplyResult(host.name, current, desired, plan.rows, dry_run, 0, patchset=name,
                              recovered=probe["recovered"], notes=_probe_notes(probe))
-        if not writes and _same_state(state, new_state):
-            result.round_trips = transport.round_trips
-            return result
-        _refuse_unwritable(probe, host, writes, sizes, new_state)
-        if dry_run:
-            result.round_trips = transport.round_trips
-            return result
-        note(f"{host.name}: writing {len(writes)} file(s)")
-        answer = (patchhost.execute(transport, host, {
-            "package": ps.package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
-            "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state,
-            "state_changed": True}))
-        bad = [w["path"] for w in writes if answer["hashes"].get(w["path"]) != w["sha256"]]
-        if bad:
-            raise RuntimeError(f"after the run {', '.join(bad)} do not hash to their images")
-        result.notes += _probe_notes(answer)
-        result.pycache_removed = answer.get("pycache_removed", [])
+        if not plan.nothing_to_do and not dry_run:
+            note(f"{host.name}: writing {len(plan.writes)} file(s)")
+            answer = _execute(transport, host, ps.package, probe, plan)
+            bad = [w["path"] for w in plan.writes if answer["hashes"].get(w["path"]) != w["sha256"]]
+            if bad:
+                raise RuntimeError(f"after the run {', '.join(bad)} do not hash to their images")
+            result.notes += _probe_notes(answer)
+            result.pycache_removed = answer.get("pycache_removed", [])
         result.round_trips = transport.round_trips
         return result
+
+
+def _execute(transport, host: Host, package: str, probe: dict, plan: patchplan.WritePlan) -> dict:
+    return patchhost.execute(transport, host, {
+        "package": package, "version": plan.version, "expect": plan.expect(probe),
+        "expect_state_sha": probe["state_sha"], "writes": plan.writes, "state": plan.new_state,
+        "state_changed": True})
 
 
 # -- verify -----------------------------------------------------------------------------
@@ -399,113 +290,61 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
 
 def revert(host: Host, name: str | None = None, force: bool = False, dry_run: bool = False,
            package: str = "sglang", note=_quiet) -> RevertResult:
+    """Probe, decide (`patchplan.revert_target`, `plan_revert`), then one host-side run."""
     known = load_patchsets()
-    touched = set()
-    if name and name in known:
-        touched = set(known[name].touched())
+    touched = set(known[name].touched()) if name and name in known else set()
     with host.connect() as transport:
         note(f"{host.name}: probing patch state")
         probe = patchhost.probe(transport, host, package, touched)
-        state = probe["state"]
-        current = _stack_of(state)
+        current = _stack_of(probe["state"])
         result = RevertResult(host.name, current, current, [], dry_run, 0, recovered=probe["recovered"],
                               notes=_probe_notes(probe))
-        if name and name not in known and name not in current:
-            patchsets.get(name, known)  # raises, naming the known patchsets
-        if name and name not in current and not (state or {}).get("damaged"):
+        target = patchplan.revert_target(name, known, probe, host.name, force, package)
+        if target.kind == "not applied":
             return _not_applied(transport, host, name, probe, result)
-        if not current and not (state or {}).get("files") and not (state or {}).get("damaged"):
+        if target.kind == "nothing":
             result.notes.append("no patchset applied; nothing to revert")
-            result.round_trips = transport.round_trips
-            return result
-        if name and name not in current:
-            raise PatchRefused(f"{name} is not applied on {host.name} (applied: {', '.join(current) or 'none'});"
-                               f" nothing written")
-        version = _require_installed(probe, host, package)
-        if state.get("version") != version:
-            if not force:
-                raise PatchRefused(f"state records {package} {state.get('version')}, installed is {version};"
-                                   f" run `invoke patch revert --all --force --host {host.name}` to clear the"
-                                   f" stale state (files are left as installed); nothing written")
-            return _clear_stale_state(transport, host, package, version, probe, result, dry_run)
-        keep = current[:current.index(name)] if name else []
-        missing = [n for n in keep if n not in known]
-        if missing:
-            raise PatchRefused(f"cannot rebuild {', '.join(missing)} (not in patchsets/); revert --all instead")
-        image = compiler.compile_stack([known[n] for n in keep], version, note)
-        wheel = wheels.pristine(package, version, note)
-        recorded = state.get("files", {})
-        damaged = set(state.get("damaged", []))
-        paths = sorted(set(recorded) | set(image.files) | damaged)
-        _check_record_matches_wheel(probe, wheel, paths)
-        writes, drifted, overwritten, sizes = [], [], [], []
-        for p in paths:
-            found, pristine = probe["files"].get(p), wheel.record.get(p)
-            target = image.files[p] if p in image.files else compiler.FileImage(p, pristine, pristine, None, "pristine")
-            expected = recorded[p]["expected"] if p in recorded else pristine
-            if found == target.sha256 and p not in damaged:
-                result.files.append(FileChange(p, "unchanged", target.by if p in image.files else None))
-                continue
-            if (found != expected or p in damaged) and not force:
-                drifted.append(p)
-                continue
-            write = {"path": p, "sha256": target.sha256, "content": None}
-            sizes.append(0 if target.sha256 is None else
-                         len(target.content if p in image.files else wheel.read(p)))
-            if target.sha256 is not None:
-                if probe["backups"].get(target.sha256) == "ok":
-                    write["from_backup"] = target.sha256
-                else:
-                    content = target.content if p in image.files else wheel.read(p)
-                    write["content"] = base64.b64encode(content).decode()
-                    if target.sha256 == pristine:
-                        why = "corrupt" if probe["backups"].get(target.sha256) == "corrupt" else "missing"
-                        result.notes.append(f"backup of {p} is {why}: using the pristine file from the wheel")
-            writes.append(write)
-            if found != expected and found is not None:
-                overwritten.append(p)
-            result.files.append(FileChange(p, "would change" if dry_run else "changed",
-                                           target.by if p in image.files else None,
-                                           "overwriting a hand edit (--force)" if found != expected else ""))
-        if drifted:
-            _refuse_drifted_revert(transport, host, package, state, known, version, wheel, drifted, damaged, name)
-        _refuse_unreplaceable(probe, writes, host)
-        result.stack_after = keep
-        result.popped = current[len(keep):][::-1]
-        new_state = _new_state(image, known, probe["site"]) if keep else {
-            "format": STATE_FORMAT, "package": package, "version": version, "site": probe["site"],
-            "stack": [], "files": {}}
-        _refuse_unwritable(probe, host, writes, sizes, new_state)
-        if dry_run:
-            for p in overwritten:
-                result.notes.append(f"{p}: the hand-edited bytes would be kept in {probe['backup_dir']}/"
-                                    f"<their sha256> on {host.name}")
-            result.round_trips = transport.round_trips
-            return result
-        note(f"{host.name}: restoring {len(writes)} file(s)")
-        answer = (patchhost.execute(transport, host, {
-            "package": package, "version": version, "expect": {p: probe["files"].get(p) for p in paths},
-            "expect_state_sha": probe["state_sha"], "writes": writes, "state": new_state, "state_changed": True}))
-        result.notes += _probe_notes(answer)
-        for p in overwritten:
-            kept = answer.get("kept", {}).get(p)
-            if kept:
-                result.notes.append(f"{p}: the hand-edited bytes are kept in {kept} on {host.name}")
-        for w in writes:
-            got = answer["hashes"].get(w["path"])
-            if got != w["sha256"] or (w["path"] not in image.files and got != probe["record"].get(w["path"])):
-                result.record_ok = False
-                result.notes.append(f"{w['path']} hashes to {got} after the restore, not to RECORD")
+        elif target.kind == "stale state":
+            _clear_stale_state(transport, host, package, target.version, probe, result, dry_run)
+        else:
+            _pop(transport, host, name, known, probe, target, result, force, dry_run, package, note)
         result.round_trips = transport.round_trips
         return result
+
+
+def _pop(transport, host, name, known, probe, target, result, force, dry_run, package, note) -> None:
+    image = compiler.compile_stack([known[n] for n in target.keep], target.version, note)
+    wheel = wheels.pristine(package, target.version, note)
+    plan = patchplan.plan_revert(target, known, probe, image, wheel, host.name, force, dry_run, package)
+    if plan.drifted:
+        _refuse_drifted_revert(transport, host, package, probe["state"], known, target.version, wheel, plan.drifted,
+                               set(probe["state"].get("damaged", [])), name)
+    result.files, result.stack_after = plan.rows, target.keep
+    result.popped = target.current[len(target.keep):][::-1]
+    result.notes += plan.notes
+    if dry_run:
+        for p in plan.overwritten:
+            result.notes.append(f"{p}: the hand-edited bytes would be kept in {probe['backup_dir']}/"
+                                f"<their sha256> on {host.name}")
+        return
+    note(f"{host.name}: restoring {len(plan.writes)} file(s)")
+    answer = _execute(transport, host, package, probe, plan)
+    result.notes += _probe_notes(answer)
+    for p in plan.overwritten:
+        kept = answer.get("kept", {}).get(p)
+        if kept:
+            result.notes.append(f"{p}: the hand-edited bytes are kept in {kept} on {host.name}")
+    for w in plan.writes:
+        got = answer["hashes"].get(w["path"])
+        if got != w["sha256"] or (w["path"] not in image.files and got != probe["record"].get(w["path"])):
+            result.record_ok = False
+            result.notes.append(f"{w['path']} hashes to {got} after the restore, not to RECORD")
 
 
 def _not_applied(transport, host, name, probe, result) -> RevertResult:
     """`revert NAME` whose goal already holds: NAME is not applied and its files hold what the
     state says (pristine, or another patchset's image). A file that does not is refused."""
-    recorded = (probe["state"] or {}).get("files", {})
-    differ = [p for p, found in sorted(probe["files"].items())
-              if found != (recorded[p]["expected"] if p in recorded else probe["record"].get(p))]
+    differ = patchplan.not_applied_differ(probe)
     if differ:
         raise PatchRefused(f"{name} is not applied on {host.name}, but {', '.join(differ)}"
                            f" {'hold' if len(differ) > 1 else 'holds'} neither the pristine bytes nor"
@@ -540,7 +379,5 @@ def _clear_stale_state(transport, host, package, version, probe, result, dry_run
     if not dry_run:
         (patchhost.execute(transport, host, {
             "package": package, "version": version, "expect": {}, "expect_state_sha": probe["state_sha"],
-            "writes": [], "state": {"format": STATE_FORMAT, "package": package, "version": version,
-                                    "site": probe["site"], "stack": [], "files": {}}, "state_changed": True}))
-    result.round_trips = transport.round_trips
+            "writes": [], "state": patchplan.empty_state(package, version, probe["site"]), "state_changed": True}))
     return result

@@ -77,6 +77,7 @@ class Patchset:
     env: dict = field(default_factory=dict)
     logs: dict = field(default_factory=dict)
     verified: list = field(default_factory=list)
+    hooks: dict = field(default_factory=dict)   # [hooks] file = "hooks.py": toolkit-side code beside patchset.toml
 
     @property
     def print_prefixes(self) -> list[str]:
@@ -234,11 +235,22 @@ def _load_one(folder: Path) -> Patchset:
         if not isinstance(lines, list) or not all(isinstance(x, str) and x.strip() for x in lines):
             raise PatchsetError(f"{folder.name}/patchset.toml: [logs] {key} must be a list of non-empty strings"
                                 f" (log line prefixes), not {lines!r}")
+    hooks = data.get("hooks", {})
+    if not isinstance(hooks, dict) or set(hooks) - {"file"}:
+        raise PatchsetError(f"{folder.name}/patchset.toml: [hooks] takes one key, file (a .py file beside"
+                            f" patchset.toml), not {hooks!r}")
+    if "file" in hooks:
+        name = hooks["file"]
+        if (not isinstance(name, str) or posixpath.normpath(name) != name or "/" in name
+                or not name.endswith(".py") or not (folder / name).is_file()):
+            raise PatchsetError(f"{folder.name}/patchset.toml: [hooks] file = {name!r} must name a .py file"
+                                f" in {folder.name}/ itself")
     return Patchset(
         name=data["name"], folder=folder, summary=data["summary"], description=data.get("description", ""),
         package=data["package"], order=int(data["order"]), requires=list(data.get("requires", [])),
         releases=releases,
-        env=dict(data.get("env", {})), logs=dict(data.get("logs", {})), verified=list(data.get("verified", [])))
+        env=dict(data.get("env", {})), logs=dict(data.get("logs", {})), verified=list(data.get("verified", [])),
+        hooks=dict(hooks))
 
 
 def load_all(folder: Path | None = None) -> dict[str, Patchset]:

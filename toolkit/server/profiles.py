@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from toolkit.core import paths
-from toolkit.patch import patchsets
+from toolkit.patch import patchhooks, patchsets
 from toolkit.core.inventory import Host
 
 KINDS = ("sglang", "transformers-serve", "command")
@@ -200,22 +200,26 @@ def shared_gpu(host: Host) -> bool:
     return value
 
 
-DYN_DISABLE_POLICY = "sglang/srt/speculative/dyn_disable.py"
 AUTO_THRESHOLD = "auto"
 
 
-def default_hysteresis(threshold: int) -> int:
-    """The dyn-disable patch's own default, computed by the patch's policy module (one source:
-    the server applies the same function when SGLANG_SPEC_DISABLE_HYSTERESIS is unset)."""
+def patch_defaults(values: dict) -> dict:
+    """The launch values the patchsets' `launch_values` hooks fill in (toolkit/patch/patchhooks.py)."""
     try:
-        policy = patchsets.added_module("dyn-disable", DYN_DISABLE_POLICY)
-    except patchsets.PatchsetError as exc:
-        raise ProfileError(f"no default hysteresis: {exc}") from None
-    return policy.default_hysteresis(threshold)
+        return patchhooks.launch_values(values)
+    except (patchsets.PatchsetError, patchhooks.HookError) as exc:
+        raise ProfileError(f"no patchset defaults for {values}: {exc}") from None
 
 
-def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict | None = None) -> LaunchPlan:
-    """The launch plan for profile `name` on `host` (overrides > host [server] > profile)."""
+def default_hysteresis(threshold: int) -> int:
+    """The hysteresis a server started with only `threshold` gets (a patchset hook's default)."""
+    hysteresis = patch_defaults({"dyn_threshold": threshold, "dyn_hysteresis": None}).get("dyn_hysteresis")
+    if hysteresis is None:
+        raise ProfileError(f"no default hysteresis for threshold {threshold}: no patchset hook gives one")
+    return hysteresis
+
+
+def _checked_overrides(host: Host, overrides: dict | None) -> tuple[dict, dict]:
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = set(overrides) - OVERRIDE_KEYS
     if unknown:
@@ -225,7 +229,22 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     if unknown_host:
         raise ProfileError(f"host {host.name}: unknown keys in [server]: {', '.join(sorted(unknown_host))}; "
                            f"possible: {', '.join(sorted(HOST_SERVER_KEYS))}")
+    return overrides, server
+
+
+def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict | None = None) -> LaunchPlan:
+    """The launch plan for profile `name` on `host` (overrides > host [server] > profile): reads the
+    profile file and the patchsets' hooks, then `plan_launch` decides."""
+    _checked_overrides(host, overrides)
     profile = profile if profile is not None else load_profile(name)
+    return plan_launch(host, name, profile, overrides, defaults=patch_defaults)
+
+
+def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = None,
+                defaults=lambda values: {}) -> LaunchPlan:
+    """The launch plan from a loaded profile, without I/O. `defaults(values)` returns the launch
+    values the patched server would fill in itself (`patch_defaults` in `resolve`)."""
+    overrides, server = _checked_overrides(host, overrides)
 
     def pick(key, default=None):
         for source in (overrides, server, profile):
@@ -248,12 +267,16 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
                            f"band is SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS)")
     threshold = None if threshold is None or auto else _int(threshold, "dyn_threshold", name)
     hysteresis = None if hysteresis is None or auto else _int(hysteresis, "dyn_hysteresis", name)
+    if threshold is not None and threshold < 1:
+        raise ProfileError(f"profile {name}: dyn_threshold must be >= 1, got {threshold}")
     if threshold is not None and (hysteresis is None or
                                   ("dyn_threshold" in overrides and "dyn_hysteresis" not in overrides)):
         # none given, or one set for the profile's own threshold (which would flap at e.g. 18)
-        hysteresis = default_hysteresis(threshold)
-    if threshold is not None and threshold < 1:
-        raise ProfileError(f"profile {name}: dyn_threshold must be >= 1, got {threshold}")
+        hysteresis = defaults({"dyn_threshold": threshold, "dyn_hysteresis": None,
+                               "tp_size": tp_size}).get("dyn_hysteresis")
+        if hysteresis is None:
+            raise ProfileError(f"profile {name}: dyn_threshold {threshold} but no dyn_hysteresis, and no patchset's"
+                               f" hook gives a default one: set dyn_hysteresis")
     if threshold is not None and hysteresis is not None and not 0 <= hysteresis < threshold:
         raise ProfileError(f"profile {name}: dyn_hysteresis must satisfy 0 <= hysteresis < threshold ({threshold})")
 
