@@ -11,6 +11,10 @@ import pytest
 
 from toolkit import sandbox
 from toolkit.inventory import resolve_hosts
+from toolkit.transport import LOOPBACK_ONLY_ENV
+
+# No test dials a host other than a loopback one, in this process or in the CLIs it starts.
+os.environ[LOOPBACK_ONLY_ENV] = "1"
 
 
 free_port = sandbox.free_loopback_port
