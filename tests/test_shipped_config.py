@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 import tomllib
 
 import pytest
 
 from tests.helpers import invoke
-from toolkit.paths import HOSTS_DIR, PROFILES_DIR
+from toolkit.paths import HOSTS_DIR, PROFILES_DIR, PROJECT_ROOT
 
 SHIPPED_HOSTS = {name: table for path in sorted(HOSTS_DIR.glob("*.toml"))
                  for name, table in tomllib.loads(path.read_text()).items()}
@@ -47,3 +48,15 @@ def test_a_misspelt_host_key_fails_that_check(tmp_path):
     broken.write_text(re.sub(r"^tp_size = ", "tp = ", source.read_text(), flags=re.M))
     done = dry_run("baseline", name, TOOLKIT_INVENTORY=str(broken))
     assert done.returncode == 2 and "unknown keys in [server]: tp;" in done.stderr
+
+
+def test_the_readme_inventory_example_renders(tmp_path):
+    """README's first-host walk-through starts from an inventory entry: it must be one the toolkit takes."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    example = textwrap.dedent(re.search(r"```toml\n(.*?)```", readme, re.S).group(1))
+    name = tomllib.loads(example).popitem()[0]
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(example)
+    done = dry_run("eagle3-v2-dyn", name, TOOLKIT_INVENTORY=str(inventory))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"--tp-size 8\b", done.stdout) and "SGLANG_SPEC_DISABLE_THRESHOLD" in done.stdout
