@@ -11,6 +11,10 @@ import pytest
 
 from toolkit.core import sandbox
 from toolkit.core.inventory import resolve_hosts
+from toolkit.core.transport import LOOPBACK_ONLY_ENV
+
+# No test dials a host other than a loopback one, in this process or in the CLIs it starts.
+os.environ[LOOPBACK_ONLY_ENV] = "1"
 
 
 free_port = sandbox.free_loopback_port

@@ -2,22 +2,19 @@
 through Invoke's own Program and the project's tasks.py."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from toolkit.core.paths import PROJECT_ROOT
+from tests.helpers import invoke
 
 COMMANDS = ("bench", "demo", "facts", "patch", "provision", "rollout", "sandbox", "server", "smoke", "wheelhouse")
 FLAG = re.compile(r"^  (-\w(?: \S+)?, )?--([\w-]+)")
 
 
-def invoke(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200", **env})
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return invoke(*args, env=env, columns=200, timeout=120)
 
 
 def options(help_text: str) -> dict[str, str | None]:
@@ -39,7 +36,7 @@ def options(help_text: str) -> dict[str, str | None]:
     ("bench", "Usage: invoke bench [ACTION] [FILES] [options]"),
 ])
 def test_help_shows_positionals_as_typed_not_as_options(name, line):
-    done = invoke("--help", name)
+    done = cli("--help", name)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == line
     listed = options(done.stdout)
@@ -48,10 +45,10 @@ def test_help_shows_positionals_as_typed_not_as_options(name, line):
 
 
 def test_every_help_way_prints_the_same_text():
-    by_core = invoke("--help", "patch")
-    after = invoke("patch", "--help")
-    short = invoke("patch", "-h")
-    after_action = invoke("patch", "verify", "-h")
+    by_core = cli("--help", "patch")
+    after = cli("patch", "--help")
+    short = cli("patch", "-h")
+    after_action = cli("patch", "verify", "-h")
     assert by_core.returncode == after.returncode == short.returncode == after_action.returncode == 0
     assert by_core.stdout == after.stdout == short.stdout == after_action.stdout
     assert "revert [NAME|--all]" in by_core.stdout and "Options:" in by_core.stdout
@@ -64,7 +61,7 @@ def test_every_help_way_prints_the_same_text():
     ("wheelhouse", "build"),
 ])
 def test_a_missing_action_prints_the_usage_and_exits_2(name, actions):
-    done = invoke(name)
+    done = cli(name)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"`invoke {name}` needs an action: {actions}" in done.stderr
     assert "usage: invoke " + name in done.stderr and f"all options: invoke --help {name}" in done.stderr
@@ -72,7 +69,7 @@ def test_a_missing_action_prints_the_usage_and_exits_2(name, actions):
 
 
 def test_server_help_lists_no_stray_flag():
-    done = invoke("--help", "server")
+    done = cli("--help", "server")
     section = done.stdout.split("\nOptions:\n", 1)[1]
     rows = [row for row in section.splitlines() if row.startswith("  -")]
     assert rows and all(FLAG.match(row) for row in rows), [row for row in rows if not FLAG.match(row)]
@@ -83,7 +80,7 @@ def test_server_help_lists_no_stray_flag():
 def test_a_short_flag_means_the_same_option_in_every_command():
     meaning: dict[str, set[str]] = {}
     for name in COMMANDS:
-        done = invoke("--help", name)
+        done = cli("--help", name)
         assert done.returncode == 0, (name, done.stderr)
         for long_name, short in options(done.stdout).items():
             if short:
@@ -94,11 +91,11 @@ def test_a_short_flag_means_the_same_option_in_every_command():
 
 
 def test_dash_n_is_a_dry_run_in_server_and_sandbox(tmp_path):
-    rendered = invoke("server", "start", "baseline", "--host", "blackwell-01", "-n")
+    rendered = cli("server", "start", "baseline", "--host", "blackwell-01", "-n")
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stdout.startswith("#!/usr/bin/env bash") and "Nothing started" in rendered.stderr
     folder = tmp_path / "sandbox"
-    planned = invoke("sandbox", "up", "-n", "--port", "2299", TOOLKIT_SANDBOX_DIR=str(folder))
+    planned = cli("sandbox", "up", "-n", "--port", "2299", TOOLKIT_SANDBOX_DIR=str(folder))
     assert planned.returncode == 0, planned.stderr
     assert "dry run, nothing done" in planned.stdout and "start sshd on 127.0.0.1:2299" in planned.stdout
     assert not folder.exists()

@@ -1,7 +1,12 @@
 """Inventory: built-in hosts, hosts/*.toml, TOOLKIT_INVENTORY, --host parsing, bad input."""
+import dataclasses
+import socket
+
 import pytest
 
+from tests.helpers import invoke
 from toolkit.core.inventory import InventoryError, resolve_hosts
+from toolkit.core.transport import LOOPBACK_ONLY_ENV, TransportError
 
 
 def test_default_is_the_sandbox():
@@ -18,9 +23,49 @@ def test_several_hosts_and_labels(monkeypatch, tmp_path):
     assert resolve_hosts("gpu-a")[0].toolkit_state_dir == "/v/.toolkit"
 
 
-def test_example_blackwell_host_is_listed_but_never_dialled():
+def record_dials(monkeypatch) -> list:
+    """Every name this process asks to resolve and every address it connects a socket to; each fails."""
+    seen = []
+
+    def getaddrinfo(host, *args, **kwargs):
+        seen.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "name lookups are off in this test")
+
+    def connect(self, address):
+        seen.append(address[0])
+        raise ConnectionRefusedError("connections are off in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return seen
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+def test_example_blackwell_host_is_listed_but_never_dialled(monkeypatch, tmp_path, guarded):
+    """The tests run with TOOLKIT_LOOPBACK_ONLY (tests/conftest.py): a command that reaches for the
+    example host is refused before its name is looked up. Unguarded, the same call does look it up:
+    what the guard stops."""
     [host] = resolve_hosts("blackwell-01")
-    assert host.address.endswith(".example") and host.gpus == 8
+    assert host.address == "blackwell-01.example" and host.gpus == 8
+    # key files that exist, so that the unguarded call gets as far as dialling
+    (tmp_path / "known_hosts").write_text("")
+    (tmp_path / "key").write_text("")
+    host = dataclasses.replace(host, key=str(tmp_path / "key"), known_hosts=str(tmp_path / "known_hosts"))
+    if not guarded:
+        monkeypatch.delenv(LOOPBACK_ONLY_ENV)
+    seen = record_dials(monkeypatch)
+    with pytest.raises(TransportError) as info:
+        host.connect().run("true")
+    if guarded:
+        assert seen == [] and "refused to dial blackwell-01.example:22" in str(info.value)
+    else:
+        assert seen == ["blackwell-01.example"] and "cannot reach blackwell-01.example:22" in str(info.value)
+
+
+def test_the_command_line_refuses_to_dial_the_example_host_under_the_guard():
+    done = invoke("facts", "--host", "blackwell-01", timeout=120)
+    assert done.returncode != 0
+    assert "refused to dial blackwell-01.example:22: TOOLKIT_LOOPBACK_ONLY is set" in done.stderr
 
 
 def test_unknown_host_names_the_known_ones():

@@ -3,14 +3,14 @@ user does it: `invoke server start PROFILE --host HOST --dry-run` (no host is co
 hosts do not resolve). A typo in a shipped file fails here."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
+import textwrap
 import tomllib
 
 import pytest
 
+from tests.helpers import invoke
 from toolkit.core.paths import HOSTS_DIR, PROFILES_DIR, PROJECT_ROOT
 
 SHIPPED_HOSTS = {name: table for path in sorted(HOSTS_DIR.glob("*.toml"))
@@ -19,13 +19,8 @@ SHIPPED_PROFILES = sorted(path.stem for path in PROFILES_DIR.glob("*.toml"))
 
 
 def dry_run(profile: str, hosts: str, **env) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLKIT_INVENTORY", "TOOLKIT_PROFILES")}
-    return subprocess.run([sys.executable, "-m", "invoke", "server", "start", profile, "--host", hosts, "--dry-run"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, env={**clean, **env})
-
-
-def test_there_is_something_to_check():
-    assert SHIPPED_HOSTS and len(SHIPPED_PROFILES) >= 6
+    return invoke("server", "start", profile, "--host", hosts, "--dry-run", env=env,
+                  unset=("TOOLKIT_INVENTORY", "TOOLKIT_PROFILES"), timeout=120)
 
 
 @pytest.mark.parametrize("profile", SHIPPED_PROFILES)
@@ -53,3 +48,15 @@ def test_a_misspelt_host_key_fails_that_check(tmp_path):
     broken.write_text(re.sub(r"^tp_size = ", "tp = ", source.read_text(), flags=re.M))
     done = dry_run("baseline", name, TOOLKIT_INVENTORY=str(broken))
     assert done.returncode == 2 and "unknown keys in [server]: tp;" in done.stderr
+
+
+def test_the_readme_inventory_example_renders(tmp_path):
+    """README's first-host walk-through starts from an inventory entry: it must be one the toolkit takes."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    example = textwrap.dedent(re.search(r"```toml\n(.*?)```", readme, re.S).group(1))
+    name = tomllib.loads(example).popitem()[0]
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(example)
+    done = dry_run("eagle3-v2-dyn", name, TOOLKIT_INVENTORY=str(inventory))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"--tp-size 8\b", done.stdout) and "SGLANG_SPEC_DISABLE_THRESHOLD" in done.stdout

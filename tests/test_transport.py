@@ -1,14 +1,12 @@
 """The transport layer against a real sshd on loopback and the local machine."""
-import os
 import shlex
 import subprocess
-import sys
 
 import pytest
 
+from tests.helpers import invoke
 from toolkit.core import hostrun, sandbox
 from toolkit.core.inventory import Host, resolve_hosts
-from toolkit.core.paths import PROJECT_ROOT
 from toolkit.core.transport import HostKeyError, TransportError
 
 
@@ -111,9 +109,8 @@ def test_a_changed_host_key_advice_names_the_file_and_works(sandbox_env, tmp_pat
 
 
 def sandbox_cli(folder, port, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOOLKIT_SANDBOX_DIR": str(folder), "TOOLKIT_SANDBOX_PORT": str(port), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return invoke(*args, env={"TOOLKIT_SANDBOX_DIR": str(folder), "TOOLKIT_SANDBOX_PORT": str(port)}, columns=200,
+                  timeout=120)
 
 
 def test_a_sandbox_that_is_not_up_says_to_start_it_and_that_works(tmp_path):

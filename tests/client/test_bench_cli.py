@@ -8,19 +8,11 @@ tunnel to the real `transformers serve`.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.client.conftest import cpu_ref_inventory_host
-from toolkit.core.paths import PROJECT_ROOT
-
-
-def invoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+from tests.helpers import invoke
 
 
 def test_gpu_profiles_on_the_sandbox_are_refused_with_the_cpu_command(tmp_path):

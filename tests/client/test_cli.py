@@ -9,21 +9,14 @@ import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.client.conftest import cpu_ref_inventory_host
 from tests.conftest import free_port
+from tests.helpers import invoke
 from toolkit.server import server
-from toolkit.core.paths import PROJECT_ROOT
-
-
-def invoke(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_bench_sweep_on_the_cpu_server_writes_jsonl_csv_png(cpu_server, tmp_path):
@@ -57,10 +50,9 @@ def test_bench_ctrl_c_keeps_finished_levels(fake_server, tmp_path):
     # to land before they finish even on a busy machine
     slow = fake_server(chunks=4, delay=0.25)
     out = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--url", slow.base_url, "--concurrency", "1,2,4,8",
-         "--requests", "4", "--warmup", "0", "--out", str(out)],
-        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    process = invoke(
+        "bench", "--url", slow.base_url, "--concurrency", "1,2,4,8", "--requests", "4", "--warmup", "0",
+        "--out", str(out), background=True,
         # a test run started in the background (`cmd &` in a script) has SIGINT ignored, which the
         # child inherits, and Python then installs no KeyboardInterrupt handler: reset it
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -153,11 +145,9 @@ def test_bench_stops_at_the_level_that_finds_the_server_dead(inventory_host, tmp
     says so in one line, exits 1, and paramiko's refused channels print nothing."""
     host, env = inventory_host
     out = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--host", host.name, "--profiles", "cpu-ref",
-         "--concurrency", "1,2,4,8,16", "--requests", "16", "--output-len", "32", "--warmup", "1",
-         "--out", str(out)],
-        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    process = invoke(
+        "bench", "--host", host.name, "--profiles", "cpu-ref", "--concurrency", "1,2,4,8,16", "--requests", "16",
+        "--output-len", "32", "--warmup", "1", "--out", str(out), env=env, background=True)
     jsonl = out / "results.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None and not (jsonl.exists() and jsonl.read_text()):

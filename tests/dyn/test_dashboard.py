@@ -134,17 +134,10 @@ def test_a_scrape_of_several_hosts_needs_one_named(tmp_path):
 
 
 def test_invoke_server_dashboard(synthetic, tmp_path):
-    import subprocess
-    import sys
+    from tests.helpers import invoke
 
-    from toolkit.core.paths import PROJECT_ROOT
-
-    def invoke(*args):
-        return subprocess.run([sys.executable, "-m", "invoke", "server", "dashboard", *args], cwd=PROJECT_ROOT,
-                              capture_output=True, text=True, timeout=300)
-
-    done = invoke("--record", str(synthetic[0]), "--out", str(tmp_path / "d.png"))
+    done = invoke("server", "dashboard", "--record", str(synthetic[0]), "--out", str(tmp_path / "d.png"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
-    missing = invoke("--record", str(tmp_path / "none.jsonl"))
+    missing = invoke("server", "dashboard", "--record", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -1,23 +1,20 @@
 """`invoke patch ...` as the user types it: through Invoke's Program in a subprocess, real sshd."""
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import invoke
 from .conftest import sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 NETWORK = "sglang/srt/utils/network.py"
 
 
-def invoke(*args, env_extra=None):
-    env = dict(os.environ, COLUMNS="200", **(env_extra or {}))
-    done = subprocess.run([sys.executable, "-m", "invoke", "patch", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+def patch_cli(*args, env_extra=None):
+    done = invoke("patch", *args, env=env_extra, columns=200)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -34,32 +31,32 @@ def two_hosts(inventory, base_venv, tmp_path, patchsets_dir):
 
 
 def test_help_list_and_check(patchsets_dir):
-    code, out, _ = invoke("--help")
+    code, out, _ = patch_cli("--help")
     assert code == 0 and "revert [NAME|--all]" in out
-    code, out, _ = invoke("list")
+    code, out, _ = patch_cli("list")
     assert code == 0 and "pair-top" in out and "pair-base" in out
-    code, out, _ = invoke("check", "pair-top")
+    code, out, _ = patch_cli("check", "pair-top")
     assert code == 0, out
     assert "ok: pair-base + pair-top compiles against 0.5.11: 2 files, 3 hunks, +5 -1 lines" in out
-    code, out, err = invoke("check")
+    code, out, err = patch_cli("check")
     assert code == 1 and "does not apply on top of pristine + one-file" in err
-    code, _, err = invoke("frobnicate")
+    code, _, err = patch_cli("frobnicate")
     assert code == 2 and "unknown action" in err
-    code, _, err = invoke("apply")
+    code, _, err = patch_cli("apply")
     assert code == 2 and "needs a patchset name" in err
 
 
 def test_apply_verify_revert_on_two_hosts(two_hosts, sglang_wheel):
     (first, second), venvs = two_hosts
     hosts = f"{first},{second}"
-    code, out, err = invoke("apply", "twenty", "--host", hosts)
+    code, out, err = patch_cli("apply", "twenty", "--host", hosts)
     assert code == 0, err
     assert f"{first}: 20 changed; stack twenty (2 round trips)" in out
     assert f"{second}: 20 changed" in out and "probing" in err
-    code, out, _ = invoke("apply", "twenty", "--host", hosts)
+    code, out, _ = patch_cli("apply", "twenty", "--host", hosts)
     assert code == 0 and f"{first}: 0 changed" in out and f"{second}: 0 changed" in out
 
-    code, out, _ = invoke("verify", "--host", hosts, "--json")
+    code, out, _ = patch_cli("verify", "--host", hosts, "--json")
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [r["host"] for r in rows] == [first, second] and all(r["ok"] for r in rows)
     assert {f["status"] for f in rows[0]["files"] if f["path"] == NETWORK} == {"patched"}
@@ -67,43 +64,43 @@ def test_apply_verify_revert_on_two_hosts(two_hosts, sglang_wheel):
     site = next(venvs[1].glob("lib/python*/site-packages"))
     (site / NETWORK).unlink()
     (site / NETWORK).write_text("edited by hand\n")  # a new inode: the base venv stays intact
-    code, out, _ = invoke("verify", "--host", hosts)
+    code, out, _ = patch_cli("verify", "--host", hosts)
     assert code == 1 and f"{first}: matches its recorded state" in out
     assert f"{second}: DOES NOT match" in out and "drifted" in out
 
-    code, out, err = invoke("apply", "one-file", "--host", second)
+    code, out, err = patch_cli("apply", "one-file", "--host", second)
     assert code == 1 and "changed by hand" in err and "+edited by hand" in err
 
-    code, out, err = invoke("revert", "--host", second)
+    code, out, err = patch_cli("revert", "--host", second)
     assert code == 1 and "--force" in err and "+edited by hand" in err
-    code, out, err = invoke("revert", "--host", hosts, "--force", "--dry-run")
+    code, out, err = patch_cli("revert", "--host", hosts, "--force", "--dry-run")
     assert code == 0 and "20 would change" in out and sha256(site / NETWORK) != sglang_wheel.record[NETWORK]
     assert "dry run: nothing written" in out and "match RECORD" not in out
     assert "the hand-edited bytes would be kept in" in err
-    code, out, err = invoke("revert", "--all", "--host", hosts, "--force")
+    code, out, err = patch_cli("revert", "--all", "--host", hosts, "--force")
     assert code == 0, err
     assert "stack now nothing (pristine); restored files match RECORD" in out
     assert f"{NETWORK}: the hand-edited bytes are kept in " in err
     assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
-    code, out, _ = invoke("verify", "--all-files", "--host", hosts)
+    code, out, _ = patch_cli("verify", "--all-files", "--host", hosts)
     assert code == 0 and "RECORD files checked" in out
 
 
 def test_unreachable_and_unknown_hosts_fail_clearly(two_hosts):
-    code, _, err = invoke("verify", "--host", "nosuchhost")
+    code, _, err = patch_cli("verify", "--host", "nosuchhost")
     assert code == 2 and "unknown host 'nosuchhost'" in err
 
 
 def test_revert_name_says_which_patchsets_above_it_go_too(inventory, host_venv, patchsets_dir):
     (name,) = inventory(host_venv)
     for patchset in ("pair-base", "pair-top", "twenty"):
-        code, _, err = invoke("apply", patchset, "--host", name)
+        code, _, err = patch_cli("apply", patchset, "--host", name)
         assert code == 0, err
-    code, out, _ = invoke("revert", "pair-top", "--host", name, "--dry-run")
+    code, out, _ = patch_cli("revert", "pair-top", "--host", name, "--dry-run")
     assert code == 0
     assert f"{name}: 22 would change; would pop twenty, pair-top (twenty stacked above pair-top);" \
            f" stack would be pair-base" in out and "RECORD" not in out
-    code, out, _ = invoke("revert", "pair-top", "--host", name)
+    code, out, _ = patch_cli("revert", "pair-top", "--host", name)
     assert code == 0
     assert f"{name}: 22 changed; popped twenty, pair-top (twenty stacked above pair-top); stack now pair-base;" \
            f" restored files match RECORD" in out
@@ -112,19 +109,19 @@ def test_revert_name_says_which_patchsets_above_it_go_too(inventory, host_venv, 
 def test_revert_is_repeatable_and_an_unknown_name_is_an_error(inventory, host_venv, patchsets_dir, sglang_wheel):
     (name,) = inventory(host_venv)
     site = next(host_venv.glob("lib/python*/site-packages"))
-    code, out, err = invoke("revert", "no-such-patchset", "--host", name)
+    code, out, err = patch_cli("revert", "no-such-patchset", "--host", name)
     assert code == 1 and "unknown patchset 'no-such-patchset'; known: clash, one-file, pair-base" in err, out + err
-    code, out, err = invoke("revert", "twenty", "--host", name)  # pristine host: the goal holds already
+    code, out, err = patch_cli("revert", "twenty", "--host", name)  # pristine host: the goal holds already
     assert code == 0 and f"{name}: twenty is not applied: nothing to do" in err, out + err
     for step in (("apply", "pair-base"), ("apply", "twenty"), ("revert", "twenty"), ("revert", "twenty")):
-        code, out, err = invoke(*step, "--host", name)
+        code, out, err = patch_cli(*step, "--host", name)
         assert code == 0, out + err
     assert f"{name}: twenty is not applied: nothing to do" in err and f"{name}: 0 changed" in out
     assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
-    code, out, err = invoke("revert", "no-such-patchset", "--host", name)
+    code, out, err = patch_cli("revert", "no-such-patchset", "--host", name)
     assert code == 1 and "unknown patchset 'no-such-patchset'" in err
     edited = site / "sglang/srt/utils/offloader.py"   # one of twenty's files, changed by hand
     edited.write_text(edited.read_text() + "# hand edit\n")
-    code, out, err = invoke("revert", "twenty", "--host", name)
+    code, out, err = patch_cli("revert", "twenty", "--host", name)
     assert code == 1 and "twenty is not applied on" in err and "sglang/srt/utils/offloader.py holds neither" in err
     assert edited.read_text().endswith("# hand edit\n")

@@ -4,16 +4,14 @@ The conflicts here are real: the synthetic patchsets append lines to files whose
 between 0.5.11 and 0.5.17 (twenty), or add a line beside a header upstream rewrote (three).
 """
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import git
 import pytest
 from unidiff import PatchSet
 
+from tests.helpers import invoke
 from toolkit.patch import authoring, compiler, patching, patchsets, porting
 
 from .conftest import DATA, NEXT, VERSION, sha256
@@ -27,10 +25,8 @@ def statuses(result) -> dict[str, tuple]:
     return {h.path: (h.status, h.offset) for h in result.hunks}
 
 
-def invoke(*args):
-    env = dict(os.environ, COLUMNS="220")
-    done = subprocess.run([sys.executable, "-m", "invoke", "patch", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+def patch_cli(*args):
+    done = invoke("patch", *args, columns=220)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -47,12 +43,12 @@ def test_apply_on_a_release_the_patchset_has_no_diff_for_is_refused(next_host, p
 
 def test_clean_port_writes_the_new_release_and_both_releases_apply(release_cache, patchsets_dir, host, site,
                                                                     next_host, sglang_wheel, next_wheel):
-    code, out, err = invoke("port", "one-file", "--to", NEXT)
+    code, out, err = patch_cli("port", "one-file", "--to", NEXT)
     assert code == 0, err
     written = patchsets_dir / "one-file" / NEXT / "0001-one-file.patch"
     assert f"one-file ported to {NEXT} (1 as is, 0 moved, 0 conflicted): wrote {written}" in out
     assert f"ok: one-file compiles against {NEXT}: 1 files, 1 hunks, +1 -1 lines" in out
-    code, out, _ = invoke("list")
+    code, out, _ = patch_cli("list")
     assert code == 0 and re.search(rf"one-file\s+│\s+{VERSION}, {NEXT}\s", out) and "pair-base" in out
     assert patching.load_patchsets()["one-file"].versions == [VERSION, NEXT]
 
@@ -159,9 +155,9 @@ def test_port_refuses_what_it_cannot_do_and_writes_nothing(release_cache, patchs
 
 
 def test_cli_port_that_conflicts_exits_1_with_the_next_steps(release_cache, patchsets_dir):
-    code, _, err = invoke("port", "one-file")
+    code, _, err = patch_cli("port", "one-file")
     assert code == 2 and "needs --to RELEASE" in err
-    code, out, _ = invoke("port", "twenty", "--to", NEXT)
+    code, out, _ = patch_cli("port", "twenty", "--to", NEXT)
     assert code == 1
     assert f"twenty NOT ported to {NEXT} (10 as is, 7 moved, 3 conflicted): nothing written to patchsets/" in out
     assert "conflict markers in the file" in out and "+22 lines" in out

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from toolkit.core import paths
+from tests.helpers import invoke
 
 
 @pytest.fixture
@@ -20,25 +18,24 @@ def staged_inventory(staged_site, tmp_path, monkeypatch):
     return "staged"
 
 
-def invoke(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=paths.PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, COLUMNS="200"))
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return invoke(*args, columns=200)
 
 
 def test_facts_json_and_table(staged_inventory, fake_gpu):
-    done = invoke("facts", "--host", staged_inventory, "--json")
+    done = cli("facts", "--host", staged_inventory, "--json")
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)["staged"]
     assert found["gpus"][0]["name"] == "NVIDIA H200" and found["driver"] == "580.95.05"
     assert found["packages"]["torch"]["version"] == "2.11.0+cu130"
-    table = invoke("facts", "--host", staged_inventory)
+    table = cli("facts", "--host", staged_inventory)
     assert table.returncode == 0, table.stderr
     assert "NVIDIA H200, capability 9.0" in table.stdout and "CUDA 13.0" in table.stdout
     assert "sglang-kernel" in table.stdout and "missing" in table.stdout
 
 
 def test_provision_dry_run_prints_what_would_change(staged_inventory, fake_gpu):
-    done = invoke("provision", "--host", staged_inventory, "--dry-run")     # stack from the inventory: gpu
+    done = cli("provision", "--host", staged_inventory, "--dry-run")     # stack from the inventory: gpu
     assert done.returncode == 0, done.stderr
     assert "stack gpu (dry run: nothing changed)" in done.stdout
     assert "flashinfer-cubin missing -> 0.6.8.post1" in done.stdout
@@ -47,7 +44,7 @@ def test_provision_dry_run_prints_what_would_change(staged_inventory, fake_gpu):
 
 def test_provision_refuses_an_old_driver_with_exit_1(staged_inventory, fake_gpu):
     fake_gpu(driver="535.104.05")
-    done = invoke("provision", "--host", staged_inventory)
+    done = cli("provision", "--host", staged_inventory)
     assert done.returncode == 1
     assert "driver 535.104.05 is older than 580" in done.stderr and "Traceback" not in done.stderr
 
@@ -59,12 +56,12 @@ def test_provision_refuses_an_old_driver_with_exit_1(staged_inventory, fake_gpu)
     (("provision", "--host", "nosuchhost"), "unknown host 'nosuchhost'"),
 ])
 def test_bad_input_is_a_clear_error_with_exit_2(args, message):
-    done = invoke(*args)
+    done = cli(*args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr
 
 
 def test_wheelhouse_build_refuses_a_python_the_stack_cannot_run(tmp_path):
-    done = invoke("wheelhouse", "build", "--stack", "gpu", "--python", "3.8", "--out", str(tmp_path / "wh"))
+    done = cli("wheelhouse", "build", "--stack", "gpu", "--python", "3.8", "--out", str(tmp_path / "wh"))
     assert done.returncode == 1 and "needs Python >= 3.10" in done.stderr
     assert not (tmp_path / "wh").exists()

@@ -223,18 +223,13 @@ def test_a_torch_of_another_or_unknown_build_would_change(staged_site, fake_gpu,
 
 def test_facts_table_agrees_with_provision_on_an_unlabelled_cuda_torch(staged_site, fake_gpu, tmp_path):
     """`invoke facts` (the command, not only the engine) shows the CUDA 13 torch as ok, as provision does."""
-    import os
-    import subprocess
-    import sys
-
-    from toolkit.core.paths import PROJECT_ROOT
+    from tests.helpers import invoke
 
     fake_gpu()
     _install_fake_torch(staged_site, "2.11.0", CUDA_13_VERSION_PY)
     inventory = tmp_path / "staged.toml"
     inventory.write_text(f'[staged]\ntransport = "local"\npython = "{staged_site.python}"\n'
                          f'pythonpath = "{staged_site.pythonpath}"\nstack = "gpu"\n')
-    done = subprocess.run([sys.executable, "-m", "invoke", "facts", "--host", "staged"], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, env=dict(os.environ, TOOLKIT_INVENTORY=str(inventory)))
+    done = invoke("facts", "--host", "staged", env={"TOOLKIT_INVENTORY": str(inventory)})
     torch_row = next(line for line in done.stdout.splitlines() if "│ torch " in line and "2.11.0+cu130" in line)
     assert "│ ok " in torch_row, done.stdout

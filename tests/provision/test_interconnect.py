@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import invoke
 from toolkit.provision import facts
 from toolkit.hostside import facts as hostside
 from toolkit.core.inventory import Host
-from toolkit.core.paths import PROJECT_ROOT
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi" / "interconnect"
 
@@ -118,20 +117,15 @@ def test_flashinfer_and_deep_gemm_files_are_read_as_text(tmp_path):
                                   "path": str(site / "deep_gemm" / "__init__.py")}
 
 
-def _cli(args, env):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          env=env, timeout=300)
-
-
 def test_invoke_facts_prints_the_interconnect_and_json_carries_it(smi, tmp_path):
     smi("rtxpro6000x8-nop2p")
     inventory = tmp_path / "hosts.toml"
     inventory.write_text(f'[ic]\ntransport = "local"\npython = "{sys.executable}"\nstack = "gpu"\n')
     env = dict(os.environ, TOOLKIT_INVENTORY=str(inventory))
-    table = _cli(["facts", "--host", "ic"], env)
+    table = invoke("facts", "--host", "ic", env=env)
     assert table.returncode == 0, table.stderr
     assert "none (PCIe only)" in table.stdout and "no (no NVLink" in table.stdout
-    done = _cli(["facts", "--host", "ic", "--json"], env)
+    done = invoke("facts", "--host", "ic", "--json", env=env)
     data = json.loads(done.stdout)["ic"]
     assert data["interconnect"]["pairs"]["0-4"]["read"] == "CNS"
     assert data["gpus"][0]["capability"] == "12.0"

@@ -9,19 +9,18 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.helpers import invoke
 from tests.server.conftest import ref_model, ssh_host  # noqa: F401 (fixtures)
 from toolkit import rollout
 from toolkit.server import server
 from toolkit.patch import wheels
 from toolkit.core.inventory import Host
-from toolkit.core.paths import PROJECT_ROOT
 
 DATA = Path(__file__).parent / "data" / "patchsets"
 SERVE_FILE = "transformers/cli/serving/server.py"
@@ -150,8 +149,7 @@ def write_inventory(path: Path, hosts: list[Host]) -> Path:
 
 
 def invoke_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "COLUMNS": "250", **(env or {})})
+    return invoke(*args, env=env, columns=250, timeout=timeout)
 
 
 def wait_final(host: Host, seconds: float = 240) -> dict:

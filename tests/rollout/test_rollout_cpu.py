@@ -8,16 +8,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import invoke
 from toolkit.patch import patching
 from toolkit import rollout
 from toolkit.server import server
-from toolkit.core.paths import PROJECT_ROOT
 from toolkit.rollout import Change, Options
 
 from .conftest import (SERVE_FILE, SMOKE_TOKENS, guard_gone, invoke_cli, sha256, site_of, wait_final,
@@ -74,10 +73,9 @@ def test_a_patch_that_breaks_the_server_is_rolled_back_by_itself(cpu_host, trans
 
 def _killed_at(phase: str, change: list[str], env: dict, marker: Path) -> None:
     """Run `invoke rollout` until it reaches PHASE, then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "rollout", *change, "--host", "cpu1",
-                             "--smoke-max-tokens", str(SMOKE_TOKENS)], cwd=PROJECT_ROOT,
-                            env={**os.environ, **env, "TOOLKIT_ROLLOUT_TEST_HOLD": f"{phase}:{marker}"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = invoke("rollout", *change, "--host", "cpu1", "--smoke-max-tokens", str(SMOKE_TOKENS),
+                  env={**env, "TOOLKIT_ROLLOUT_TEST_HOLD": f"{phase}:{marker}"}, background=True,
+                  stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 480
     while not marker.exists():
         assert proc.poll() is None, f"the rollout ended before {phase}:\n{proc.stdout.read()}"

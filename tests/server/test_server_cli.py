@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.helpers import invoke
 
-ROOT = Path(__file__).resolve().parents[2]
-INVOKE = [sys.executable, "-m", "invoke"]
 
 
 @pytest.fixture
@@ -28,11 +25,8 @@ def cli(ssh_host, cpu_ref_venv, ref_model, tmp_path, test_profiles):
         f'venv = "{cpu_ref_venv}"\nstate_dir = "{tmp_path / "state"}"\n'
         "[cpu-test.server]\n"
         f'model = "{ref_model}"\nport = {port}\nbind = "127.0.0.1"\nmemory_wait_s = 5\n')
-    env = {**os.environ, "TOOLKIT_INVENTORY": str(inventory), "COLUMNS": "200"}
-
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([*INVOKE, "server", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return invoke("server", *args, env={"TOOLKIT_INVENTORY": str(inventory)}, columns=200, timeout=timeout)
     run.port = port
     return run
 
@@ -154,7 +148,7 @@ def test_bad_input_is_named_with_exit_2(cli, args, message):
 
 
 def test_help_describes_every_argument(cli):
-    done = subprocess.run([*INVOKE, "--help", "server"], cwd=ROOT, capture_output=True, text=True)
+    done = invoke("--help", "server")
     assert done.returncode == 0
     for flag in ("--host", "--timeout", "--grace", "--follow", "--rank", "--lines", "--dry-run", "--threshold",
                  "--run", "--list"):

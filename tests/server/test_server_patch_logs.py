@@ -10,19 +10,17 @@ The server is the stand-in (tests/server/fake_server.py, two TP ranks): what is 
 the toolkit reads from the log and prints, not inference."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.helpers import invoke
 from tests.patch.conftest import base_venv, sglang_wheel  # noqa: F401  (fixtures: the real wheel in a venv)
 from toolkit.core.inventory import resolve_hosts
-from toolkit.core.paths import PROJECT_ROOT
 
 FIXTURE_PATCHSETS = Path(__file__).parent / "data" / "patchsets"
 PRINTED = ["[TP0,TP1] print-lines fixture: on every rank", "[TP1] print-lines fixture: only rank 1"]
@@ -42,12 +40,10 @@ def patched_cli(sandbox_env, base_venv, tmp_path, test_profiles):  # noqa: F811
         f'known_hosts = "{base.known_hosts}"\nvenv = "{venv}"\n'
         f'[pl.server]\nport = {free_port()}\nbind = "127.0.0.1"\nmemory_wait_s = 5\n'
         f'nvidia_smi = "{tmp_path / "no-nvidia-smi-here"}"\n')
-    env = {**os.environ, "TOOLKIT_INVENTORY": str(inventory), "TOOLKIT_PATCHSETS": str(patchsets),
-           "TOOLKIT_PATCH_LOCK_TIMEOUT": "60", "COLUMNS": "200"}
+    env = {"TOOLKIT_INVENTORY": str(inventory), "TOOLKIT_PATCHSETS": str(patchsets), "TOOLKIT_PATCH_LOCK_TIMEOUT": "60"}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return invoke(*args, env=env, columns=200)
     yield run
     run("server", "stop", "--host", "pl", "--grace", "5")
     shutil.rmtree(venv, ignore_errors=True)

@@ -10,19 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.client.sglang_metrics import metrics_text
 from tests.client.sglang_info import server_info
+from tests.helpers import invoke
 from toolkit.server import server
 from toolkit.server.watch import HostWatch, poll_once
 
 from .conftest import FAKE_SERVER, process_alive
 
-ROOT = Path(__file__).resolve().parents[2]
-INVOKE = [sys.executable, "-m", "invoke"]
 DYN = {"threshold": 8, "hysteresis": 2, "speculating": False, "since": 1_700_000_000, "spec_steps": 900,
        "plain_steps": 340, "forced_spec_steps": 0, "switches_off": 7, "switches_on": 6}
 
@@ -112,12 +110,10 @@ def cli(fake_host, sglang_like, tmp_path):
         f'address = "127.0.0.1"\nport = {fake_host.port}\nuser = "{fake_host.user}"\n'
         f'key = "{fake_host.key}"\nknown_hosts = "{fake_host.known_hosts}"\n'
         f'state_dir = "{fake_host.state_dir}"\n')
-    env = {**os.environ, "TOOLKIT_INVENTORY": str(inventory), "COLUMNS": "220",
-           "TOOLKIT_PROFILES": os.environ["TOOLKIT_PROFILES"]}
+    env = {"TOOLKIT_INVENTORY": str(inventory), "TOOLKIT_PROFILES": os.environ["TOOLKIT_PROFILES"]}
 
     def popen(*args: str) -> subprocess.Popen:
-        return subprocess.Popen([*INVOKE, "server", "watch", "--host", "watched", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return invoke("server", "watch", "--host", "watched", *args, env=env, columns=220, background=True)
     return popen
 
 

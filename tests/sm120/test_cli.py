@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.patch.conftest import _private_copy, base_venv, host_venv, sglang_wheel, site  # noqa: F401  (fixtures)
 from tests.patch.conftest import newest_base_venv, newest_wheel  # noqa: F401  (fixtures)
+from tests.helpers import invoke
 from toolkit.patch import wheels
-from toolkit.core.paths import PROJECT_ROOT
 
 SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi" / "interconnect"
 
@@ -33,11 +31,6 @@ def install_flashinfer_comm(site: Path) -> None:
     dist.joinpath("METADATA").write_bytes(wheel.read("flashinfer_python-0.6.8.post1.dist-info/METADATA"))
 
 
-def invoke(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          env=env, timeout=timeout)
-
-
 def test_apply_and_start_show_the_features_of_the_host(host_venv, site, tmp_path):  # noqa: F811
     install_flashinfer_comm(site)
     smi = tmp_path / "smi"
@@ -51,10 +44,10 @@ def test_apply_and_start_show_the_features_of_the_host(host_venv, site, tmp_path
                PATH=f"{smi}{os.pathsep}{os.environ['PATH']}")
 
     # sm120 not applied: a start says nothing about its gates
-    before = invoke(["server", "start", "baseline", "--host", "ws", "--timeout", "30", "--skip-patch-check"], env)
+    before = invoke("server", "start", "baseline", "--host", "ws", "--timeout", "30", "--skip-patch-check", env=env)
     assert "sm120" not in before.stderr
 
-    applied = invoke(["patch", "apply", "sm120", "--host", "ws"], env)
+    applied = invoke("patch", "apply", "sm120", "--host", "ws", env=env)
     assert applied.returncode == 0, applied.stderr
     out = " ".join(applied.stdout.split())          # rich folds long cells
     assert "ws: sm120 features for TP 8 on GPU 0,1,2,3,4,5,6,7" in out
@@ -62,7 +55,7 @@ def test_apply_and_start_show_the_features_of_the_host(host_venv, site, tmp_path
     assert "no P2P access: GPU 0-7 (every pair)" in out
     assert "no deep_gemm module is installed" in out
 
-    started = invoke(["server", "start", "baseline", "--host", "ws", "--timeout", "30"], env)
+    started = invoke("server", "start", "baseline", "--host", "ws", "--timeout", "30", env=env)
     assert started.returncode != 0                      # no torch in this venv: it cannot serve
     notes = started.stderr
     told = notes.index("ws: will log: sm120: torch symm-mem two-shot: off (no P2P access: GPU 0-7 (every pair)")
@@ -99,7 +92,7 @@ def test_apply_predicts_the_fusion_on_with_the_0523_stack(newest_site, tmp_path)
     inventory.write_text(f'[ws]\ntransport = "local"\nvenv = "{venv}"\n[ws.server]\ntp_size = 8\n')
     env = dict(os.environ, TOOLKIT_INVENTORY=str(inventory), FAKE_SMI_SCENARIO="rtxpro6000x8-p2p",
                PATH=f"{smi}{os.pathsep}{os.environ['PATH']}")
-    applied = invoke(["patch", "apply", "sm120", "--host", "ws"], env)
+    applied = invoke("patch", "apply", "sm120", "--host", "ws", env=env)
     assert applied.returncode == 0, applied.stderr
     out = " ".join(applied.stdout.split())
     assert "ws: sm120 features for TP 8 on GPU 0,1,2,3,4,5,6,7" in out

@@ -10,6 +10,7 @@ a command's cost does not grow with the number of files it touches.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 import shutil
@@ -18,6 +19,21 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+
+# Set (to anything) to refuse every SSH host but loopback ones before a name is even resolved:
+# what the tests run under, so that an example host in the inventory is never dialled.
+LOOPBACK_ONLY_ENV = "TOOLKIT_LOOPBACK_ONLY"
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or `localhost`; any other name is not loopback (it is not looked up)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 class TransportError(RuntimeError):
@@ -167,6 +183,9 @@ class SSHTransport(Transport):
         import paramiko
         from fabric import Config, Connection
 
+        if os.environ.get(LOOPBACK_ONLY_ENV) and not is_loopback(self.address):
+            raise TransportError(f"refused to dial {self.address}:{self.port}: {LOOPBACK_ONLY_ENV} is set,"
+                                 " which allows loopback addresses only")
         self._check_files()
         connect_kwargs = {"look_for_keys": self._key_filename is None, "allow_agent": self._key_filename is None}
         if self._key_filename:

@@ -1,0 +1,28 @@
+"""`invoke()`: the toolkit's command line in a subprocess, as the user types it, for every test."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from toolkit.core.paths import PROJECT_ROOT
+
+
+def invoke(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), columns: int | None = None,
+           timeout: float = 600, background: bool = False, **popen_kwargs):
+    """`python -m invoke ARGS` from the project root with text output captured.
+
+    env adds to this process's environment, unset removes names from it, columns sets COLUMNS
+    (the width tables are drawn for). background=True starts it and returns the Popen (stdout and
+    stderr piped unless popen_kwargs say otherwise); else it waits and returns the CompletedProcess.
+    """
+    full_env = {k: v for k, v in os.environ.items() if k not in unset}
+    if columns is not None:
+        full_env["COLUMNS"] = str(columns)
+    full_env.update(env or {})
+    command = [sys.executable, "-m", "invoke", *args]
+    if background:
+        options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen_kwargs}
+        return subprocess.Popen(command, cwd=PROJECT_ROOT, env=full_env, text=True, **options)
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, **popen_kwargs)
