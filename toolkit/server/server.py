@@ -577,7 +577,7 @@ def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout
     if not host.venv and not host.python:
         raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
     target = out_dir or default_model_dir(host)
-    source = resources.files("toolkit.server.server").joinpath("refmodel.py").read_text()
+    source = resources.files(__package__).joinpath("refmodel.py").read_text()
     with host.connect() as transport:
         done = transport.run(f"{shlex.quote(host.venv_python)} - {shlex.quote(target)} --seed {int(seed)}",
                              stdin=source, timeout=timeout, env={"HF_HUB_OFFLINE": "1"})
