@@ -38,7 +38,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_17_x86_64 --platform any -d .tkwheels $pins
 missing=$(for name in $(ls patchsets); do [ -d patchsets/$name/$REL ] || echo $name; done)
 for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
-  # a patchset without diffs for this release (dyn-disable on 0.5.23), and then the whole stack, has no image
+  # a patchset without diffs for this release, and then the whole stack, has no image
   if [ -n "$name" ] && [ ! -d patchsets/$name/$REL ] || [ -z "$name" ] && [ -n "$missing" ]; then
     say "no patch image: ${name:-all patchsets stacked} ($REL; no diffs for it: $(echo $missing))"; continue
   fi

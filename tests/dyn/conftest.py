@@ -22,7 +22,8 @@ from toolkit.patch import wheels
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHSET = REPO / "patchsets" / "dyn-disable"
-RELEASES = ("0.5.11", "0.5.17")   # every release patchsets/dyn-disable/ has a diff for
+RELEASES = ("0.5.11", "0.5.17", "0.5.23")   # every release patchsets/dyn-disable/ has a diff for
+V2_RELEASES = ("0.5.17", "0.5.23")   # the releases with only the v2 worker (the ScheduleBatch path)
 
 
 def patch_for(release: str) -> Path:

@@ -1,8 +1,10 @@
 """The counters of steps with and without speculation, where each release reports them: the
 periodic "Decode batch" line (0.5.11: observability/scheduler_metrics_mixin.py; 0.5.17:
 managers/scheduler_components/metrics_reporter.py, which reaches the scheduler through
-self.scheduler) and /server_info's internal state (managers/scheduler.py on both). The patched
-statements are taken from each release's patched file and run against a real SpecSwitch."""
+self.scheduler; 0.5.23: the same file) and /server_info's internal state (managers/scheduler.py on
+0.5.11 and 0.5.17; on 0.5.23 the contributor SchedulerInternalStateController._add_speculative of
+managers/scheduler_components/internal_state.py, which reaches the worker through its scheduler). The
+patched statements are taken from each release's patched file and run against a real SpecSwitch."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +17,13 @@ SCHEDULER = "sglang/srt/managers/scheduler.py"
 DECODE_LINE = {
     "0.5.11": "sglang/srt/observability/scheduler_metrics_mixin.py",
     "0.5.17": "sglang/srt/managers/scheduler_components/metrics_reporter.py",
+    "0.5.23": "sglang/srt/managers/scheduler_components/metrics_reporter.py",
+}
+# where /server_info's internal state is built, and the names the patched statements use there
+SERVER_INFO = {
+    "0.5.11": (SCHEDULER, "self", "ret"),
+    "0.5.17": (SCHEDULER, "self", "ret"),
+    "0.5.23": ("sglang/srt/managers/scheduler_components/internal_state.py", "scheduler", "state"),
 }
 
 
@@ -68,13 +77,14 @@ def test_without_the_switch_the_decode_batch_line_is_stock(release, release_tree
     assert namespace["msg"] == "accept len: 2.00, "
 
 
-def test_server_info_carries_the_counters(release_tree, switch):
-    code = patched_statements(release_tree / SCHEDULER)
-    namespace = {"self": types.SimpleNamespace(draft_worker=types.SimpleNamespace(dyn_disable=switch)), "ret": {}}
+def test_server_info_carries_the_counters(release, release_tree, switch):
+    path, owner, answer = SERVER_INFO[release]
+    code = patched_statements(release_tree / path)
+    namespace = {owner: types.SimpleNamespace(draft_worker=types.SimpleNamespace(dyn_disable=switch)), answer: {}}
     exec(code, namespace)
-    assert namespace["ret"]["dyn_spec_disable"] == {
+    assert namespace[answer]["dyn_spec_disable"] == {
         "threshold": 4, "hysteresis": 1, "speculating": True, "spec_steps": 3, "plain_steps": 2,
         "forced_spec_steps": 0, "switches_off": 1, "switches_on": 1}
-    stock = {"self": types.SimpleNamespace(draft_worker=None), "ret": {}}
+    stock = {owner: types.SimpleNamespace(draft_worker=None), answer: {}}
     exec(code, stock)
-    assert stock["ret"] == {}
+    assert stock[answer] == {}

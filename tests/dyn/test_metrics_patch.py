@@ -1,9 +1,9 @@
 """The dyn-disable metrics diff (0002-dyn-disable-metrics.patch) on the files of each release the
-patchset has diffs for (0.5.11 and 0.5.17), with its 0001 below it: the patched
+patchset has diffs for (0.5.11, 0.5.17 and 0.5.23), with its 0001 below it: the patched
 `dyn_disable_metrics` module driven by the patch's own `SpecSwitch`, exported with the real
 prometheus_client and read back from the exposition text, in-process and in prometheus_client's
 multiprocess mode as SGLang serves it; and the patched `report_decode_stats`
-(0.5.11: the scheduler's metrics mixin; 0.5.17: its SchedulerMetricsReporter) executed with a
+(0.5.11: the scheduler's metrics mixin; 0.5.17 and 0.5.23: its SchedulerMetricsReporter) executed with a
 stand-in scheduler, so the hook itself is what is tested."""
 from __future__ import annotations
 
@@ -117,7 +117,8 @@ def test_attach_makes_nothing_when_inert_or_metrics_are_off(dyn, metrics_mod):
 
 
 REPORTERS = {"0.5.11": ("sglang/srt/observability/scheduler_metrics_mixin.py", "SchedulerMetricsMixin"),
-             "0.5.17": ("sglang/srt/managers/scheduler_components/metrics_reporter.py", "SchedulerMetricsReporter")}
+             "0.5.17": ("sglang/srt/managers/scheduler_components/metrics_reporter.py", "SchedulerMetricsReporter"),
+             "0.5.23": ("sglang/srt/managers/scheduler_components/metrics_reporter.py", "SchedulerMetricsReporter")}
 
 
 def _report_decode_stats(tree, release):
@@ -160,10 +161,12 @@ def test_every_decode_step_of_the_scheduler_brings_the_metrics_up_to_date(tree, 
     report = _report_decode_stats(tree, release)
     sw = switch(dyn, threshold=4, hysteresis=1)
     sched = _scheduler(sw)
+    # 0.5.23 counts the tokens its caller says the step generated, not the batch size
+    generated = {"num_generated_tokens": 12} if release == "0.5.23" else {}
     with stub_modules({"sglang.srt.speculative.dyn_disable_metrics": vars(metrics_mod)}):
         for running in (2, 3, 6, 6, 6, 3, 2):
             sw.decide(running)
-            report(sched, True)
+            report(sched, True, **generated)
     assert sched.metrics_collector.realtime_tokens == 7 * 12     # SGLang's own per-step work still runs
     values = exposition(registry)
     assert values["sglang:spec_dyn_disable_plain_steps_total"] == 3

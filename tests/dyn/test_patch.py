@@ -1,6 +1,6 @@
 """The dyn-disable patchset against the real SGLang wheel files of every release it has a diff for
-(0.5.11 and 0.5.17): it applies (git and the device's stdlib applier agree), the patched files
-byte-compile, the policy module is torch-free and the same on both releases, and patchset.toml
+(0.5.11, 0.5.17 and 0.5.23): it applies (git and the device's stdlib applier agree), the patched files
+byte-compile, the policy module is torch-free and the same on every release, and patchset.toml
 matches the code."""
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ EXPECTED = {
         "sglang/srt/speculative/eagle_worker_v2.py": False,
         "sglang/srt/managers/scheduler.py": False,
         "sglang/srt/managers/scheduler_components/metrics_reporter.py": False,
+        # the plain path's memory kept out of the KV cache when it is sized (issue #33 item 4)
+        "sglang/srt/mem_cache/kv_cache_configurator.py": False,
+    },
+    # 0.5.23: /server_info's entry goes to the internal-state controller (scheduler.py delegates);
+    # the KV-cache reserve (issue #33 item 4) to the KV cache configurator
+    "0.5.23": {
+        POLICY: True,
+        RUNTIME: True,
+        "sglang/srt/speculative/eagle_worker_v2.py": False,
+        "sglang/srt/managers/scheduler_components/internal_state.py": False,
+        "sglang/srt/managers/scheduler_components/metrics_reporter.py": False,
+        "sglang/srt/mem_cache/kv_cache_configurator.py": False,
     },
 }
 
@@ -81,10 +93,13 @@ def test_patch_does_not_apply_twice(release, release_tree):
     assert done.returncode != 0
 
 
-def test_the_other_releases_diff_does_not_apply(release, release_pristine_tree, tmp_path):
+@pytest.mark.parametrize("other", RELEASES)
+def test_the_other_releases_diff_does_not_apply(release, other, release_pristine_tree, tmp_path):
     """Each release's diff is for its own files: 0.5.11's does not go onto 0.5.17 (its files are
-    gone or moved) nor 0.5.17's onto 0.5.11 (what `invoke patch apply` relies on to refuse)."""
-    other = next(r for r in RELEASES if r != release)
+    gone or moved) nor 0.5.17's onto 0.5.11 or 0.5.23 (what `invoke patch apply` relies on to
+    refuse)."""
+    if other == release:
+        pytest.skip("a release's own diff")
     shutil.copytree(release_pristine_tree, tmp_path, dirs_exist_ok=True)
     done = subprocess.run(["git", "apply", "--check", "-p1", str(patch_for(other))], cwd=tmp_path,
                           capture_output=True, text=True)
@@ -113,29 +128,27 @@ def test_patched_0511_file_byte_compiles(patched_tree, tmp_path, path):
     py_compile.compile(str(patched_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
-@pytest.fixture(scope="module")
-def patched_0517_tree(tmp_path_factory):
-    return tree_with(tmp_path_factory.mktemp("dyn-0517-compile"), [patch_for("0.5.17")], "0.5.17")
-
-
-@pytest.mark.parametrize("path", sorted(EXPECTED["0.5.17"]))
-def test_patched_0517_file_byte_compiles(patched_0517_tree, tmp_path, path):
-    py_compile.compile(str(patched_0517_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
+@pytest.mark.parametrize("release_and_path", [(r, p) for r in ("0.5.17", "0.5.23") for p in sorted(EXPECTED[r])],
+                         ids=lambda rp: f"{rp[0]}-{rp[1].rsplit('/', 1)[-1]}")
+def test_patched_v2_release_file_byte_compiles(tmp_path_factory, tmp_path, release_and_path):
+    release, path = release_and_path
+    tree = tree_with(tmp_path_factory.mktemp(f"dyn-{release}-compile"), [patch_for(release)], release)
+    py_compile.compile(str(tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
 
 
 def test_policy_module_imports_without_torch(release_tree):
     assert_imports_without_torch(release_tree / POLICY, "assert m.config_from_env({}) is None")
 
 
-def test_the_policy_module_is_the_same_on_both_releases():
-    """The switch, its knobs and its log lines are one file for both releases, so profiles, smoke
+def test_the_policy_module_is_the_same_on_every_release():
+    """The switch, its knobs and its log lines are one file for every release, so profiles, smoke
     and bench parse the same lines whichever release a host runs."""
     added = []
     for release in RELEASES:
         text = patch_for(release).read_text()
         block = text.split(f"diff --git a/{POLICY} b/{POLICY}\n")[1].split("\ndiff --git ")[0]
         added.append(block)
-    assert added[0] == added[1]
+    assert all(block == added[0] for block in added[1:])
 
 
 def test_patchset_toml_names_the_log_lines_the_code_writes(dyn):

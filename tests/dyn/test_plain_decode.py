@@ -26,14 +26,14 @@ from contextlib import nullcontext
 
 import pytest
 
-from tests.dyn.conftest import (PATCHSET, function_source, load_by_path, method_source, public_attrs,
-                                stub_modules)
+from tests.dyn.conftest import (PATCHSET, V2_RELEASES, function_source, load_by_path, method_source,
+                                public_attrs, stub_modules)
 from toolkit.patch import wheels
 
 
-def only(release):
-    """Run a test on one release's patched files (the `release` fixture, indirectly)."""
-    return pytest.mark.parametrize("release", [release], indirect=True)
+def only(*releases):
+    """Run a test on these releases' patched files (the `release` fixture, indirectly)."""
+    return pytest.mark.parametrize("release", list(releases), indirect=True)
 
 torch = pytest.importorskip("torch")
 
@@ -43,9 +43,9 @@ WORKER_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
 OVERLAP_UTILS = "sglang/srt/managers/overlap_utils.py"
 # where the model runner keeps its DECODE graph runner
-GRAPH_ATTR = {"0.5.11": "graph_runner", "0.5.17": "decode_cuda_graph_runner"}
+GRAPH_ATTR = {"0.5.11": "graph_runner", "0.5.17": "decode_cuda_graph_runner", "0.5.23": "decode_cuda_graph_runner"}
 # what a worker's step gets: 0.5.11 a ModelWorkerBatch, 0.5.17 the ScheduleBatch itself
-BATCH_CLASS = {"0.5.11": "ModelWorkerBatch", "0.5.17": "ScheduleBatch"}
+BATCH_CLASS = {"0.5.11": "ModelWorkerBatch", "0.5.17": "ScheduleBatch", "0.5.23": "ScheduleBatch"}
 FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 GIB = 1 << 30
 
@@ -115,6 +115,10 @@ class ForwardBatch:
         return fb
 
 
+# what 0.5.23's runtime_context.attention_backends() answers: the published (prefill, decode) pair
+PUBLISHED = types.SimpleNamespace(attention_backends=("triton", "triton"))
+
+
 def runtime_stubs(release, policy) -> dict:
     """The sglang modules dyn_disable_runtime.py of `release` imports, as stand-ins."""
     stubs = {
@@ -130,6 +134,13 @@ def runtime_stubs(release, policy) -> dict:
     else:
         stubs["sglang.srt.model_executor.runner.decode_cuda_graph_runner"] = dict(
             DecodeCudaGraphRunner=StockGraphRunner)
+    if release == "0.5.23":
+        # 0.5.23 reads the TP group from the runtime context, not from the model runner
+        stubs["sglang.srt.runtime_context"] = dict(get_parallel=lambda: types.SimpleNamespace(tp_group=TP.group),
+                                                   attention_backends=lambda: PUBLISHED.attention_backends)
+        # and asks the model config whether the target is a hybrid linear-attention model
+        stubs["sglang.srt.configs.hybrid_arch"] = dict(
+            mambaish_config=lambda model_config: getattr(model_config, "linear_attention", None))
     return stubs
 
 
@@ -165,7 +176,7 @@ def verify_batch(release):
                   req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
                   seq_lens_sum=31, out_cache_loc=torch.tensor([40, 41, 42]), spec_info=object(),
                   capture_hidden_mode=Capture.NULL, sampling_info=object())
-    if release == "0.5.17":
+    if release != "0.5.11":
         del fields["capture_hidden_mode"]  # a ForwardBatch argument on 0.5.17, not a batch field
         fields["orig_seq_lens"] = seq_lens.to(torch.int32)
     return batch_class(release)(**fields)
@@ -200,7 +211,7 @@ def test_the_0511_decode_batch_captures_full_hidden_states(runtime, release):
     assert runtime.as_decode_batch(verify_batch(release)).capture_hidden_mode == Capture.FULL
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_the_0517_decode_view_is_restored_when_the_forward_fails(runtime, release):
     batch = verify_batch(release)
     with pytest.raises(RuntimeError, match="boom"):
@@ -213,13 +224,20 @@ def test_the_0517_decode_view_is_restored_when_the_forward_fails(runtime, releas
 def test_decode_positions_are_the_positions_the_token_would_verify_at(runtime, release, tmp_path):
     """SGLang's own decode positions (clamp_position of seq_lens) for the decode batch equal
     the one-token verify's positions (seq_lens), i.e. the token keeps its place."""
-    source = tmp_path / "forward_batch_info.py"
-    source.write_bytes(wheels.pristine("sglang", release).read(FORWARD_BATCH_INFO))
     namespace = {"torch": torch}
-    exec(function_source(source, "_clamp_position_native"), namespace)
+    if release == "0.5.23":  # the torch path of the clamp_position fused op
+        source = tmp_path / "clamp_position.py"
+        source.write_bytes(wheels.pristine("sglang", release).read("sglang/kernels/ops/attention/clamp_position.py"))
+        exec(method_source(source, "ClampPositionOp", "forward_native"), namespace)
+        clamp = lambda seq_lens: namespace["forward_native"](None, seq_lens)  # noqa: E731
+    else:
+        source = tmp_path / "forward_batch_info.py"
+        source.write_bytes(wheels.pristine("sglang", release).read(FORWARD_BATCH_INFO))
+        exec(function_source(source, "_clamp_position_native"), namespace)
+        clamp = namespace["_clamp_position_native"]
     batch = verify_batch(release)
     decode = decode_of(runtime, release, batch)
-    assert namespace["_clamp_position_native"](decode.seq_lens).tolist() == batch.seq_lens.tolist()
+    assert clamp(decode.seq_lens).tolist() == batch.seq_lens.tolist()
     if release == "0.5.11":
         verify = runtime.build_trivial_verify_input(batch.input_ids, batch.seq_lens, batch.seq_lens_cpu, 31)
         assert verify.positions.tolist() == batch.seq_lens.tolist()
@@ -232,6 +250,16 @@ def test_missing_host_lengths_stay_missing(runtime, release):
 
 
 # --- what the patch refuses -----------------------------------------------------------------
+
+def target_runner(release, **hybrid_configs):
+    """A target model runner with these hybrid configs: attributes of the runner on 0.5.11 and
+    0.5.17; on 0.5.23 what hybrid_arch.mambaish_config finds in its model config (one answer for
+    every kind of hybrid: the real function is the union of the same checks)."""
+    if release != "0.5.23":
+        return types.SimpleNamespace(**hybrid_configs)
+    found = next((c for c in hybrid_configs.values() if c is not None), None)
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(linear_attention=found))
+
 
 @pytest.mark.parametrize("args, runner_attrs, words", [
     ({"enable_dp_attention": True}, {}, "DP attention"),
@@ -246,9 +274,10 @@ def test_missing_host_lengths_stay_missing(runtime, release):
     ({}, {"kimi_linear_config": object()}, "hybrid linear-attention"),
     ({}, {"mambaish_config": object()}, "hybrid linear-attention"),
 ])
-def test_unsupported_servers_are_refused_with_the_reason(runtime, monkeypatch, caplog, args, runner_attrs, words):
+def test_unsupported_servers_are_refused_with_the_reason(runtime, release, monkeypatch, caplog, args, runner_attrs,
+                                                         words):
     server_args = types.SimpleNamespace(**args)
-    runner = types.SimpleNamespace(**runner_attrs)
+    runner = target_runner(release, **runner_attrs)
     assert words in runtime.unsupported_reason(server_args, runner)
     assert_refused(runtime, server_args, runner, words, monkeypatch, caplog)
 
@@ -264,8 +293,8 @@ def assert_refused(runtime, server_args, runner, words, monkeypatch, caplog):
     assert any(record.getMessage().startswith(tuple(refuse)) for record in caplog.records)
 
 
-def test_a_dense_or_mla_target_without_those_features_is_served(runtime, monkeypatch, caplog):
-    runner = types.SimpleNamespace(hybrid_gdn_config=None, mamba2_config=None, mambaish_config=None)
+def test_a_dense_or_mla_target_without_those_features_is_served(runtime, release, monkeypatch, caplog):
+    runner = target_runner(release, hybrid_gdn_config=None, mamba2_config=None, mambaish_config=None)
     server_args = types.SimpleNamespace(pp_size=1, enable_lora=False)
     assert runtime.unsupported_reason(server_args, runner) is None
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
@@ -275,7 +304,7 @@ def test_a_dense_or_mla_target_without_those_features_is_served(runtime, monkeyp
     assert "Dynamic speculation disable enabled: threshold=8 hysteresis=2" in caplog.text
 
 
-@only("0.5.17")
+@only("0.5.17", "0.5.23")
 @pytest.mark.parametrize("args, words", [
     ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk > 1"),
     ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling"),
@@ -393,7 +422,7 @@ def test_the_forward_swaps_in_the_plain_backend_and_graphs_only_for_its_duration
     built = ForwardBatch.built[0]
     assert built.attn_backend == "plain-backend"
     assert built.batch.forward_mode == Mode.DECODE and built.batch.seq_lens.tolist() == [6, 10, 18]
-    if release == "0.5.17":  # the target's hidden states come back from the decode forward
+    if release != "0.5.11":  # the target's hidden states come back from the decode forward
         assert built.kwargs == {"capture_hidden_mode": Capture.FULL, "return_hidden_states_before_norm": False}
         assert batch.forward_mode == Mode.TARGET_VERIFY and batch.seq_lens.tolist() == [5, 9, 17]
     assert seen["graph_runner"] == "plain-graphs"
@@ -568,7 +597,7 @@ def test_kv_only_update_at_tp_2_writes_each_ranks_own_kv_heads(runtime, release)
             assert torch.allclose(pool.v[loc], v_ref[:, heads], atol=1e-6)
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_kv_only_update_normalizes_the_target_hidden_states_as_the_draft_does(runtime, release):
     """0.5.17's EAGLE-3 draft may normalize the target's hidden states before fc (norm_before_fc:
     input_norm; fc_norm: per aux chunk); the KV-only update must write the K/V of that input."""
@@ -672,7 +701,8 @@ def test_kv_only_graphs_are_captured_for_the_plain_graphs_batch_sizes_and_counte
 def test_kv_only_update_stays_eager_without_graphs_or_when_capture_fails(runtime, release, monkeypatch, caplog):
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
     draft = eagle3_draft(release)
-    draft.device, draft.tp_group = "fake", FakeTPGroup(1)
+    draft.device = "fake"
+    set_draft_tp(draft, FakeTPGroup(1))
     no_graphs = runtime.PlainDecodeState("backend", None, "no CUDA graphs", 0.1)
     assert runtime.build_draft_kv_only_graphs(draft, no_graphs) == (
         None, "eager (the server runs without CUDA graphs)")
@@ -696,7 +726,8 @@ def test_at_tp_above_1_a_failed_kv_only_capture_stops_the_server_instead_of_one_
     capture barrier. At TP > 1 a failure on any rank is fatal (SGLang then stops every rank)."""
     monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(GIB, GIB))
     draft = eagle3_draft(release)
-    draft.device, draft.tp_group = "fake", FakeTPGroup(2)
+    draft.device = "fake"
+    set_draft_tp(draft, FakeTPGroup(2))
 
     def capture_fails(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
@@ -736,7 +767,7 @@ def test_kv_only_update_is_refused_for_quantized_weights(runtime, release):
 
 # --- the v2 worker's plain step and resume, executed -------------------------------------------
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_kv_only_update_is_refused_for_a_draft_of_several_layers(runtime, release):
     """SGLang 0.5.17's EAGLE-3 draft may have several layers; only the first one's K/V follow from
     its input alone, so such a draft runs the one-token extend instead."""
@@ -906,11 +937,28 @@ class FakeTPGroup:
         return tensor
 
 
+# the TP group 0.5.23's get_parallel() answers with (the runtime stubs read it at each call)
+TP = types.SimpleNamespace(group=None)
+
+
+def set_draft_tp(draft, group):
+    """The draft's TP group where each release reads it: the draft model runner (0.5.11, 0.5.17)
+    or the runtime context (0.5.23)."""
+    draft.tp_group = TP.group = group
+
+
+@pytest.fixture(autouse=True)
+def one_rank_runtime_context():
+    TP.group = FakeTPGroup(1)
+    yield
+    TP.group = None
+
+
 @pytest.fixture()
 def tp_group(monkeypatch):
-    """sglang.srt.distributed.get_tp_group for the code under test: one rank unless a test sets
-    `.group` to another FakeTPGroup."""
-    holder = types.SimpleNamespace(group=FakeTPGroup(1))
+    """sglang.srt.distributed.get_tp_group (0.5.23: get_parallel().tp_group) for the code under
+    test: one rank unless a test sets `.group` to another FakeTPGroup."""
+    holder = TP
     module = types.ModuleType("sglang.srt.distributed")
     module.get_tp_group = lambda: holder.group
     for name in ("sglang", "sglang.srt"):
@@ -955,7 +1003,7 @@ REQ = types.SimpleNamespace
 
 
 def v2_batch(release, **flags):
-    return decode_batch(**flags) if release == "0.5.11" else schedule_batch(**flags)
+    return decode_batch(**flags) if release == "0.5.11" else schedule_batch(release=release, **flags)
 
 
 @pytest.mark.parametrize("flags, reason", [
@@ -1042,7 +1090,7 @@ def plain_step_on_a_real_draft_layer(runtime, release, worker, skip, kv_only):
     draft.tp_group, draft.forward = None, fake_draft_forward
     worker.draft_worker.draft_runner = draft
     worker._dyn_debug_skip_draft_kv, worker._dyn_draft_kv_only = skip, kv_only
-    batch = decode_batch() if release == "0.5.11" else schedule_batch()
+    batch = decode_batch() if release == "0.5.11" else schedule_batch(release=release)
     with torch.no_grad():
         result = worker._forward_plain_decode(batch)
     return result, draft.token_to_kv_pool, draft, target_hidden
@@ -1050,7 +1098,7 @@ def plain_step_on_a_real_draft_layer(runtime, release, worker, skip, kv_only):
 
 @pytest.fixture()
 def v2_worker(release, request):
-    """The v2 worker stand-in of `release` (worker_v2 on 0.5.11, worker_0517 on 0.5.17)."""
+    """The v2 worker stand-in of `release` (worker_v2 on 0.5.11, worker_0517 on 0.5.17 and 0.5.23)."""
     return request.getfixturevalue("worker_v2" if release == "0.5.11" else "worker_0517")
 
 
@@ -1097,7 +1145,7 @@ def test_the_debug_switch_is_read_at_start_and_said_loudly(runtime, monkeypatch,
 
 
 def test_the_draft_input_hidden_state_is_fc_for_eagle3_and_as_is_otherwise(runtime, release):
-    draft = eagle3_draft(release, norms=release == "0.5.17")  # 0.5.17's draft may normalize before fc
+    draft = eagle3_draft(release, norms=release != "0.5.11")  # 0.5.17's draft may normalize before fc
     target_hidden = torch.randn(2, 3 * H) * 5
     with torch.no_grad():
         assert torch.allclose(runtime.draft_input_hidden(draft, target_hidden), draft_input(draft, target_hidden))
@@ -1259,7 +1307,6 @@ def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_
     assert runner.dyn_disable_reserved_gib == pytest.approx(50.0 - 8.0 - rest_gib)
 
 
-@only("0.5.11")
 @pytest.mark.parametrize("extra, words", [
     (0.36, "extra GPU memory 0.36 GiB (0.50 GiB kept out of the KV cache for it)"),
     (0.85, "extra GPU memory 0.85 GiB (0.50 GiB kept out of the KV cache for it); 0.35 GiB more than that came "
@@ -1268,6 +1315,120 @@ def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_
 def test_the_start_up_line_says_what_the_plain_path_took_against_the_reserve(release, runtime, extra, words):
     state = runtime.PlainDecodeState("backend", None, "no CUDA graphs", extra, reserved_gib=0.5)
     assert runtime.plain_decode_message(state, "note").endswith(words)
+
+
+# 0.5.17 and 0.5.23 size the KV cache in KVCacheConfigurator._profile_available_bytes; the patch
+# calls plain_path_reserve_gib with the configurator and records the reserve on it (a new field)
+
+KV_CACHE_CONFIGURATOR = "sglang/srt/mem_cache/kv_cache_configurator.py"
+
+
+def pool_configurator(release, draft=False, eagle=True, post_capture=False, hybrid=None, **server_args):
+    """The KVCacheConfigurator fields plain_path_reserve_gib and _profile_available_bytes read."""
+    args = dict(attention_backend="triton", decode_attention_backend=None, enable_dp_attention=False)
+    args.update(server_args)
+    if release == "0.5.23":  # the published pair, not ServerArgs' raw fields (None for "auto")
+        PUBLISHED.attention_backends = (args["attention_backend"], args["decode_attention_backend"] or
+                                        args["attention_backend"])
+        args["attention_backend"] = args["decode_attention_backend"] = None
+    return types.SimpleNamespace(
+        is_draft_worker=draft, spec_algorithm=EagleAlgo(eagle), server_args=types.SimpleNamespace(**args),
+        post_capture_kv_active=post_capture, device="cuda", gpu_id=0, mambaish_config=hybrid,
+        hybrid_gdn_config=None, model_config=types.SimpleNamespace(linear_attention=hybrid, is_multimodal=False),
+        dyn_disable_reserved_gib=0.0)
+
+
+@only(*V2_RELEASES)
+@pytest.mark.parametrize("kwargs, env, expected", [
+    ({}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.5),
+    ({"attention_backend": "flashinfer"}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.75),  # + workspace
+    ({"attention_backend": "fa3", "decode_attention_backend": "flashinfer"}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"},
+     0.75),
+    ({}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8", "SGLANG_SPEC_DISABLE_RESERVE_GIB": "1.5"}, 1.5),
+    ({}, {}, 0.0),  # patch inert
+    ({"draft": True}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # the draft's pool follows the target's
+    ({"eagle": False}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),
+    ({"enable_dp_attention": True}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # refused anyway
+    ({"hybrid": object()}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),  # refused anyway
+    # SGLANG_ENABLE_POST_CAPTURE_KV_SIZING: the pool is sized after every graph, the plain path's included
+    ({"post_capture": True}, {"SGLANG_SPEC_DISABLE_THRESHOLD": "8"}, 0.0),
+])
+def test_v2_releases_keep_the_reserve_only_where_dyn_disable_will_run(release, runtime, monkeypatch, flashinfer_env,
+                                                                      kwargs, env, expected):
+    for name in ("SGLANG_SPEC_DISABLE_THRESHOLD", "SGLANG_SPEC_DISABLE_RESERVE_GIB"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert runtime.plain_path_reserve_gib(pool_configurator(release, **kwargs)) == pytest.approx(expected)
+
+
+def profile_available_bytes_namespace(release, free_gib):
+    """What KVCacheConfigurator._profile_available_bytes of 0.5.17 / 0.5.23 reads around it: free
+    GPU memory, --mem-fraction-static 0.9, no multimodal reservation, no mamba, no PD."""
+    import math
+    schedule = types.SimpleNamespace(mem_fraction_static=0.9, prefill_max_requests=None, max_mamba_cache_size=None)
+    namespace = {"math": math, "gc": types.SimpleNamespace(collect=lambda: 0),
+                 "get_available_gpu_memory": lambda *a, **k: free_gib, "get_schedule": lambda: schedule,
+                 "get_world_group": lambda: types.SimpleNamespace(world_size=1, cpu_group=None)}
+    if release == "0.5.23":
+        namespace.update(
+            get_parallel=lambda: types.SimpleNamespace(launch_world_size=1,
+                                                       world_group=types.SimpleNamespace(cpu_group=None)),
+            get_exec=lambda: types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
+                prefill=types.SimpleNamespace(full_prefill_max_req=None, backend="full")))),
+            get_disagg=lambda: types.SimpleNamespace(disaggregation_mode="null"), Backend=types.SimpleNamespace(FULL="full"),
+            mm_runtime_reservation_gb=lambda **k: 0.0, get_mm=lambda: types.SimpleNamespace(mm_feature_transport=None))
+    return namespace
+
+
+@only(*V2_RELEASES)
+@pytest.mark.parametrize("threshold, rest_gib", [(None, 42.0), ("8", 41.5)])
+def test_v2_releases_size_the_kv_cache_without_the_plain_paths_reserve(release, release_tree, runtime, policy,
+                                                                        monkeypatch, threshold, rest_gib):
+    """KVCacheConfigurator._profile_available_bytes (the release's patched method, executed): what
+    the KV cache may take is the free memory after the weights minus SGLang's activation headroom
+    and, with dyn-disable on, minus the plain path's reserve, recorded on the configurator, where
+    build_plain_decode_state finds it for the start-up line."""
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_RESERVE_GIB", raising=False)
+    if threshold is None:
+        monkeypatch.delenv("SGLANG_SPEC_DISABLE_THRESHOLD", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", threshold)
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable", policy)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime)
+    namespace = profile_available_bytes_namespace(release, free_gib=50.0)
+    exec(method_source(release_tree / KV_CACHE_CONFIGURATOR, "KVCacheConfigurator", "_profile_available_bytes"),
+         namespace)
+    configurator = pool_configurator(release)
+    available = namespace["_profile_available_bytes"](configurator, 80.0)  # headroom: 80 * (1 - 0.9) = 8 GiB
+    assert available == int(rest_gib * GIB)
+    assert configurator.dyn_disable_reserved_gib == pytest.approx(50.0 - 8.0 - rest_gib)
+
+
+@only(*V2_RELEASES)
+def test_v2_releases_declare_the_reserve_a_field_of_the_configurator(release, release_tree):
+    """KVCacheConfigurator is a dataclass with slots: an attribute it does not declare cannot be set,
+    so the patch declares dyn_disable_reserved_gib (default 0: the draft's configurator, a stock
+    server)."""
+    tree = ast.parse((release_tree / KV_CACHE_CONFIGURATOR).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "KVCacheConfigurator")
+    assert "slots=True" in ast.unparse(cls.decorator_list[0])
+    declared = {n.target.id: n.value for n in cls.body if isinstance(n, ast.AnnAssign)}
+    assert ast.literal_eval(declared["dyn_disable_reserved_gib"]) == 0.0
+
+
+@only(*V2_RELEASES)
+def test_v2_releases_start_up_line_reads_the_reserve_from_the_configurator(release, runtime, monkeypatch):
+    monkeypatch.setattr(torch, "get_device_module", lambda device: FakeDevice(10 * GIB, 9.2 * GIB))
+    runner = model_runner(release)
+    runner.kv_cache_configurator = types.SimpleNamespace(dyn_disable_reserved_gib=0.5)
+    state = runtime.build_plain_decode_state(runner)
+    assert state.reserved_gib == 0.5
+    assert runtime.plain_decode_message(state, "note").endswith(
+        "extra GPU memory 0.80 GiB (0.50 GiB kept out of the KV cache for it); 0.30 GiB more than that came out "
+        "of SGLang's activation headroom: start with SGLANG_SPEC_DISABLE_RESERVE_GIB=0.80")
 
 
 # --- the start-up warm-up (issue #25 part 1: the first crossing stalled ~7 s) ------------------
@@ -1312,6 +1473,10 @@ def test_the_warmup_batch_fills_every_required_field_of_the_real_classes(release
     assert batch.req_pool_indices.tolist() == [0, 0, 0] and batch.seq_lens_sum == 3 * runtime.WARMUP_SEQ_LEN
     assert batch.sampling_info.is_all_greedy is True and batch.sampling_info.vocab_size == 64
     assert batch.spec_info == "spec" and batch.reqs == [] and batch.return_logprob is False
+    if release != "0.5.11":  # the resume's prepare_for_draft_extend reads batch.model_config.vocab_size
+        model_config = types.SimpleNamespace(vocab_size=64)
+        batch = runtime.warmup_decode_batch(3, "cpu", 64, "spec", Algo.EAGLE3, model_config)
+        assert batch.model_config is model_config
 
 
 @pytest.mark.parametrize("kv_only", [True, False])
@@ -1327,9 +1492,10 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
     worker._dyn_draft_extend_runner = None
     worker.topk = 1
     worker.req_to_token_pool.req_to_token = torch.zeros(4, 32, dtype=torch.int64)  # before any request
+    model_config = types.SimpleNamespace(vocab_size=64)
     worker.target_worker = worker._target_worker = types.SimpleNamespace(
-        model_config=types.SimpleNamespace(vocab_size=64),
-        model_runner=types.SimpleNamespace(spec_algorithm=Algo.EAGLE3))
+        model_config=model_config, model_runner=types.SimpleNamespace(spec_algorithm=Algo.EAGLE3,
+                                                                      model_config=model_config))
     worker._dyn_plain_state = runtime.PlainDecodeState(
         "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "graphs", 0.25)
     sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
@@ -1428,8 +1594,15 @@ def test_the_plain_steps_stale_marker_round_trips_through_the_real_future_map(re
 
 
 class RoutingVerify:
+    kv_loc_plan = "the verify's KV location plan"  # 0.5.23 hands it to the draft extend
+
     def is_verify_input(self):
         return True
+
+
+class RoutingDraftInput(DraftInput):
+    def is_verify_input(self):  # 0.5.23 asks: a verify input the scheduler pre-built for PP
+        return False
 
 
 def routing_worker(log, dyn, decisions, verify, plain, **fields):
@@ -1438,8 +1611,8 @@ def routing_worker(log, dyn, decisions, verify, plain, **fields):
     w = types.SimpleNamespace(dyn_disable=dyn, _dyn_resync_pending=False, **fields)
     w.draft_worker = types.SimpleNamespace(
         draft_runner=types.SimpleNamespace(tp_group=None), draft_tp_context=lambda g: nullcontext(),
-        draft=lambda b: log.append("draft") or RoutingVerify(),
-        _draft_extend_for_decode=lambda b, out: log.append("draft_extend"))
+        parallel_layout=DRAFT_LAYOUT, draft=lambda b: log.append("draft") or RoutingVerify(),
+        _draft_extend_for_decode=lambda b, out, **kw: log.append("draft_extend"))
     w.verify = verify
 
     def plain_step(*args):
@@ -1493,8 +1666,9 @@ class ExtendInput:
 
 @pytest.fixture()
 def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
-    """EAGLEWorkerV2's patched plain-step methods of 0.5.17 on a stand-in worker; the ScheduleBatch
-    has 0.5.17's real field set."""
+    """EAGLEWorkerV2's patched plain-step methods of 0.5.17 (or 0.5.23) on a stand-in worker; the
+    ScheduleBatch has that release's real field set. 0.5.23 enters the draft's TP placement with
+    spec_utils.draft_tp_context(the draft worker's parallel_layout), checked here."""
     calls = []
     runtime_stub = types.ModuleType("sglang.srt.speculative.dyn_disable_runtime")
 
@@ -1515,7 +1689,10 @@ def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
 
     def prepare_for_draft_extend(extend_input, batch, predict, num_draft_tokens, draft_model_runner,
                                  cuda_graph_runner, *, return_hidden_states_before_norm):
-        """Stands for 0.5.17's prepare_for_draft_extend: it rewrites the ScheduleBatch as the real one does."""
+        """Stands for 0.5.17's prepare_for_draft_extend: it rewrites the ScheduleBatch as the real one does,
+        and reads the batch's model_config for its out-of-range probe (an argument, read even with the
+        probe off)."""
+        assert batch.model_config.vocab_size > 0
         calls.append(("draft_extend", predict.tolist(), batch.seq_lens.tolist(), batch.out_cache_loc.tolist(),
                       num_draft_tokens, cuda_graph_runner, extend_input.num_accept_tokens.tolist()))
         batch.spec_info, batch.input_ids, batch.forward_mode = extend_input, predict, "DRAFT_EXTEND_V2"
@@ -1529,6 +1706,7 @@ def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
         "prepare_for_draft_extend": prepare_for_draft_extend, "maybe_detect_nan": lambda *a: None,
         "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim), "_is_hip": False,
         "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+        "draft_tp_context": draft_tp_context,
     }
     names = ("_dyn_decide", "_forward_plain_decode", "_dyn_draft_topk", "_dyn_draft_extend_one_token",
              "_dyn_resync_draft", "_dyn_one_token_draft_extend")
@@ -1542,28 +1720,39 @@ def worker_0517(release_tree, runtime, policy, tp_group, monkeypatch):
         dyn_disable=policy.SpecSwitch(policy.config_from_env({policy.THRESHOLD_ENV: "2"})),
         req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         draft_worker=types.SimpleNamespace(draft_runner=types.SimpleNamespace(tp_group=None, forward=fake_draft_forward),
-                                           draft_tp_context=lambda group: nullcontext(), topk=1))
+                                           draft_tp_context=lambda group: nullcontext(), topk=1,
+                                           parallel_layout=DRAFT_LAYOUT))
     for name in names:
         setattr(worker, name, types.MethodType(namespace[name], worker))
     return worker, calls
 
 
-def schedule_batch(seq_lens=(5, 9, 17), bonus=(11, 12, 13), **flags):
+DRAFT_LAYOUT = "the draft's parallel layout"
+
+
+def draft_tp_context(layout):
+    """0.5.23's spec_utils.draft_tp_context: the draft's TP placement, entered from its layout."""
+    assert layout == DRAFT_LAYOUT
+    return nullcontext()
+
+
+def schedule_batch(seq_lens=(5, 9, 17), bonus=(11, 12, 13), release="0.5.17", **flags):
     seq_lens = torch.tensor(seq_lens)
     spec = DraftInput(bonus_tokens=torch.tensor(bonus, dtype=torch.int32),
                       topk_p=torch.ones(len(seq_lens), 1), topk_index=torch.zeros(len(seq_lens), 1, dtype=torch.int64),
                       hidden_states=torch.zeros(len(seq_lens), 2))
     fields = dict(forward_mode=Mode.DECODE, req_pool_indices=torch.tensor([2, 0, 1]), seq_lens=seq_lens,
                   seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), spec_info=spec,
-                  return_logprob=False, has_grammar=False, return_hidden_states=False, sampling_info=sampling())
+                  return_logprob=False, has_grammar=False, return_hidden_states=False, sampling_info=sampling(),
+                  model_config=types.SimpleNamespace(vocab_size=8))
     fields.update(flags)
-    return batch_class("0.5.17")(**fields)
+    return batch_class(release)(**fields)
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_plain_step_publishes_the_new_lengths_before_the_draft_update(release, worker_0517, cpu_streams):
     worker, calls = worker_0517
-    batch = schedule_batch()
+    batch = schedule_batch(release=release)
     incoming = batch.spec_info
     result = worker._forward_plain_decode(batch, lambda lens: calls.append(("publish", lens.tolist())))
     slots = [1000 + 2 * 32 + 5, 1000 + 0 * 32 + 9, 1000 + 1 * 32 + 17]  # req_to_token[row, seq_len]
@@ -1581,12 +1770,12 @@ def test_0517_plain_step_publishes_the_new_lengths_before_the_draft_update(relea
     assert worker._dyn_resync_pending is True
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_without_kv_only_the_plain_step_runs_a_one_token_draft_extend_and_restores_the_batch(
         release, worker_0517, cpu_streams):
     worker, calls = worker_0517
     worker._dyn_draft_kv_only = False
-    batch = schedule_batch()
+    batch = schedule_batch(release=release)
     spec = batch.spec_info
     result = worker._forward_plain_decode(batch)
     kind, predict, seq_lens, locs, n, runner, accepted = calls[1]
@@ -1600,11 +1789,11 @@ def test_0517_without_kv_only_the_plain_step_runs_a_one_token_draft_extend_and_r
     assert worker._dyn_resync_pending is False
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it_was(release, worker_0517):
     worker, calls = worker_0517
     worker._dyn_resync_pending = True
-    batch = schedule_batch(seq_lens=(6, 10, 18), bonus=(3, 4, 5))
+    batch = schedule_batch(seq_lens=(6, 10, 18), bonus=(3, 4, 5), release=release)
     spec = with_stale_draft_state(batch.spec_info)
     worker._dyn_resync_draft(batch)
     kind, predict, seq_lens, locs, n, runner, _ = calls[0]
@@ -1619,13 +1808,16 @@ def test_0517_resume_recomputes_the_stale_draft_state_and_leaves_the_batch_as_it
     assert batch.forward_mode == Mode.DECODE and batch.input_ids is None and batch.out_cache_loc is None
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree):
-    """The decode branch of 0.5.17's patched forward_batch_generation, executed: without the switch
-    it is the stock draft/verify/publish/extend; with it, plain steps (handed the publish callback)
-    and the resume run in order."""
+    """The decode branch of the patched forward_batch_generation (0.5.17, 0.5.23), executed: without
+    the switch it is the stock draft/verify/publish/extend; with it, plain steps (handed the publish
+    callback) and the resume run in order, after 0.5.23's adaptive hook (activate_step_by_batch).
+    Each step gets a fresh draft input, as the scheduler hands the worker the previous step's
+    next_draft_input (a verify input left on the batch is 0.5.23's pre-built PP verify)."""
     source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
     namespace = {"torch": torch, "CaptureHiddenMode": Capture, "spec_stage_span": lambda name: nullcontext(),
+                 "draft_tp_context": draft_tp_context, "get_parallel": lambda: types.SimpleNamespace(pp_size=1),
                  "envs": types.SimpleNamespace(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=types.SimpleNamespace(
                      get=lambda: False)),
                  "speculative_moe_backend_context": nullcontext,
@@ -1634,26 +1826,31 @@ def test_0517_forward_batch_generation_routes_plain_resume_and_stock_steps(relea
     log = []
 
     def worker(dyn, decisions):
-        verify = lambda b, grammar_barrier=None: log.append("verify") or types.SimpleNamespace(  # noqa: E731
+        verify = lambda b, grammar_barrier=None, **kw: log.append("verify") or types.SimpleNamespace(  # noqa: E731
             new_seq_lens="verify-lens")
         return routing_worker(log, dyn, decisions, verify, plain=lambda b, on_publish: on_publish("plain-lens"),
                               speculative_num_steps=3, activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
 
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
-                                  is_extend_in_batch=False, spec_info=DraftInput(), seq_lens=torch.tensor([5, 9]))
-    publish = lambda lens: log.append(f"publish {lens}")
+                                  is_extend_in_batch=False, spec_info=RoutingDraftInput(), seq_lens=torch.tensor([5, 9]))
+    publish = lambda lens: log.append(f"publish {lens}")  # noqa: E731
+
+    def fresh(b):
+        b.spec_info = RoutingDraftInput()
+        return b
+
     stock = worker(None, [])
     assert namespace["forward_batch_generation"](stock, batch, publish).new_seq_lens == "verify-lens"
     assert log == ["bs=2", "draft", "verify", "publish verify-lens", "draft_extend"]
     log.clear()
     dyn = worker(object(), [False, False, True])
-    results = [namespace["forward_batch_generation"](dyn, batch, publish) for _ in range(3)]
+    results = [namespace["forward_batch_generation"](dyn, fresh(batch), publish) for _ in range(3)]
     assert results[:2] == ["plain-result", "plain-result"] and results[2].new_seq_lens == "verify-lens"
     assert log == ["bs=2", "plain", "publish plain-lens", "bs=2", "plain", "publish plain-lens",
                    "bs=2", "resync", "draft", "verify", "publish verify-lens", "draft_extend"]
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 def test_0517_the_plain_backend_counts_in_the_host_seq_lens_decision(release, release_tree, tmp_path):
     """0.5.17 copies seq_lens to the host only when an attention backend of a spec-v2 step needs
     them (decide_needs_cpu_seq_lens over spec_v2_attn_backends). The plain decode backend is one
@@ -1663,8 +1860,9 @@ def test_0517_the_plain_backend_counts_in_the_host_seq_lens_decision(release, re
     exec(method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "spec_v2_attn_backends"), namespace)
     backends_of = namespace["spec_v2_attn_backends"].fget
     source = tmp_path / "overlap_utils.py"
-    source.write_bytes(wheels.pristine("sglang", "0.5.17").read(OVERLAP_UTILS))
-    decide_ns = {}
+    source.write_bytes(wheels.pristine("sglang", release).read(OVERLAP_UTILS))
+    decide_ns = {"get_exec": lambda: types.SimpleNamespace(overlap=types.SimpleNamespace(enable_two_batch_overlap=False)),
+                 "get_spec": lambda: types.SimpleNamespace(speculative_algorithm="EAGLE3")}
     exec(function_source(source, "decide_needs_cpu_seq_lens"), decide_ns)
     algo = types.SimpleNamespace(from_string=lambda name: types.SimpleNamespace(is_ngram=lambda: False))
     opts_out = types.SimpleNamespace(needs_cpu_seq_lens=False)
@@ -1673,18 +1871,20 @@ def test_0517_the_plain_backend_counts_in_the_host_seq_lens_decision(release, re
         _draft_worker=types.SimpleNamespace(draft_attn_backend=opts_out, draft_extend_attn_backend=opts_out),
         _dyn_plain_state=None)
     server_args = types.SimpleNamespace(enable_two_batch_overlap=False, speculative_algorithm="EAGLE3")
+    # 0.5.23 reads the server's settings from the runtime context
+    args = () if release == "0.5.23" else (server_args,)
     with stub_modules({"sglang.srt.speculative.spec_info": dict(SpeculativeAlgorithm=algo)}):
-        assert decide_ns["decide_needs_cpu_seq_lens"](server_args, backends_of(worker)) is False
+        assert decide_ns["decide_needs_cpu_seq_lens"](*args, backends_of(worker)) is False
         worker._dyn_plain_state = types.SimpleNamespace(attn_backend=types.SimpleNamespace(needs_cpu_seq_lens=True))
         assert len(backends_of(worker)) == 4
-        assert decide_ns["decide_needs_cpu_seq_lens"](server_args, backends_of(worker)) is True
+        assert decide_ns["decide_needs_cpu_seq_lens"](*args, backends_of(worker)) is True
 
 
-@only("0.5.17")
+@only(*V2_RELEASES)
 @pytest.mark.parametrize("layers, words", [
     (1, "draft extend: KV cache only in plain steps (CUDA graphs for batch sizes 1..8); one token per "
-        "request, eager (no one-token draft-extend graphs on SGLang 0.5.17) once when drafting resumes"),
-    (2, "draft extend: one token per request, eager (no one-token draft-extend graphs on SGLang 0.5.17) "
+        "request, eager (no one-token draft-extend graphs on SGLang {release}) once when drafting resumes"),
+    (2, "draft extend: one token per request, eager (no one-token draft-extend graphs on SGLang {release}) "
         "(no KV-only update with a draft of 2 layers"),
 ])
 def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree, runtime, policy, monkeypatch,
@@ -1704,13 +1904,15 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime_stub)
     monkeypatch.setattr(sys.modules["sglang.srt.speculative"], "dyn_disable_runtime", runtime_stub, raising=False)
     namespace = {"logger": logging.getLogger("eagle_worker_v2_under_test"),
-                 "dyn_disable_draft_kv_only_from_env": policy.draft_kv_only_from_env}
+                 "dyn_disable_draft_kv_only_from_env": policy.draft_kv_only_from_env,
+                 "draft_tp_context": draft_tp_context}
     exec(method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "_dyn_init_plain_path"), namespace)
     draft = eagle3_draft(release, layers=layers)
     draft.tp_group = None
     worker = types.SimpleNamespace(_target_worker=types.SimpleNamespace(model_runner="target"),
                                    draft_worker=types.SimpleNamespace(draft_runner=draft,
-                                                                      draft_tp_context=lambda g: nullcontext()))
+                                                                      draft_tp_context=lambda g: nullcontext(),
+                                                                      parallel_layout=DRAFT_LAYOUT))
 
     def warm_up():  # before the line: its note and memory are in it
         state.warmup_note = "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
@@ -1724,7 +1926,7 @@ def test_0517_the_start_up_line_says_how_the_draft_is_kept(release, release_tree
     line = caplog.records[-1].getMessage()
     assert line.startswith("Dynamic speculation disable: plain step is a decode forward on SimpleNamespace "
                            "with CUDA graphs for batch sizes 1..8; ")
-    assert words in line and line.endswith(
+    assert words.format(release=release) in line and line.endswith(
         "; plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); extra GPU memory 0.25 GiB")
     print_prefixes = tomllib.loads((PATCHSET / "patchset.toml").read_text())["logs"]["print"]
     assert line.startswith(tuple(print_prefixes))
