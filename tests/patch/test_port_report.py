@@ -57,14 +57,20 @@ def make_release(wheel, cache: Path, version: str, edits=None, folder_rows=(), s
     return target
 
 
+OLD_DIFFS = ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch")
+
+
 @pytest.fixture
 def dyn_patchsets(tmp_path, monkeypatch) -> Path:
-    """A private patchsets/ with the real dyn-disable (its 0.5.11 diff only)."""
+    """A private patchsets/ with the real dyn-disable: its 0.5.11 diffs that touch disjoint hunks
+    (0001, 0002), so that each diff hunk is one hunk of the change the port tries (later diffs
+    edit lines 0001 adds, and the port's change holds their sum)."""
     folder = tmp_path / "patchsets"
-    (folder / "dyn-disable").mkdir(parents=True)
+    (folder / "dyn-disable" / VERSION).mkdir(parents=True)
     for name in ("patchset.toml", "hooks.py"):
         shutil.copy(ROOT / "patchsets" / "dyn-disable" / name, folder / "dyn-disable")
-    shutil.copytree(ROOT / "patchsets" / "dyn-disable" / VERSION, folder / "dyn-disable" / VERSION)
+    for diff in OLD_DIFFS:
+        shutil.copy(ROOT / "patchsets" / "dyn-disable" / VERSION / diff, folder / "dyn-disable" / VERSION)
     monkeypatch.setenv("TOOLKIT_PATCHSETS", str(folder))
     return folder
 
@@ -73,7 +79,7 @@ def old_hunks() -> list[tuple[str, int, int, int]]:
     """(path, number in its file, old start, old length) of every hunk of dyn-disable on 0.5.11,
     over its diffs in the order they apply (a file's hunks are numbered across them)."""
     hunks, count = [], {}
-    for patch in sorted((ROOT / "patchsets" / "dyn-disable" / VERSION).glob("*.patch")):
+    for patch in [ROOT / "patchsets" / "dyn-disable" / VERSION / diff for diff in OLD_DIFFS]:
         for pf in PatchSet(patch.read_text()):
             for h in pf:
                 count[pf.path] = count.get(pf.path, 0) + 1

@@ -108,9 +108,15 @@ def test_threshold_and_hysteresis_reach_the_launch_script_and_bad_values_exit_2(
     assert "SGLANG_SPEC_DISABLE_THRESHOLD=18" in done.stdout and "SGLANG_SPEC_DISABLE_HYSTERESIS=4" in done.stdout
     assert "SGLANG_SPEC_DISABLE_HYSTERESIS=2" in cli(*args, "--threshold", "18", "--hysteresis", "2").stdout
     bad = cli(*args, "--threshold", "abc")
-    assert bad.returncode == 2 and "--threshold takes an integer, got 'abc'" in bad.stderr
+    assert bad.returncode == 2 and "--threshold takes an integer or auto, got 'abc'" in bad.stderr
     out_of_range = cli(*args, "--threshold", "18", "--hysteresis", "18")
     assert out_of_range.returncode == 2 and "0 <= hysteresis < threshold (18)" in out_of_range.stderr
+    # auto: the patch's controller finds the crossover; no request-count hysteresis goes with it
+    auto = cli(*args, "--threshold", "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert "SGLANG_SPEC_DISABLE_THRESHOLD=auto" in auto.stdout and "SGLANG_SPEC_DISABLE_HYSTERESIS=4" not in auto.stdout
+    auto_with_band = cli(*args, "--threshold", "auto", "--hysteresis", "2")
+    assert auto_with_band.returncode == 2 and "takes no dyn_hysteresis" in auto_with_band.stderr
 
 
 def test_a_failed_start_prints_the_log_tail_and_exits_1(cli, tmp_path):
