@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 
+from ._lib import owner_name
+
 NVCC_RELATIVE = os.path.join("nvidia", "cu13", "bin", "nvcc")
 GPU_QUERY = "index,name,compute_cap,memory.used,memory.total,driver_version"
 

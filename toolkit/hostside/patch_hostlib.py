@@ -1,5 +1,5 @@
-# Shared by patch_probe.py and patch_apply.py: both name it in their `# hostrun-uses:` line,
-# so toolkit.hostrun sends it in front of them. Standard library only, Python 3.8+.
+# What patch_probe.py, patch_apply.py and the rollout share: the patch state folder, its lock,
+# atomic writes, recovery of a cut run. Standard library only, Python 3.8+.
 # Host state lives in <state_dir>/patch/:
 #   state.json    what is applied: package, version, site, stack, expected sha256 per file
 #   journal.json  present only while a run changes files (see recover() for the rule)
@@ -16,6 +16,9 @@ import re
 import stat
 import struct
 import time
+
+from ._lib import owner_name, sha256_file
+from .locks import FileLock, LockBusy
 
 STATE_FORMAT = 1
 TMP_SUFFIX = ".toolkit-new"
@@ -373,45 +376,32 @@ def is_no_space(exc):
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-class Lock(object):
+class Lock(FileLock):
     """flock on <state>/patch/lock; waits up to `timeout` seconds, then refuses clearly."""
 
     def __init__(self, sd, timeout, base=None):
-        self.sd, self.timeout, self.fd, self.base = sd, timeout, None, base
+        FileLock.__init__(self, sd.lock, timeout)
+        self.sd, self.base = sd, base
 
     def __enter__(self):
         try:
-            os.makedirs(self.sd.root, exist_ok=True)
-            self.fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT, 0o644)
+            FileLock.__enter__(self)
+        except LockBusy as busy:
+            raise Refused("another toolkit patch run holds the lock on this host (%s); waited %ss,"
+                          " nothing written; try again when it has finished" % (str(busy) or "unknown", self.timeout))
         except OSError as exc:
             if is_no_space(exc):
                 raise Refused("cannot make the lock %s: %s; nothing written" % (self.sd.lock, os.strerror(exc.errno)))
             raise Refused("%s; nothing written" % (state_dir_blocker(self.sd, self.base) or
                                                    "cannot take the lock %s: %s" % (self.sd.lock, exc)))
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
-                    os.close(self.fd)
-                    raise Refused("another toolkit patch run holds the lock on this host (%s); waited %ss,"
-                                  " nothing written; try again when it has finished" % (holder or "unknown", self.timeout))
-                time.sleep(0.05)
         try:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, ("pid %d since %s" % (os.getpid(), time.strftime("%H:%M:%S"))).encode(), 0)
         except OSError as exc:
             if not is_no_space(exc):
+                FileLock.__exit__(self)
                 raise  # a full disk only loses who holds the lock, which is shown to a waiting run
         return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # closing releases the flock; a killed process releases it too
 
 
 def checkpoint(point):
