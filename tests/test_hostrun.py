@@ -88,6 +88,25 @@ def test_the_temporary_zip_is_removed_after_the_run(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_temporary_folder_falls_back_to_memory(tmp_path):
+    """A host whose /tmp is full (a 4 KiB tmpfs over it, in a mount namespace of its own) still runs
+    host code: the zip goes to /dev/shm, and is removed there afterwards."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not os.path.isdir("/dev/shm"):
+        pytest.skip("needs root, unshare and /dev/shm to mount a full /tmp")
+    from toolkit.transport import LocalTransport
+
+    before = set(os.listdir("/dev/shm"))
+    payload = hostrun.build_payload("echo", {"full": True})
+    command = "unshare -m sh -c 'mount -t tmpfs -o size=4096 tmpfs /tmp && exec python3 -'"
+    answer = hostrun.parse_result(LocalTransport().run(command, stdin=payload), "echo")
+    assert answer["echo"] == {"full": True}
+    assert set(os.listdir("/dev/shm")) == before
+    nowhere = command.replace("exec python3", "mount -t tmpfs -o size=4096 tmpfs /dev/shm && exec python3")
+    with pytest.raises(hostrun.HostScriptError, match=r"cannot write the toolkit's host code zip \(/tmp: .*No space"
+                                                      r".*; /dev/shm: .*No space.*\); nothing ran"):
+        hostrun.parse_result(LocalTransport().run(nowhere, stdin=payload), "echo")
+
+
 def test_a_payload_kept_in_a_file_runs_with_the_command_line_as_arguments(tmp_path):
     """The rollout guard's way: `python3 guard.py FOLDER` -> guard_main(FOLDER), its return the exit code."""
     guard = tmp_path / "guard.py"

@@ -6,7 +6,8 @@ to the host as ONE zip (package `toolkit_hostside`), built in memory once per pr
 fixed timestamps, so the same sources always give the same bytes and the same sha256. A call
 sends a small bootstrap on stdin to the host's Python (`python3 -`) with the zip and the
 arguments embedded as base64, as Ansible's AnsiballZ does: the bootstrap checks the zip's
-sha256, writes it to a temporary file, puts that on `sys.path` (zipimport), runs
+sha256, writes it to a temporary file (in /dev/shm when the temporary folder's disk is
+full), puts that on `sys.path` (zipimport), runs
 `toolkit_hostside.<name>.main(args)`, removes the file, and prints one marked JSON line that
 `parse_result` reads back. Nothing is installed on the host, and one step costs exactly one
 round trip. This is the only way host code is shipped.
@@ -18,10 +19,13 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import zipfile
 from importlib import resources
 
 from .transport import CommandResult, Transport
+
+log = logging.getLogger(__name__)
 
 RESULT_MARKER = "@@TOOLKIT-RESULT@@"
 PACKAGE = "toolkit_hostside"
@@ -61,14 +65,20 @@ def _unpack(encoded):
     found = hashlib.sha256(data).hexdigest()
     if found != _SHA256:
         _fail("the toolkit's host code zip arrived corrupt (sha256 %%s, sent %%s); nothing ran" %% (found, _SHA256))
-    try:
-        fd, path = tempfile.mkstemp(prefix="toolkit-hostside-", suffix=".zip")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        _fail("cannot write the toolkit's host code zip to %%s: %%s; nothing ran" %% (tempfile.gettempdir(), exc))
-    sys.path.insert(0, path)
-    return path
+    failures = []
+    for folder in (None, "/dev/shm"):   # memory, when the temporary folder's disk is full or read-only
+        path = None
+        try:
+            fd, path = tempfile.mkstemp(prefix="toolkit-hostside-", suffix=".zip", dir=folder)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            sys.path.insert(0, path)
+            return path
+        except OSError as exc:
+            failures.append("%%s: %%s" %% (folder or tempfile.gettempdir(), exc))
+            if path:
+                os.unlink(path)
+    _fail("cannot write the toolkit's host code zip (%%s); nothing ran" %% "; ".join(failures))
 
 
 _ZIP = _unpack(%(zip)r)
@@ -113,7 +123,10 @@ def host_zip() -> bytes:
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             archive.writestr(info, data, compresslevel=9)
-    return buffer.getvalue()
+    data = buffer.getvalue()
+    log.debug("host code zip: %d files, %d bytes, sha256 %s", len(archive.infolist()), len(data),
+              hashlib.sha256(data).hexdigest())
+    return data
 
 
 def zip_sha256() -> str:

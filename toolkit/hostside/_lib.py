@@ -42,6 +42,16 @@ def sha256_file(path):
         return None
 
 
+def user_name():
+    """The name of the user this runs as ("uid N" without one)."""
+    import os
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % os.geteuid()
+
+
 def owner_name(path):
     """The user name owning PATH ("uid N" without one, "?" when it cannot be read)."""
     import os

@@ -17,7 +17,7 @@ import stat
 import struct
 import time
 
-from ._lib import owner_name, sha256_file
+from ._lib import owner_name, sha256_file, user_name
 from .locks import FileLock, LockBusy
 
 STATE_FORMAT = 1
@@ -234,14 +234,6 @@ def _flag_blocker(path, what):
     return None
 
 
-def _user():
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return "uid %d" % os.geteuid()
-
-
 def replace_blockers(site, rels):
     """{rel: why} for every file of `rels` that a rename could not replace (or unlink could not
     delete), judged without writing anything: a symbolic link (never replaced, see
@@ -262,7 +254,7 @@ def replace_blockers(site, rels):
         elif os.path.isdir(path):
             reason = "%s is a folder, the patch needs a file there" % path
         elif not os.access(folder, os.W_OK | os.X_OK):
-            reason = "folder %s is not writable by %s (read-only folder or file system)" % (folder, _user())
+            reason = "folder %s is not writable by %s (read-only folder or file system)" % (folder, user_name())
         else:
             reason = _flag_blocker(folder, "folder")
             if reason is None and os.path.lexists(path):
@@ -271,7 +263,7 @@ def replace_blockers(site, rels):
                 if reason is None and folder_info.st_mode & stat.S_ISVTX and euid not in (
                         0, info.st_uid, folder_info.st_uid):
                     reason = "folder %s is sticky and %s belongs to uid %d, not to %s" % (
-                        folder, path, info.st_uid, _user())
+                        folder, path, info.st_uid, user_name())
                 if reason is None and info.st_dev != folder_info.st_dev:
                     reason = "%s is a mount point (bind-mounted file); a rename cannot replace it" % path
         if reason:
@@ -306,7 +298,7 @@ def state_dir_blocker(sd, base=None):
             blocked, why = nearest, "folder"
     if blocked is None:
         return None
-    user = _user()
+    user = user_name()
     if why == "not a folder":
         return "the toolkit's state folder %s cannot be made: %s is not a folder" % (sd.root, blocked)
     flag = _flag_blocker(blocked, why) if os.path.exists(blocked) else None
