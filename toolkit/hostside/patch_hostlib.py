@@ -399,8 +399,8 @@ class Lock(FileLock):
 def checkpoint(point):
     """A named point of a host run: after-lock, after-checks, after-backups, after-prepare,
     after-new-files, after-rename-K (K = 0..n renames done) and after-state. It does nothing here. The fault
-    tests send their own version of it with the payload (tests/patch/faults.py) to kill or
-    hold a run at that point; nothing a user sets reaches it."""
+    tests put their own version in patch_apply's namespace from the payload (tests/patch/faults.py)
+    to kill or hold a run at that point; nothing a user sets reaches it."""
 
 
 def full_path(site, rel):
