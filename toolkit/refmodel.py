@@ -9,8 +9,8 @@ The weights are random but shaped so that greedy decoding never picks a special 
 (EOS included) and prefers tokens that decode to visible text: every answer is non-empty
 and runs to `max_tokens`, which is what smoke tests and benchmarks need.
 
-On a host it runs from toolkit.hostrun's zip of host code (`make(args)`, in the venv's
-Python), so it imports nothing from `toolkit`: the standard library plus torch,
+On a host, toolkit.hostrun runs `make(args)` in the venv's Python out of its zip of host
+code, so this module imports nothing of `toolkit`: the standard library plus torch,
 transformers, tokenizers. Here it also runs on its own:
 
     python -m toolkit.refmodel OUT_DIR [--seed N]   (or python toolkit/refmodel.py ...)
