@@ -415,8 +415,8 @@ def _payloads(host: Host, plan: HostPlan) -> dict:
 
 
 def _guard_source() -> str:
-    return (hostrun.script_source("rollout_hostlib")
-            + "\n\nif __name__ == '__main__':\n    _sys.exit(guard_main(_sys.argv[1]))\n")
+    """guard.py: `python3 guard.py FOLDER` runs rollout_hostlib.guard_main(FOLDER) from the host code zip."""
+    return hostrun.build_payload("rollout_hostlib", None, "guard_main")
 
 
 def _touched(known: dict, names: list[str]) -> list[str]:

@@ -3,20 +3,29 @@
 The host script calls `checkpoint(point)` at named points (after-lock, after-checks,
 after-backups, after-prepare, after-new-files, after-rename-K, after-state); the shipped one does nothing. Inside
 `armed(point, ...)`, every transport that `Host.connect()` returns is wrapped so that the
-payloads it sends carry a replacement `checkpoint` placed just before hostrun's bootstrap.
-At that point it kills the run (`os._exit(137)`, as SIGKILL would), holds it (`sleep:S`:
+payloads it sends carry code, placed just before the bootstrap's entry line (the zip of host
+code is importable there), that replaces patch_apply's `checkpoint` with one that acts at that point.
+It kills the run (`os._exit(137)`, as SIGKILL would), holds it (`sleep:S`:
 writes its pid to `pidfile` and sleeps, ending early once `release` exists, so a test can
 cut the SSH connection or kill the process there), or runs test code (`run=`). The engine
 reads and forwards no fault switch of any kind.
 """
 from __future__ import annotations
 
+import textwrap
 from contextlib import contextmanager
 
 from toolkit.core import hostrun
 from toolkit.core.inventory import Host
 
 CHECKPOINT = '''
+import os
+import time
+
+from toolkit_hostside import patch_apply
+from toolkit_hostside.patch_hostlib import write_atomic
+
+
 def checkpoint(point, _at=%(at)r, _action=%(action)r, _pidfile=%(pidfile)r, _release=%(release)r, _code=%(code)r):
     if point != _at:
         return
@@ -31,12 +40,16 @@ def checkpoint(point, _at=%(at)r, _action=%(action)r, _pidfile=%(pidfile)r, _rel
             time.sleep(0.05)
         return
     os._exit(137)
+
+
+patch_apply.checkpoint = checkpoint
 '''
 
 
 def checkpoint_source(point: str, action: str = "exit", pidfile=None, release=None, run: str | None = None) -> str:
-    return CHECKPOINT % {"at": point, "action": action, "pidfile": None if pidfile is None else str(pidfile),
-                         "release": None if release is None else str(release), "code": run}
+    source = CHECKPOINT % {"at": point, "action": action, "pidfile": None if pidfile is None else str(pidfile),
+                           "release": None if release is None else str(release), "code": run}
+    return textwrap.indent(source, "    ")   # the bootstrap's entry line sits in a `try:` block
 
 
 class FaultTransport:
@@ -46,9 +59,9 @@ class FaultTransport:
         self.inner, self.source = inner, source
 
     def run(self, command, *, stdin=None, **kwargs):
-        if isinstance(stdin, str) and hostrun.BOOTSTRAP_START in stdin:
-            head, start, tail = stdin.rpartition(hostrun.BOOTSTRAP_START)
-            stdin = head + "\n\n" + self.source + start + tail
+        if isinstance(stdin, str) and hostrun.ENTRY_LINE in stdin:
+            head, entry, tail = stdin.rpartition(hostrun.ENTRY_LINE)
+            stdin = head + self.source + entry + tail
         return self.inner.run(command, stdin=stdin, **kwargs)
 
     def __getattr__(self, name):

@@ -211,11 +211,8 @@ def test_a_torch_of_another_or_unknown_build_would_change(staged_site, fake_gpu,
     assert steps["torch"].status == "would change"
     assert steps["torch"].detail == f"{installed} -> 2.11.0+cu130"
     # the host side's own check (run again under the lock before pip) agrees, word for word
-    from importlib import resources
-    namespace: dict = {}
-    hostside = resources.files("toolkit.hostside")
-    exec(hostside.joinpath("facts.py").read_text() + hostside.joinpath("provision_step.py").read_text(), namespace)
-    interpreter, wrong = namespace["_mismatches"]({
+    from toolkit.hostside import provision_step
+    interpreter, wrong = provision_step._mismatches({
         "python": staged_site.python, "pythonpath": staged_site.pythonpath,
         "pins": [{"name": p.name, "version": p.version} for p in gpu.step("torch").pins]})
     assert [(pin["name"], have) for pin, have in wrong] == [("torch", installed)]

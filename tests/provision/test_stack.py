@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import email
-
 import pytest
 from packaging.requirements import Requirement
 

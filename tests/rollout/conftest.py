@@ -84,7 +84,7 @@ def transformers_wheel() -> wheels.Wheel:
 class HostMaker:
     """make(name, **server_settings) -> a Host on the sandbox sshd with its own venv copy, state and port."""
 
-    def __init__(self, ssh_host, cpu_ref_venv, ref_model, folder: Path):
+    def __init__(self, ssh_host, cpu_ref_venv, ref_model, folder: Path):  # noqa: F811 (the fixtures, passed on)
         self.base, self.venv, self.model, self.folder = ssh_host, Path(cpu_ref_venv), ref_model, folder
         self.made: list[Host] = []
 

@@ -177,12 +177,8 @@ def test_bad_input_exits_2_before_any_host_is_contacted(args, words):
 def test_a_rollback_claimed_after_a_request_records_the_phase_the_rollout_had_reached(tmp_path):
     """A controller that asks for the rollback (a rerun after a kill) must not hide where the
     rollout was interrupted: the guard claims it from "rollback-requested", the record says "restarted"."""
-    import types
+    from toolkit.hostside import rollout_hostlib as lib
 
-    from toolkit.core import hostrun
-    # the host library as it travels: with what it uses (`# hostrun-uses:`) in one script
-    lib = types.ModuleType("rollout_hostlib")
-    exec(compile(hostrun.script_source("rollout_hostlib"), "rollout_hostlib", "exec"), lib.__dict__)
     journal = {}
     for phase in ("armed", "applied", "restarted"):
         lib.add_event(journal, phase)

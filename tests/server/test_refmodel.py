@@ -7,22 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.core import hostrun
 from toolkit.server import refmodel
+from toolkit.core.transport import LocalTransport
 
 SOURCE = Path(refmodel.__file__)
 
 
-def run_in_venv(venv: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), *args], input=stdin,
-                          capture_output=True, text=True, timeout=300)
+def run_in_venv(venv: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), *args], capture_output=True, text=True, timeout=300)
 
 
-def test_model_is_made_as_a_standalone_script_and_then_reused(cpu_ref_venv, tmp_path):
+def test_model_is_made_from_the_host_code_zip_and_then_reused(cpu_ref_venv, tmp_path):
     out = tmp_path / "models" / "tiny-llama"
-    # Sent the way the server engine sends it to a host: the file's source on stdin, nothing else.
-    first = run_in_venv(cpu_ref_venv, "-", str(out), stdin=SOURCE.read_text())
-    assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout.splitlines()[-1]) == {"model": str(out), "made": True, "seed": 0}
+    # Sent the way the server engine sends it to a host: hostrun's zip on the venv Python's stdin.
+    python = str(cpu_ref_venv / "bin" / "python")
+    first = hostrun.run_script(LocalTransport(), "refmodel", {"out_dir": str(out)}, python=python, function="make")
+    assert first == {"model": str(out), "made": True, "seed": 0}
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json", refmodel.STAMP_NAME):
         assert (out / name).is_file(), name
@@ -31,8 +32,8 @@ def test_model_is_made_as_a_standalone_script_and_then_reused(cpu_ref_venv, tmp_
     assert 300 <= config["vocab_size"] <= 400
     weights_before = (out / "model.safetensors").stat().st_mtime_ns
 
-    again = run_in_venv(cpu_ref_venv, "-", str(out), stdin=SOURCE.read_text())
-    assert json.loads(again.stdout.splitlines()[-1])["made"] is False
+    again = run_in_venv(cpu_ref_venv, str(SOURCE), str(out))   # and as a script of its own
+    assert json.loads(again.stdout.splitlines()[-1])["made"] is False, again.stderr
     assert (out / "model.safetensors").stat().st_mtime_ns == weights_before
 
 
@@ -58,7 +59,7 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_reference_model(tmp_path):
 
 
 def test_refmodel_imports_nothing_from_the_toolkit():
-    # It is sent alone to hosts; an import of a sibling module would fail there.
+    # It runs on hosts from the zip (package toolkit_hostside) and here as a script of its own.
     text = SOURCE.read_text()
     assert "from toolkit" not in text.replace("from toolkit.server.refmodel", "")
     assert "from ." not in text

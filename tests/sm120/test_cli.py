@@ -20,7 +20,7 @@ from toolkit.patch import wheels
 SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi" / "interconnect"
 
 
-def install_flashinfer_comm(site: Path) -> None:
+def install_flashinfer_comm(site: Path) -> None:  # noqa: F811
     """The two files the facts read of FlashInfer: jit/comm.py (from the real wheel) and its METADATA."""
     wheel = wheels.pristine("flashinfer-python", "0.6.8.post1")
     target = site / "flashinfer" / "jit" / "comm.py"
@@ -63,7 +63,7 @@ def test_apply_and_start_show_the_features_of_the_host(host_venv, site, tmp_path
     assert "ws: will log: sm120: FlashInfer all-reduce fusion: off (FlashInfer 0.6.8.post1" in notes
 
 
-def install_site_files(site: Path, package: str, version: str, files: tuple[str, ...]) -> None:
+def install_site_files(site: Path, package: str, version: str, files: tuple[str, ...]) -> None:  # noqa: F811
     """Files of a real wheel, as that package's install would lay them out (facts read nothing else)."""
     wheel = wheels.pristine(package, version)
     for name in files + (f"{wheel.dist_info}/METADATA",):
@@ -83,7 +83,7 @@ def test_apply_predicts_the_fusion_on_with_the_0523_stack(newest_site, tmp_path)
     (the real wheel), FlashInfer 0.7.2's jit/comm.py (majors [9, 10, 12]) and sgl-deep-gemm
     0.2.3.post2's deep_gemm (the SM120 entry point), both from their pinned wheels. `invoke patch apply
     sm120` applies the 0.5.23 diff and predicts fusion on, symm-mem off, DeepGEMM on."""
-    venv, site = newest_site
+    venv, site = newest_site  # noqa: F811
     install_site_files(site, "flashinfer-python", "0.7.2", ("flashinfer/jit/comm.py",))
     install_site_files(site, "sgl-deep-gemm", "0.2.3.post2", ("deep_gemm/__init__.py",))
     smi = tmp_path / "smi"

@@ -3,8 +3,6 @@ the toolkit's prediction from a host's facts, and the patched SGLang's runtime p
 no SM120 GPU here). Both must reach the table's state and reason for every feature."""
 from __future__ import annotations
 
-from importlib import resources
-
 import pytest
 
 from toolkit.patch import patchsets
@@ -72,9 +70,8 @@ def test_each_gpu_stacks_flashinfer_decides_the_fusion_on_a_p2p_sm120_host(stack
     text = wheels.pristine("flashinfer-python", version).read("flashinfer/jit/comm.py").decode()
     module = rule()
     assert module.trtllm_comm_majors(text) == majors
-    namespace: dict = {}
-    exec(resources.files("toolkit.hostside").joinpath("facts.py").read_text(), namespace)
-    assert namespace["trtllm_comm_majors"](text) == majors
+    from toolkit.hostside import facts as host_facts
+    assert host_facts.trtllm_comm_majors(text) == majors
     case = next(c for c in CASES if c["name"].startswith("8x RTX PRO 6000 with P2P but no P2P atomics, the gpu-0.5.23"))
     host = dict(case, flashinfer=version, majors=majors)
     decisions = {d.feature: d for d in predict(facts_for(host), tp_size=8).decisions}

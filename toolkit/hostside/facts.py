@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 
+from ._lib import owner_name, user_name
+
 NVCC_RELATIVE = os.path.join("nvidia", "cu13", "bin", "nvcc")
 GPU_QUERY = "index,name,compute_cap,memory.used,memory.total,driver_version"
 
@@ -64,14 +66,6 @@ def target_interpreter(args):
     return "python3"
 
 
-def _who():
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return "uid %d" % os.geteuid()
-
-
 def unreachable(path):
     """Why this user cannot reach PATH although something is there (a folder on its way, links
     followed, that it may not enter), or None. Only asked when PATH seems not to exist."""
@@ -84,7 +78,7 @@ def unreachable(path):
                 mode = "mode %o" % (os.stat(folder).st_mode & 0o7777)
                 via = "" if current == os.path.abspath(path) else " (%s leads there)" % path
                 return "%s%s: folder %s is not readable by %s (%s, owner %s)" % (
-                    current, via, folder, _who(), mode, owner_name(folder))
+                    current, via, folder, user_name(), mode, owner_name(folder))
         if not os.path.islink(current):
             return None
         current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))

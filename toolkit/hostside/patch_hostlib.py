@@ -1,5 +1,5 @@
-# Shared by patch_probe.py and patch_apply.py: both name it in their `# hostrun-uses:` line,
-# so toolkit.hostrun sends it in front of them. Standard library only, Python 3.8+.
+# What patch_probe.py, patch_apply.py and the rollout share: the patch state folder, its lock,
+# atomic writes, recovery of a cut run. Standard library only, Python 3.8+.
 # Host state lives in <state_dir>/patch/:
 #   state.json    what is applied: package, version, site, stack, expected sha256 per file
 #   journal.json  present only while a run changes files (see recover() for the rule)
@@ -16,6 +16,9 @@ import re
 import stat
 import struct
 import time
+
+from ._lib import owner_name, sha256_file, user_name
+from .locks import FileLock, LockBusy
 
 STATE_FORMAT = 1
 TMP_SUFFIX = ".toolkit-new"
@@ -231,14 +234,6 @@ def _flag_blocker(path, what):
     return None
 
 
-def _user():
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return "uid %d" % os.geteuid()
-
-
 def replace_blockers(site, rels):
     """{rel: why} for every file of `rels` that a rename could not replace (or unlink could not
     delete), judged without writing anything: a symbolic link (never replaced, see
@@ -259,7 +254,7 @@ def replace_blockers(site, rels):
         elif os.path.isdir(path):
             reason = "%s is a folder, the patch needs a file there" % path
         elif not os.access(folder, os.W_OK | os.X_OK):
-            reason = "folder %s is not writable by %s (read-only folder or file system)" % (folder, _user())
+            reason = "folder %s is not writable by %s (read-only folder or file system)" % (folder, user_name())
         else:
             reason = _flag_blocker(folder, "folder")
             if reason is None and os.path.lexists(path):
@@ -268,7 +263,7 @@ def replace_blockers(site, rels):
                 if reason is None and folder_info.st_mode & stat.S_ISVTX and euid not in (
                         0, info.st_uid, folder_info.st_uid):
                     reason = "folder %s is sticky and %s belongs to uid %d, not to %s" % (
-                        folder, path, info.st_uid, _user())
+                        folder, path, info.st_uid, user_name())
                 if reason is None and info.st_dev != folder_info.st_dev:
                     reason = "%s is a mount point (bind-mounted file); a rename cannot replace it" % path
         if reason:
@@ -303,7 +298,7 @@ def state_dir_blocker(sd, base=None):
             blocked, why = nearest, "folder"
     if blocked is None:
         return None
-    user = _user()
+    user = user_name()
     if why == "not a folder":
         return "the toolkit's state folder %s cannot be made: %s is not a folder" % (sd.root, blocked)
     flag = _flag_blocker(blocked, why) if os.path.exists(blocked) else None
@@ -373,52 +368,39 @@ def is_no_space(exc):
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-class Lock(object):
+class Lock(FileLock):
     """flock on <state>/patch/lock; waits up to `timeout` seconds, then refuses clearly."""
 
     def __init__(self, sd, timeout, base=None):
-        self.sd, self.timeout, self.fd, self.base = sd, timeout, None, base
+        FileLock.__init__(self, sd.lock, timeout)
+        self.sd, self.base = sd, base
 
     def __enter__(self):
         try:
-            os.makedirs(self.sd.root, exist_ok=True)
-            self.fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT, 0o644)
+            FileLock.__enter__(self)
+        except LockBusy as busy:
+            raise Refused("another toolkit patch run holds the lock on this host (%s); waited %ss,"
+                          " nothing written; try again when it has finished" % (str(busy) or "unknown", self.timeout))
         except OSError as exc:
             if is_no_space(exc):
                 raise Refused("cannot make the lock %s: %s; nothing written" % (self.sd.lock, os.strerror(exc.errno)))
             raise Refused("%s; nothing written" % (state_dir_blocker(self.sd, self.base) or
                                                    "cannot take the lock %s: %s" % (self.sd.lock, exc)))
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
-                    os.close(self.fd)
-                    raise Refused("another toolkit patch run holds the lock on this host (%s); waited %ss,"
-                                  " nothing written; try again when it has finished" % (holder or "unknown", self.timeout))
-                time.sleep(0.05)
         try:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, ("pid %d since %s" % (os.getpid(), time.strftime("%H:%M:%S"))).encode(), 0)
         except OSError as exc:
             if not is_no_space(exc):
+                FileLock.__exit__(self)
                 raise  # a full disk only loses who holds the lock, which is shown to a waiting run
         return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # closing releases the flock; a killed process releases it too
 
 
 def checkpoint(point):
     """A named point of a host run: after-lock, after-checks, after-backups, after-prepare,
     after-new-files, after-rename-K (K = 0..n renames done) and after-state. It does nothing here. The fault
-    tests send their own version of it with the payload (tests/patch/faults.py) to kill or
-    hold a run at that point; nothing a user sets reaches it."""
+    tests put their own version in patch_apply's namespace from the payload (tests/patch/faults.py)
+    to kill or hold a run at that point; nothing a user sets reaches it."""
 
 
 def full_path(site, rel):

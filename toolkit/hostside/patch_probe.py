@@ -5,16 +5,19 @@
 # writes, the state, the backups, and (with "recover") the outcome of finishing
 # a run that was cut and the temporaries of dead runs it removed. Reads dist-info files
 # directly; never imports the package.
-# hostrun-uses: patch_hostlib
 import base64
 import os
 import platform
+
+from ._lib import sha256_file
+from .patch_hostlib import (Lock, Refused, StateDir, find_dist, find_site, fs_space, full_path, read_record, recover,
+                            remove_stale_tmp, replace_blockers, stale_tmp_files, state_dir_blocker)
 
 
 def main(args):
     try:
         return _probe(args)
-    except Refused as exc:  # noqa: F821 (patch_hostlib)
+    except Refused as exc:
         return {"refused": str(exc)}
 
 
@@ -26,17 +29,17 @@ def _size(path):
 
 
 def _probe(args):
-    site = find_site(args)  # noqa: F821 (patch_hostlib)
-    dist, version = find_dist(site, args["package"])  # noqa: F821
-    sd = StateDir(args["state_dir"])  # noqa: F821
+    site = find_site(args)
+    dist, version = find_dist(site, args["package"])
+    sd = StateDir(args["state_dir"])
     recovered, cleaned = None, []
     base = args.get("venv") or site
-    if args.get("recover") and (sd.read_journal() is not None or stale_tmp_files([sd.root, sd.backups])):  # noqa: F821
-        with Lock(sd, args.get("lock_timeout", 30), base):  # noqa: F821
-            cleaned = remove_stale_tmp(sd)  # noqa: F821
-            recovered = recover(sd, site)  # noqa: F821
+    if args.get("recover") and (sd.read_journal() is not None or stale_tmp_files([sd.root, sd.backups])):
+        with Lock(sd, args.get("lock_timeout", 30), base):
+            cleaned = remove_stale_tmp(sd)
+            recovered = recover(sd, site)
     state, state_sha = sd.read_state()
-    record = read_record(dist) if dist else {}  # noqa: F821
+    record = read_record(dist) if dist else {}
     wanted = set(args.get("paths", []))
     if state:
         wanted.update(state.get("files", {}))
@@ -47,16 +50,16 @@ def _probe(args):
         "dist_info": os.path.basename(dist) if dist else None,
         "version": version,
         "record": {p: record.get(p) for p in sorted(wanted)},
-        "files": {p: sha256_file(full_path(site, p)) for p in sorted(wanted)},  # noqa: F821
+        "files": {p: sha256_file(full_path(site, p)) for p in sorted(wanted)},
         "state": state,
         "state_sha": state_sha,
         "journal": sd.read_journal(),
         "recovered": recovered,
         "cleaned": cleaned,
-        "blocked": replace_blockers(site, sorted(wanted)),  # noqa: F821
-        "state_blocked": state_dir_blocker(sd, base),  # noqa: F821
-        "space": {"site": fs_space(site), "state": fs_space(sd.root)},  # noqa: F821
-        "sizes": {p: _size(full_path(site, p)) for p in sorted(wanted)},  # noqa: F821
+        "blocked": replace_blockers(site, sorted(wanted)),
+        "state_blocked": state_dir_blocker(sd, base),
+        "space": {"site": fs_space(site), "state": fs_space(sd.root)},
+        "sizes": {p: _size(full_path(site, p)) for p in sorted(wanted)},
         "backups": sd.backup_status(),
         "backup_dir": sd.backups,
     }
@@ -64,7 +67,7 @@ def _probe(args):
         answer["contents"] = {}
         for p in args["fetch"]:
             try:
-                with open(full_path(site, p), "rb") as f:  # noqa: F821
+                with open(full_path(site, p), "rb") as f:
                     answer["contents"][p] = base64.b64encode(f.read()).decode()
             except OSError:
                 answer["contents"][p] = None
@@ -74,7 +77,7 @@ def _probe(args):
             if expected is None or p.startswith("..") or os.path.isabs(p) or p.endswith("/"):  # a folder row
                 continue
             checked += 1
-            found = sha256_file(full_path(site, p))  # noqa: F821
+            found = sha256_file(full_path(site, p))
             if found != expected:
                 mismatch[p] = found
         answer["all_files"] = {"checked": checked, "mismatch": mismatch}

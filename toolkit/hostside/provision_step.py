@@ -1,44 +1,20 @@
 # One provisioning step on the host, under the host's provision lock: check again, act only
-# if the check says so, check once more, and report ok / changed / failed. toolkit.hostrun
-# sends this after facts.py's source, so normalize(), run(), installed_versions() and friends
-# come from there. Standard library only, Python 3.8+.
+# if the check says so, check once more, and report ok / changed / failed. The interpreter
+# probes and version rules come from facts.py. Standard library only, Python 3.8+.
 #
 # The lock makes a second, concurrent `invoke provision` on the same host safe: it waits,
 # then finds the work done and reports "ok". The full pip/apt output goes to the log file
 # named by the control side; only its tail comes back, and only on failure.
-# hostrun-uses: facts
-import errno
-import fcntl
+import os
+import shutil
+import subprocess
 import time
 
+from ._lib import sha256_file
+from .facts import describe_installed, installed_versions, probe_interpreter, run, site_dirs, version_matches
+from .locks import FileLock, LockBusy
+
 _TAIL_LINES = 40
-
-
-class _Lock(object):
-    def __init__(self, path, timeout):
-        self.path, self.timeout, self.waited = path, timeout, 0.0
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.handle = open(self.path, "a+")
-        start = time.time()
-        while True:
-            try:
-                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.time() - start > self.timeout:
-                    raise RuntimeError("another provision holds %s for more than %ss; try again later"
-                                       % (self.path, self.timeout))
-                time.sleep(0.5)
-        self.waited = time.time() - start
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
 
 
 def _log_command(log, argv, env=None):
@@ -192,9 +168,13 @@ STEPS = {"venv": step_venv, "system": step_system, "pip": step_pip}
 def main(args):
     started = time.time()
     os.makedirs(args["state_dir"], exist_ok=True)
-    with _Lock(os.path.join(args["state_dir"], "provision.lock"), args.get("lock_timeout", 1800)) as lock:
-        take_incoming(args.get("incoming") or [])
-        answer = STEPS[args["kind"]](args)
+    path, timeout = os.path.join(args["state_dir"], "provision.lock"), args.get("lock_timeout", 1800)
+    try:
+        with FileLock(path, timeout, poll=0.5) as lock:
+            take_incoming(args.get("incoming") or [])
+            answer = STEPS[args["kind"]](args)
+    except LockBusy:
+        raise RuntimeError("another provision holds %s for more than %ss; try again later" % (path, timeout))
     answer["seconds"] = round(time.time() - started, 2)
     answer["waited_s"] = round(lock.waited, 2)
     return answer

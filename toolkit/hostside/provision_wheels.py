@@ -5,6 +5,8 @@
 import json
 import os
 
+from ._lib import sha256_file
+
 CACHE = ".sha256-cache.json"
 
 

@@ -1,5 +1,4 @@
 # A rollout's journal on the host and its guard. Standard library only, Python 3.8+.
-# hostrun-uses: patch_hostlib
 #
 # <state_dir>/rollout/
 #   journal.json   the current (or last) rollout on this host: its phase, the state before it
@@ -11,11 +10,16 @@
 #                  lease_s (controller killed, SSH cut), it rolls the host back by itself
 #   payloads/      server_ctl runs prepared by the controller (stop; start + wait of the old server)
 #   history.jsonl  earlier journals, one per line
-import fcntl
+import json
 import os
 import subprocess
 import sys
 import time
+
+from ._lib import sha256_file
+from .locks import FileLock
+from .patch_hostlib import (Lock, StateDir, full_path, recover, remove_stale_pycache, restore_from_backup,
+                            write_atomic, write_json_atomic)
 
 ROLLOUT_FORMAT = 1
 TERMINAL = ("kept", "rolled-back", "rollback-failed")
@@ -26,30 +30,21 @@ def rollout_dir(state_dir):
     return os.path.join(state_dir, "rollout")
 
 
-class JournalLock(object):
-    def __init__(self, folder):
-        self.folder, self.fd = folder, None
-
-    def __enter__(self):
-        os.makedirs(self.folder, exist_ok=True)
-        self.fd = os.open(os.path.join(self.folder, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
+def journal_lock(folder):
+    """Held for every phase change, so the controller and the guard never both win."""
+    return FileLock(os.path.join(folder, "lock"))
 
 
 def read_journal(folder):
     try:
         with open(os.path.join(folder, "journal.json")) as f:
-            return _json.load(f)  # noqa: F821 (_lib)
+            return json.load(f)
     except (OSError, ValueError):
         return None
 
 
 def write_journal(folder, journal):
-    write_json_atomic(os.path.join(folder, "journal.json"), journal)  # noqa: F821
+    write_json_atomic(os.path.join(folder, "journal.json"), journal)
 
 
 def add_event(journal, phase, detail=""):
@@ -113,7 +108,7 @@ def _run_payload(path, timeout=3600):
     text = done.stdout.decode(errors="replace")
     for line in reversed(text.splitlines()):
         if line.startswith(RESULT_MARKER):
-            return _json.loads(line[len(RESULT_MARKER):])  # noqa: F821
+            return json.loads(line[len(RESULT_MARKER):])
     return {"_error": "no answer (exit %d): %s" % (done.returncode, text[-800:])}
 
 
@@ -123,9 +118,9 @@ def _server_unchanged(journal):
     root = os.path.join(journal["state_dir"], "server")
     try:
         with open(os.path.join(root, "active.json")) as f:
-            profile = _json.load(f).get("profile")  # noqa: F821
+            profile = json.load(f).get("profile")
         with open(os.path.join(root, profile, "server.json")) as f:
-            record = _json.load(f)  # noqa: F821
+            record = json.load(f)
     except (OSError, ValueError, TypeError, AttributeError):
         return before is None, None
     if before is None:
@@ -137,15 +132,15 @@ def _server_unchanged(journal):
 def restore_files(journal):
     """Every file back to the bytes it had before the rollout, and the patch state file too."""
     site = journal["site"]
-    sd = StateDir(journal["state_dir"])  # noqa: F821
+    sd = StateDir(journal["state_dir"])
     restored, failed = [], {}
-    with Lock(sd, 600):  # noqa: F821
-        recovered = recover(sd, site)  # noqa: F821
+    with Lock(sd, 600):
+        recovered = recover(sd, site)
         for rel, sha in sorted(journal["before"]["files"].items()):
-            if sha256_file(full_path(site, rel)) == sha:  # noqa: F821
+            if sha256_file(full_path(site, rel)) == sha:
                 continue
             try:
-                if restore_from_backup(sd, site, rel, sha):  # noqa: F821
+                if restore_from_backup(sd, site, rel, sha):
                     restored.append(rel)
                 else:
                     failed[rel] = "its backup %s is missing or corrupt" % (sha or "")[:12]
@@ -161,8 +156,8 @@ def restore_files(journal):
         if text is None and current is not None:
             os.unlink(sd.state)
         elif text is not None and current != text:
-            write_atomic(sd.state, text.encode())  # noqa: F821
-        pycache = remove_stale_pycache(site, restored)  # noqa: F821
+            write_atomic(sd.state, text.encode())
+        pycache = remove_stale_pycache(site, restored)
     return {"restored": restored, "failed": failed, "recovered": recovered, "pycache_removed": len(pycache)}
 
 
@@ -200,7 +195,7 @@ def roll_back(folder, journal):
     result = {"files": restore_files(journal)}
     result.update(bring_back_server(journal))
     ok = not result["files"]["failed"] and result.get("server") != "failed"
-    with JournalLock(folder):
+    with journal_lock(folder):
         current = read_journal(folder) or journal
         current["result"] = result
         why = result.get("reason") or "files not restored: %s" % ", ".join(result["files"]["failed"])
@@ -211,7 +206,7 @@ def roll_back(folder, journal):
 
 def claim(folder, reason):
     """Move an in-flight rollout to rolling-back (once: whoever claims it first does the work)."""
-    with JournalLock(folder):
+    with journal_lock(folder):
         journal = read_journal(folder)
         if not in_flight(journal) or journal["phase"] == "rolling-back":
             return None

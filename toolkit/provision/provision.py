@@ -209,7 +209,7 @@ def _ticker(tell, every: float = 15.0):
 
 
 def run_step(transport: Transport, args: dict, env: dict | None = None) -> dict:
-    """provision_step.py (hostrun sends facts.py, whose helpers it uses, in front of it)."""
+    """provision_step.py on the host (it imports facts.py's probes; hostrun ships both in its zip)."""
     result = transport.run("python3 -", stdin=hostrun.build_payload("provision_step", args), timeout=STEP_TIMEOUT,
                            env=env)
     return hostrun.parse_result(result, f"provision step {args['kind']}")

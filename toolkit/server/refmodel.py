@@ -9,10 +9,11 @@ The weights are random but shaped so that greedy decoding never picks a special 
 (EOS included) and prefers tokens that decode to visible text: every answer is non-empty
 and runs to `max_tokens`, which is what smoke tests and benchmarks need.
 
-This file must run on its own on a host (sent over SSH as `python - OUT_DIR`), so it
-imports nothing from `toolkit`: the standard library plus torch, transformers, tokenizers.
+On a host, toolkit.core.hostrun runs `make(args)` in the venv's Python out of its zip of host
+code, so this module imports nothing of `toolkit`: the standard library plus torch,
+transformers, tokenizers. Here it also runs on its own:
 
-    python -m toolkit.server.refmodel OUT_DIR [--seed N]
+    python -m toolkit.server.refmodel OUT_DIR [--seed N]   (or python toolkit/server/refmodel.py ...)
 """
 from __future__ import annotations
 
@@ -182,6 +183,14 @@ def make_model(out_dir, *, seed: int = 0) -> Path:
     return out_dir
 
 
+def make(args: dict) -> dict:
+    """The host entry (toolkit.core.hostrun): {"out_dir", "seed"} -> {"model", "made", "seed"}."""
+    seed = int(args.get("seed", 0))
+    was_current = is_current(Path(args["out_dir"]).expanduser().absolute(), seed)
+    path = make_model(args["out_dir"], seed=seed)
+    return {"model": str(path), "made": not was_current, "seed": seed}
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -189,9 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("out_dir", help="folder to write the model to (created; reused when current)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
     options = parser.parse_args(argv)
-    was_current = is_current(Path(options.out_dir).expanduser().absolute(), options.seed)
-    path = make_model(options.out_dir, seed=options.seed)
-    print(json.dumps({"model": str(path), "made": not was_current, "seed": options.seed}))
+    print(json.dumps(make({"out_dir": options.out_dir, "seed": options.seed})))
     return 0
 
 

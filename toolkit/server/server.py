@@ -570,24 +570,17 @@ def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration
 
 
 def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout: float = 600) -> dict:
-    """Make the tiny reference model on the host inside its venv (toolkit/server/refmodel.py sent on stdin)."""
-    from importlib import resources
-    import json
-
+    """Make the tiny reference model on the host inside its venv (refmodel.make from hostrun's zip)."""
     if not host.venv and not host.python:
         raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
     target = out_dir or default_model_dir(host)
-    source = resources.files(__package__).joinpath("refmodel.py").read_text()
     with host.connect() as transport:
-        done = transport.run(f"{shlex.quote(host.venv_python)} - {shlex.quote(target)} --seed {int(seed)}",
-                             stdin=source, timeout=timeout, env={"HF_HUB_OFFLINE": "1"})
-    if not done.ok:
-        raise ServerError(f"{host.name}: making the reference model in {target} failed (exit {done.exit_code}):\n"
-                          f"{done.tail(20)}")
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise ServerError(f"{host.name}: the model maker answered nothing readable:\n{done.tail(20)}")
+        try:
+            return run_script(transport, "refmodel", {"out_dir": target, "seed": int(seed)},
+                              python=shlex.quote(host.venv_python), timeout=timeout,
+                              env={"HF_HUB_OFFLINE": "1"}, function="make")
+        except HostScriptError as exc:
+            raise ServerError(f"{host.name}: making the reference model in {target} failed: {exc}") from exc
 
 
 # -- reaching the server from this machine ---------------------------------------------------
