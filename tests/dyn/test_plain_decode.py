@@ -1281,13 +1281,8 @@ def test_the_plain_path_reserve_is_kept_only_where_dyn_disable_will_run(release,
     assert runtime.plain_path_reserve_gib(runner) == pytest.approx(expected)
 
 
-@only("0.5.11")
-@pytest.mark.parametrize("threshold, rest_gib", [(None, 42.0), ("8", 41.5)])
-def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_tree, runtime, policy, monkeypatch,
-                                                               threshold, rest_gib):
-    """ModelRunner._profile_available_bytes (0.5.11's, executed): what the KV cache may take is the
-    free memory after the weights minus SGLang's activation headroom and, with dyn-disable on,
-    minus the plain path's reserve, recorded on the runner for the start-up line."""
+def _patch_modules_for_kv_sizing(monkeypatch, threshold, policy, runtime):
+    """The environment and the patch's modules the KV-cache sizing method imports."""
     monkeypatch.delenv("SGLANG_SPEC_DISABLE_RESERVE_GIB", raising=False)
     if threshold is None:
         monkeypatch.delenv("SGLANG_SPEC_DISABLE_THRESHOLD", raising=False)
@@ -1297,6 +1292,16 @@ def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable", policy)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime)
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("threshold, rest_gib", [(None, 42.0), ("8", 41.5)])
+def test_the_kv_cache_is_sized_without_the_plain_paths_reserve(release, release_tree, runtime, policy, monkeypatch,
+                                                               threshold, rest_gib):
+    """ModelRunner._profile_available_bytes (0.5.11's, executed): what the KV cache may take is the
+    free memory after the weights minus SGLang's activation headroom and, with dyn-disable on,
+    minus the plain path's reserve, recorded on the runner for the start-up line."""
+    _patch_modules_for_kv_sizing(monkeypatch, threshold, policy, runtime)
     namespace = {"get_available_gpu_memory": lambda *a, **k: 50.0,
                  "get_world_group": lambda: types.SimpleNamespace(world_size=1, cpu_group=None)}
     exec(method_source(release_tree / KV_CACHE_MIXIN, "ModelRunnerKVCacheMixin", "_profile_available_bytes"),
@@ -1389,15 +1394,7 @@ def test_v2_releases_size_the_kv_cache_without_the_plain_paths_reserve(release, 
     the KV cache may take is the free memory after the weights minus SGLang's activation headroom
     and, with dyn-disable on, minus the plain path's reserve, recorded on the configurator, where
     build_plain_decode_state finds it for the start-up line."""
-    monkeypatch.delenv("SGLANG_SPEC_DISABLE_RESERVE_GIB", raising=False)
-    if threshold is None:
-        monkeypatch.delenv("SGLANG_SPEC_DISABLE_THRESHOLD", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", threshold)
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable", policy)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_runtime", runtime)
+    _patch_modules_for_kv_sizing(monkeypatch, threshold, policy, runtime)
     namespace = profile_available_bytes_namespace(release, free_gib=50.0)
     exec(method_source(release_tree / KV_CACHE_CONFIGURATOR, "KVCacheConfigurator", "_profile_available_bytes"),
          namespace)
