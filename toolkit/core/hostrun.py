@@ -31,7 +31,7 @@ RESULT_MARKER = "@@TOOLKIT-RESULT@@"
 PACKAGE = "toolkit_hostside"
 # Modules of `toolkit` (outside hostside/) that also run on hosts, shipped in the same package:
 # {name in the zip: the package that holds it here}.
-EXTRA_MODULES = {"refmodel": "toolkit.server.server"}
+EXTRA_MODULES = {"refmodel": "toolkit.server"}
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)   # the earliest a zip can say: the archive never depends on file times
 # The line of the bootstrap that runs the entry; everything above it has made the zip importable.
 # (tests/patch/faults.py inserts its fault points just before it.)
