@@ -51,7 +51,7 @@ def test_the_zip_is_the_same_bytes_whatever_the_file_times(tmp_path):
                         ignore=shutil.ignore_patterns("__pycache__"))
         for path in root.rglob("*.py"):
             os.utime(path, (stamp, stamp))
-        done = subprocess.run([sys.executable, "-c", "from toolkit import hostrun; print(hostrun.zip_sha256())"],
+        done = subprocess.run([sys.executable, "-c", "from toolkit.core import hostrun; print(hostrun.zip_sha256())"],
                               capture_output=True, text=True, cwd=root, timeout=60,
                               env=dict(os.environ, PYTHONPATH=str(root)))
         assert done.returncode == 0, done.stderr
