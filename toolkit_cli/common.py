@@ -8,6 +8,7 @@ from invoke.exceptions import Exit
 from toolkit.core import report
 from toolkit.core.inventory import Host, InventoryError, resolve_hosts
 from toolkit.core.parallel import HostOutcome, for_each_host
+from toolkit.server.profiles import AUTO_THRESHOLD
 
 from toolkit_cli.parsing import Command, command_line, render_help, usage_body
 
@@ -82,3 +83,15 @@ def help_or_bad_action(task: Command, action: str | None, actions, *positionals:
     if action not in actions:
         fail(f"unknown action {action!r}; one of: {' | '.join(actions)}\n{short_usage(task)}", code=2)
     return False
+
+
+def threshold_option(value):
+    """--threshold N, or --threshold auto (the dyn-disable patch finds the crossover itself)."""
+    if value == AUTO_THRESHOLD:
+        return value
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        fail(f"--threshold takes an integer or auto, got {value!r}", code=2)

@@ -9,11 +9,11 @@ from toolkit.core import report
 from toolkit import rollout as engine
 from toolkit.core.inventory import InventoryError
 
-from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
+from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_option, threshold_option, wants_help
 from toolkit_cli.parsing import command, render_help
 
 USAGE = """\
-usage: invoke rollout PATCHSET [--revert] [--profile P] [--threshold N] [--host H,...|@label]
+usage: invoke rollout PATCHSET [--revert] [--profile P] [--threshold N|auto] [--host H,...|@label]
                       [--canary K] [--parallel J] [--max-failures F] [--gate-bench] [--dry-run] [--json]
        invoke rollout --status [--host H,...]
 
@@ -31,7 +31,7 @@ each host stands, and running the same rollout again finishes the rollback and g
 
 
 def _overrides(threshold, hysteresis) -> dict:
-    found = {"dyn_threshold": int_option(threshold, "--threshold"),
+    found = {"dyn_threshold": threshold_option(threshold),
              "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
     return {k: v for k, v in found.items() if v is not None}
 
@@ -81,7 +81,7 @@ def print_fleet(fleet: engine.FleetResult) -> None:
     "patchset": "the patchset to roll out (or, with --revert, to take off)",
     "revert": "take PATCHSET (and any applied above it) off instead of applying it",
     "profile": "server profile to restart with (default: the one running)",
-    "threshold": "dyn-disable threshold for the restarted server (as `server start --threshold`)",
+    "threshold": "dyn-disable threshold for the restarted server, an integer or auto (as `server start --threshold`)",
     "hysteresis": "dyn-disable hysteresis for the restarted server",
     "host": HOST_HELP,
     "canary": "hosts rolled out first; all of them must pass before any other starts (default 1)",

@@ -11,7 +11,8 @@ from toolkit.server import profiles, server
 from toolkit.core import report
 
 from toolkit_cli import predictions
-from toolkit_cli.common import HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts
+from toolkit_cli.common import (HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts,
+                                threshold_option)
 from toolkit_cli.parsing import command
 
 ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
@@ -44,18 +45,6 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
   render PROFILE           print the launch script a start would write (no host contact)
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
 TAKES_PROFILE = ("start", "render", "restart", "logs")
-
-
-def threshold_option(value):
-    """--threshold N, or --threshold auto (the dyn-disable patch finds the crossover itself)."""
-    if value == profiles.AUTO_THRESHOLD:
-        return value
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        fail(f"--threshold takes an integer or auto, got {value!r}", code=2)
 
 
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:

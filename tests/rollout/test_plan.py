@@ -187,3 +187,17 @@ def test_a_rollback_claimed_after_a_request_records_the_phase_the_rollout_had_re
     claimed = lib.claim(str(tmp_path), "asked by the controller")
     assert claimed["interrupted_phase"] == "restarted"
     assert lib.read_journal(str(tmp_path))["phase"] == "rolling-back"
+
+
+def test_rollout_takes_the_thresholds_server_start_takes():
+    """`invoke rollout --threshold` parses as `server start --threshold`: an integer, or auto (the
+    patch's controller, issue #29); anything else exits 2 naming the option."""
+    from invoke.exceptions import Exit
+
+    from toolkit_cli import rollout as rollout_cli
+    assert rollout_cli._overrides("auto", None) == {"dyn_threshold": "auto"}
+    assert rollout_cli._overrides("12", "3") == {"dyn_threshold": 12, "dyn_hysteresis": 3}
+    assert rollout_cli._overrides(None, None) == {}
+    with pytest.raises(Exit) as stopped:
+        rollout_cli._overrides("twelve", None)
+    assert stopped.value.code == 2
