@@ -97,7 +97,8 @@ def test_a_full_temporary_folder_falls_back_to_memory(tmp_path):
 
     before = set(os.listdir("/dev/shm"))
     payload = hostrun.build_payload("echo", {"full": True})
-    command = "unshare -m sh -c 'mount -t tmpfs -o size=4096 tmpfs /tmp && exec python3 -'"
+    # from / : the checkout itself may live under /tmp (a CI clone), which the full tmpfs hides
+    command = "unshare -m sh -c 'mount -t tmpfs -o size=4096 tmpfs /tmp && cd / && exec python3 -'"
     answer = hostrun.parse_result(LocalTransport().run(command, stdin=payload), "echo")
     assert answer["echo"] == {"full": True}
     assert set(os.listdir("/dev/shm")) == before
