@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -22,7 +23,10 @@ def invoke(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), col
     full_env.update(env or {})
     command = [sys.executable, "-m", "invoke", *args]
     if background:
-        options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen_kwargs}
+        # a test may interrupt it: Ctrl-C must reach it even when the suite runs with SIGINT ignored
+        # (a background job of a non-interactive shell inherits SIG_IGN, and so would the CLI)
+        options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                   "preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen_kwargs}
         return subprocess.Popen(command, cwd=PROJECT_ROOT, env=full_env, text=True, **options)
     return subprocess.run(command, cwd=PROJECT_ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout, **popen_kwargs)

@@ -122,7 +122,9 @@ def watch(host_spec, interval: float, once: bool, polls: int | None, json_: bool
     finally:
         if live is not None:
             live.stop()
-        pool.shutdown(wait=False, cancel_futures=True)
+        # a poll still running (Ctrl-C during it) ends by its own timeouts before its connection is
+        # closed: closing an SSH transport under a worker thread could leave it, and the exit, waiting
+        pool.shutdown(wait=True, cancel_futures=True)
         for w in watches:
             w.close()
     report.note(f"watch ended after {done} poll(s)")
