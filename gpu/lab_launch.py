@@ -80,10 +80,11 @@ def plan(profile: str, *, model: str, port: int, draft: str | None = None, tp: i
         overrides["draft_model"] = _literal(draft)
     with _lab_profiles():
         if threshold is not None and is_dyn(profile):
-            # "auto": the patch's controller (0003) finds the crossover; it takes no hysteresis
-            overrides["dyn_threshold"] = threshold if threshold == profiles.AUTO_THRESHOLD else int(threshold)
-            if hysteresis is not None and threshold != profiles.AUTO_THRESHOLD:
-                overrides["dyn_hysteresis"] = int(hysteresis)
+            # as `invoke server start --threshold/--hysteresis` pass them: the profile resolver checks
+            # them (an integer, or "auto", which takes no hysteresis)
+            overrides["dyn_threshold"] = threshold
+            if hysteresis is not None:
+                overrides["dyn_hysteresis"] = hysteresis
         return profiles.resolve(host(), profile, overrides)
 
 
