@@ -38,13 +38,8 @@ else
 fi
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
-STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 say "training the pair ($(left) s left)"
-# the corpus: the site's packages and the image's standard library (Python sources only)
-timeout $(( $(left) - 120 )) python3 gpu/train_pair.py /tmp/models --corpus /tmp/site --corpus "$STDLIB" \
-  --size small --bytes ${CORPUS_BYTES:-40000000} --target-s ${TARGET_S:-70} --draft-s ${DRAFT_S:-35} \
-  --seed 0 --device cuda 2>&1 | grep -v "UserWarning\|warnings.warn" | tee "$WORK/train.log"
-[ -f /tmp/models/draft-trained/model.safetensors ] || { say "no trained pair"; exit 1; }
+bash gpu/make_trained_pair.sh $(( $(left) - 120 )) "$WORK" || { say "no trained pair"; exit 1; }
 say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
   --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \

@@ -42,12 +42,8 @@ export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
 if [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ]; then
   say "trained pair already in /tmp/models"
 else
-  STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
   say "training the pair ($(left) s left)"
-  timeout $(( $(left) - 240 )) python3 gpu/train_pair.py /tmp/models --corpus /tmp/site --corpus "$STDLIB" \
-    --size small --bytes ${CORPUS_BYTES:-40000000} --target-s ${TARGET_S:-70} --draft-s ${DRAFT_S:-35} \
-    --seed 0 --device cuda 2>&1 | grep -v "UserWarning\|warnings.warn" | tee "$WORK/train.log"
-  [ -f /tmp/models/draft-trained/model.safetensors ] || { say "no trained pair"; exit 1; }
+  bash gpu/make_trained_pair.sh $(( $(left) - 240 )) "$WORK" || { say "no trained pair"; exit 1; }
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD"
 python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --budget-s $(( $(left) - 15 )) \
