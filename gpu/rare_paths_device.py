@@ -20,11 +20,12 @@ checks:
              whether each server's answer contains the banned token (stock v2's verify ignores the
              processor; baseline obeys it).
   memory     item 4: for eagle3-v2 and eagle3-v2-dyn on the `big` pair (dummy weights, 8B shape),
-             bisection over --mem-fraction-static in [0.80, 0.97] for the largest fraction at which
-             the server starts and survives a prompt of --chunked-prefill-size (8192) tokens.
-             Pass: dyn's largest fraction is within one step (0.005) of stock's (the plain path's
-             memory comes out of the KV cache, not the activation headroom). The start-up line of
-             every dyn start (reserve against what was taken) is recorded.
+             bisection over --mem-fraction-static in [0.80, 0.97] for stock eagle3-v2's largest
+             fraction at which the server starts and survives a prompt of --chunked-prefill-size
+             (8192) tokens; then eagle3-v2-dyn at that fraction, and one step (0.005) below only if
+             it fails there. Pass: dyn survives within one step of stock's largest fraction (the
+             plain path's memory comes out of the KV cache, not the activation headroom). The
+             start-up line of every dyn start (reserve against what was taken) is recorded.
 Writes DIR/rare_paths.json (updated as it goes); server logs under /tmp/dyn-logs.
 """
 import argparse
@@ -183,22 +184,36 @@ async def survives(s, profile, mem, gpu):
 
 
 async def check_memory(s, gpus):
-    rep = {}
-    for profile in ("eagle3-v2", "eagle3-v2-dyn"):
-        lo, hi, tries = 0.80, 0.97, []
-        ok_hi, line = await survives(s, profile, hi, gpus[0])
-        tries.append((hi, ok_hi, line))
-        if ok_hi:
-            lo = hi
-        while hi - lo > 0.005 and left() > 120 and not ok_hi:
-            mid = round((lo + hi) / 2, 4)
-            ok, line = await survives(s, profile, mid, gpus[0])
-            tries.append((mid, ok, line))
-            lo, hi = (mid, hi) if ok else (lo, mid)
-        rep[profile] = {"largest_ok": lo, "tries": tries}
-        REPORT["memory"] = rep
-    if all(p in rep for p in ("eagle3-v2", "eagle3-v2-dyn")):
-        rep["pass"] = rep["eagle3-v2-dyn"]["largest_ok"] >= rep["eagle3-v2"]["largest_ok"] - 0.0051
+    # Stock is bisected; dyn is then started at stock's largest fraction and, only if it fails
+    # there, one step below. A second bisection would need ~5 more server starts (~50 s each on
+    # the 8B shape): the two together do not fit one 10-minute call with the logit check.
+    lo, hi, tries = 0.80, 0.97, []
+    ok_hi, line = await survives(s, "eagle3-v2", hi, gpus[0])
+    tries.append((hi, ok_hi, line))
+    if ok_hi:
+        lo = hi
+    while hi - lo > 0.005 and left() > 150 and not ok_hi:
+        mid = round((lo + hi) / 2, 4)
+        ok, line = await survives(s, "eagle3-v2", mid, gpus[0])
+        tries.append((mid, ok, line))
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    rep = {"eagle3-v2": {"largest_ok": lo, "smallest_failed": None if ok_hi else hi,
+                         "resolution": round(hi - lo, 4), "tries": tries}}
+    REPORT["memory"] = rep
+    dyn_tries = []
+    for mem in (lo, round(lo - 0.005, 4)):
+        if left() < 60:
+            dyn_tries.append((mem, None, "budget: not started"))
+            break
+        ok, line = await survives(s, "eagle3-v2-dyn", mem, gpus[0])
+        dyn_tries.append((mem, ok, line))
+        if ok:
+            break
+    rep["eagle3-v2-dyn"] = {"tries": dyn_tries,
+                            "largest_ok": max((m for m, ok, _ in dyn_tries if ok), default=None)}
+    # pass: dyn serves the 8192-token prompt within one step (0.005) of stock's largest fraction,
+    # which is only meaningful where stock's bisection got down to that step
+    rep["pass"] = (rep["eagle3-v2-dyn"]["largest_ok"] is not None and rep["eagle3-v2"]["resolution"] <= 0.0051)
     return rep
 
 
