@@ -3,8 +3,10 @@
 Usage: python3 apply_patch.py PATCH DIR [--check]
 
 For the GPU machine, whose image may lack git and patch. Every hunk's context
-and removed lines must match exactly at the stated line (no fuzz, no offset);
-on any mismatch nothing is written and the exit status is 1. New files
+and removed lines must match exactly (no fuzz); as `git apply` does, a hunk
+whose lines are not at the stated line is placed at the nearest line where they
+all are (an offset: a diff of a stack written before an earlier diff of the same
+file grew it). On any mismatch nothing is written and the exit status is 1. New files
 (--- /dev/null) are created. Prints one line per file.
 """
 import re
@@ -36,6 +38,18 @@ def parse(text):
     return files
 
 
+def _place(src, old, stated, earliest):
+    """The line where the hunk's old lines all match, nearest the stated one and not before
+    the end of the previous hunk; None if nowhere."""
+    for distance in range(len(src) + 1):
+        for start in (stated - distance, stated + distance) if distance else (stated,):
+            if earliest <= start <= len(src) - len(old) and src[start:start + len(old)] == old:
+                return start
+        if stated - distance < earliest and stated + distance > len(src) - len(old):
+            return None
+    return None
+
+
 def apply_file(entry, root):
     new = entry["new"]
     rel = new[2:] if new.startswith("b/") else new
@@ -48,16 +62,15 @@ def apply_file(entry, root):
         src = target.read_text().splitlines(keepends=True)
     out, pos = [], 0
     for h in entry["hunks"]:
-        start = h["old_start"] - 1 if h["old_start"] > 0 else 0
-        if start < pos:
-            raise ValueError(f"{rel}: overlapping hunks")
+        stated = h["old_start"] - 1 if h["old_start"] > 0 else 0
+        start = _place(src, [line[1:] for line in h["lines"] if line[0] in (" ", "-")], stated, pos)
+        if start is None:
+            raise ValueError(f"{rel}: hunk at line {h['old_start']} does not match")
         out.extend(src[pos:start])
         pos = start
         for line in h["lines"]:
             tag, body = line[0], line[1:]
             if tag in (" ", "-"):
-                if pos >= len(src) or src[pos] != body:
-                    raise ValueError(f"{rel}: hunk at line {h['old_start']} does not match")
                 pos += 1
                 if tag == " ":
                     out.append(body)

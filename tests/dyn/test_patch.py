@@ -123,6 +123,31 @@ def test_device_applier_matches_git_and_refuses_a_second_run(tmp_path, release, 
     assert {p: (tmp_path / p).read_bytes() for p in EXPECTED[release]} == before
 
 
+def test_device_applier_takes_the_whole_stack_as_git_does(tmp_path, release):
+    """gpu/run_dyn.sh setup applies every diff of the release in order with the device's applier;
+    a later diff written before an earlier one grew the same file (0004 after 0003 on 0.5.11)
+    sits at an offset, which `git apply` (the toolkit) takes and a strict applier refused, so a
+    device call once started no server at all."""
+    stack = sorted((REPO / "patchsets" / "dyn-disable" / release).glob("*.patch"))
+    (tmp_path / "git").mkdir()
+    with_git = tree_with(tmp_path / "git", stack, release)
+    with_device = tmp_path / "device"
+    wheel = wheels.pristine("sglang", release)
+    for patch in stack:
+        for path, is_new in touched_paths(patch.read_text()):
+            target = with_device / path
+            if not is_new and wheel.has(path) and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(path))
+        done = subprocess.run([sys.executable, str(REPO / "gpu" / "apply_patch.py"), str(patch), str(with_device)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"{patch.name}: {done.stdout}"
+    files = sorted(p.relative_to(with_git) for p in with_git.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(with_device) for p in with_device.rglob("*") if p.is_file())
+    for path in files:
+        assert (with_device / path).read_bytes() == (with_git / path).read_bytes(), path
+
+
 @pytest.mark.parametrize("path", sorted(EXPECTED["0.5.11"]))
 def test_patched_0511_file_byte_compiles(patched_tree, tmp_path, path):
     py_compile.compile(str(patched_tree / path), cfile=str(tmp_path / "out.pyc"), doraise=True)
