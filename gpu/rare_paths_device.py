@@ -15,8 +15,11 @@ checks:
              --enable-custom-logit-processor, the `sharp` pair. One greedy prompt alone gives the
              token to ban (the first token of its answer); the same prompt with SGLang's
              DisallowedTokensLogitsProcessor banning it is sent alone (below the threshold) and amid
-             16 requests (above it). Pass: on eagle3-v2-dyn both answers are equal (what the
-             request gets does not depend on load) and equal to stock eagle3-v2's; recorded too
+             16 requests of 1500 tokens (above it: sent once the dyn server reports drafting off).
+             Pass: the banned request ran above the threshold (drafting was off when it came, all
+             16 still decoding when it ended, forced_spec_steps moved), and on eagle3-v2-dyn both
+             answers are equal (what the request gets does not depend on load) and equal to
+             stock eagle3-v2's; recorded too
              whether each server's answer contains the banned token (stock v2's verify ignores the
              processor; baseline obeys it).
   memory     item 4: for eagle3-v2 and eagle3-v2-dyn on the `big` pair (dummy weights, 8B shape),
@@ -134,6 +137,20 @@ async def check_sampling(s, gpus):
     return rep
 
 
+async def dyn_state(s, srv):
+    return (await server_info(s, srv) or {}).get("dyn_spec_disable") or {}
+
+
+async def until_plain(s, srv, deadline_s=10.0):
+    """Seconds until the dyn server reports drafting off (None: it did not within the deadline)."""
+    t0 = time.time()
+    while time.time() - t0 < deadline_s:
+        if (await dyn_state(s, srv)).get("speculating") is False:
+            return round(time.time() - t0, 2)
+        await asyncio.sleep(0.05)
+    return None
+
+
 async def check_logit(s, gpus):
     servers = logit_servers(gpus)
     rep = {"healthy": await up(s, servers)}
@@ -148,18 +165,34 @@ async def check_logit(s, gpus):
                     "sampling_params": {"temperature": 0, "max_new_tokens": 24,
                                         "custom_params": {"token_ids": [banned]}}}
             alone = await post(s, srv, body)
-            load = [{"text": PROMPTS[(k + 5) % 32], "sampling_params": {"temperature": 0, "max_new_tokens": 64,
+            before = await dyn_state(s, srv)
+            # long enough that the 16 still decode when the banned request ends: the tiny pair
+            # decodes 64 tokens in well under a second (a first version slept 1 s and sent its
+            # "loaded" request to an idle server)
+            load = [{"text": PROMPTS[(k + 5) % 32], "sampling_params": {"temperature": 0, "max_new_tokens": 1500,
                                                                         "ignore_eos": True}} for k in range(16)]
             background = [asyncio.ensure_future(post(s, srv, b)) for b in load]
-            await asyncio.sleep(1.0)  # the 16 are decoding: above the threshold
+            waited = await until_plain(s, srv) if srv.label == "eagle3-v2-dyn" else await asyncio.sleep(0.3)
             loaded = await post(s, srv, body)
+            overlapped = sum(not t.done() for t in background)
             await asyncio.gather(*background, return_exceptions=True)
-            info = (await server_info(s, srv) or {}).get("dyn_spec_disable")
+            after = await dyn_state(s, srv)
+            moved = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after.get(k), int)
+                     and not isinstance(after.get(k), bool)}
             rep[srv.label] = {"banned": banned, "alone": alone["output_ids"], "loaded": loaded["output_ids"],
                               "banned_in_alone": banned in alone["output_ids"],
-                              "banned_in_loaded": banned in loaded["output_ids"], "dyn": info}
+                              "banned_in_loaded": banned in loaded["output_ids"],
+                              "background_still_running_at_answer": overlapped,
+                              "seconds_until_drafting_off": waited, "dyn_during_load": moved or None}
         dyn, stock = rep["eagle3-v2-dyn"], rep["eagle3-v2"]
-        rep["pass"] = dyn["alone"] == dyn["loaded"] and dyn["alone"] == stock["alone"]
+        moved = dyn["dyn_during_load"] or {}
+        # the banned request really ran above the threshold: drafting was off when it came, the 16
+        # were still decoding when it ended, and steps were forced to speculate for it
+        rep["loaded_ran_above_threshold"] = (dyn["seconds_until_drafting_off"] is not None
+                                             and dyn["background_still_running_at_answer"] == 16
+                                             and moved.get("forced_spec_steps", 0) > 0)
+        rep["pass"] = (rep["loaded_ran_above_threshold"] and dyn["alone"] == dyn["loaded"]
+                       and dyn["alone"] == stock["alone"])
     finally:
         stop(servers)
     return rep
