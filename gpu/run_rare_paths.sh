@@ -8,6 +8,8 @@ T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# a machine still warm from an earlier call keeps its /tmp: pack only this call's logs
+rm -rf /tmp/dyn-logs && mkdir -p /tmp/dyn-logs
 pack() { tar -C /tmp/dyn-logs -czf "$OUT/evidence.tgz" . 2>/dev/null; echo "[t=$(( $(date +%s) - T0 ))s] packed"; }
 trap pack EXIT
 OUT=/tmp/dyn-setup bash gpu/run_dyn.sh setup 2>&1 | tail -n 5
