@@ -8,6 +8,7 @@
 #                      sglang wheel of the site's release and the compiled images of every shipped
 #                      patchset for it (the device may have no git and has no network)
 # Usage: bash gpu/build_carry.sh [--tkwheels-only | --site-only]
+#        TK_PATCHSETS="dyn-disable" bash gpu/build_carry.sh --tkwheels-only: only those patch images
 #        SGLANG_RELEASE=0.5.17 bash gpu/build_carry.sh ...: that release's site instead, as
 #        .whl1-0.5.17 .whl2 .whl3-0.5.17 (gpu/README.md "SGLang 0.5.17 carry"); 0.5.23 likewise
 #        (SGL_KERNEL=0.4.5 for a site that loads on the image's torch: "SGLang 0.5.23 carry")
@@ -37,7 +38,10 @@ pins=$(.venv/bin/python -m pip freeze | grep -i -E '^(invoke|gitpython|gitdb|smm
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform any -d .tkwheels $pins
 missing=$(for name in $(ls patchsets); do [ -d patchsets/$name/$REL ] || echo $name; done)
-for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
+# TK_PATCHSETS="a b": compile only those images (each alone, no stack): the rollout call needs
+# dyn-disable's alone, and every image is 0.5-1.4 MB of the 64 MiB a call carries
+only=${TK_PATCHSETS:-}
+for name in ${only:-$(ls patchsets) ""}; do   # each patchset alone, then the whole stack
   # a patchset without diffs for this release, and then the whole stack, has no image
   if [ -n "$name" ] && [ ! -d patchsets/$name/$REL ] || [ -z "$name" ] && [ -n "$missing" ]; then
     say "no patch image: ${name:-all patchsets stacked} ($REL; no diffs for it: $(echo $missing))"; continue
@@ -46,6 +50,13 @@ for name in $(ls patchsets) ""; do   # each patchset alone, then the whole stack
   # 22 MB; both together pushed a toolkit call over 64 MiB)
   TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check $name --release $REL >/dev/null
   say "compiled patch images: ${name:-all patchsets stacked} ($REL)"
+done
+# the lab's own patchsets (gpu/patchsets: the user's hand-made bypass that the rollout call rolls
+# back) are compiled here too: compiling needs git, which the device may lack
+for name in $(ls gpu/patchsets); do
+  TOOLKIT_PATCHSETS=$PWD/gpu/patchsets TOOLKIT_CACHE=$PWD/.tkwheels/cache .venv/bin/invoke patch check $name \
+    --release $REL >/dev/null
+  say "compiled patch images: $name (gpu/patchsets, $REL)"
 done
 rm -rf .tkwheels/cache/edit   # a whole sglang tree, only for `invoke patch edit`
 du -sh .whl1$SFX .whl2 .whl3$SFX .tkwheels 2>/dev/null || true
