@@ -1,6 +1,7 @@
 """Does a plan (gpu/plans/*.json) fit the GPU memory of its H200s? An estimate, before any server starts.
 
     python3 gpu/plan_memory.py PLAN.json [PLAN.json ...]     # prints each plan's peak per GPU
+    python3 gpu/plan_memory.py --check PLAN.json             # exit 3 and one line if it does not fit
 
 gpu/shapes_device.py calls refusal() first and starts nothing when it returns a message. Stdlib only.
 
@@ -292,14 +293,24 @@ def plan_pairs(plan):
 
 
 def main(argv):
-    for path in argv:
+    """Print each plan's peak per GPU; with --check print only refusals and return 3 if any
+    (run_shapes.sh runs this before its setup, so a refused plan costs no device time)."""
+    check = "--check" in argv
+    status = 0
+    for path in [a for a in argv if a != "--check"]:
         with open(path) as f:
             plan = json.load(f)
-        shapes = shapes_for(plan_pairs(plan), os.environ)
+        shapes = shapes_for(plan_pairs(plan), os.environ, os.environ.get("MODELS_DIR", "/tmp/models"))
         msg = refusal(plan, shapes)
+        if check:
+            if msg and os.environ.get("SKIP_MEMORY_CHECK") != "1":
+                print(f"{os.path.basename(path)}: {msg}")
+                status = 3
+            continue
         peaks = ", ".join(f"GPU {w['gpu']} {w['total']:.1f} GiB" for w in estimate(plan, shapes))
         print(f"{os.path.basename(path)}: {msg or 'fits'} (peak {peaks})")
+    return status
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -194,3 +194,23 @@ def test_the_override_lets_a_refused_plan_through(monkeypatch):
     assert shapes.memory_refusal(plan, skip=True) is None
     monkeypatch.setenv("SKIP_MEMORY_CHECK", "1")
     assert shapes.memory_refusal(plan) is None
+
+
+def test_run_shapes_refuses_before_its_setup_and_the_override_is_honoured(tmp_path):
+    """run_shapes.sh checks the plan before it makes the site and models (device time): a refused
+    plan ends it with status 3 and one line, and nothing under OUT."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), KIMI_DEEP_LAYERS="16", MODELS_DIR=str(tmp_path / "no-models"))
+    env.pop("SKIP_MEMORY_CHECK", None)
+    done = subprocess.run(["bash", "gpu/run_shapes.sh", str(OLD / "native-plain-kimi6-tp1-at-baseline-cost.json")],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert done.returncode == 3
+    assert done.stdout.count("plan refused") == 1 and "native-kimi6-tp1" in done.stdout
+    assert not out.exists()
+    check = [sys.executable, str(ROOT / "gpu" / "plan_memory.py"), "--check"]
+    fixed = subprocess.run(check + [str(PLANS / "native-plain-kimi6-tp1-at-baseline-cost.json")],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert (fixed.returncode, fixed.stdout) == (0, "")
+    skipped = subprocess.run(check + [str(OLD / "native-plain-kimi6-tp1-at-baseline-cost.json")],
+                             capture_output=True, text=True, timeout=60, env=dict(env, SKIP_MEMORY_CHECK="1"))
+    assert (skipped.returncode, skipped.stdout) == (0, "")
