@@ -10,6 +10,9 @@ T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 OUT=${OUT:-/tmp/out}
 PLAN=$1
+# a plan whose servers do not fit the GPU memory is refused before the setup spends device time
+# (gpu/plan_memory.py; SKIP_MEMORY_CHECK=1 starts it anyway; shapes_device.py checks again)
+KIMI_LAYERS=${KIMI_LAYERS:-6} python3 gpu/plan_memory.py --check "$PLAN" || exit 3
 mkdir -p "$OUT"
 # a machine still warm from an earlier call keeps its /tmp: pack only this call's logs
 rm -rf /tmp/dyn-logs && mkdir -p /tmp/dyn-logs

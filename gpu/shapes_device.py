@@ -1,7 +1,11 @@
 """Device-side driver for dyn-disable on the reference shapes (runs on the H200 machines).
 
 Usage (from the repo root, after gpu/run_dyn.sh setup has prepared /tmp/site and /tmp/models):
-  python3 gpu/shapes_device.py PLAN.json --out DIR [--budget-s 520]
+  python3 gpu/shapes_device.py PLAN.json --out DIR [--budget-s 520] [--skip-memory-check]
+
+Before anything starts, gpu/plan_memory.py estimates the GPU memory of the servers a plan runs at
+the same time; a plan that does not fit is refused with one line (exit status 3) unless
+--skip-memory-check or SKIP_MEMORY_CHECK=1 is given.
 
 A plan (gpu/plans/*.json) lists groups that run at the same time, each on its own GPUs:
   {"threshold": 8, "groups": [
@@ -72,6 +76,7 @@ import aiohttp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
 import lab_launch  # noqa: E402
+import plan_memory  # noqa: E402
 import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, run_smoke,
@@ -603,15 +608,30 @@ async def check_group(s, group, out, threshold):
     return rep
 
 
+def memory_refusal(plan, skip=False):
+    """The one-line refusal of a plan whose servers do not fit the GPU memory (gpu/plan_memory.py),
+    or None; the model folders the device holds (else the KIMI_*/HUGE_* knobs) give the shapes."""
+    if skip or os.environ.get("SKIP_MEMORY_CHECK") == "1":
+        return None
+    shapes = plan_memory.shapes_for(plan_memory.plan_pairs(plan), os.environ, MODELS)
+    return plan_memory.refusal(plan, shapes)
+
+
 async def main():
     global RECORDS, BUDGET
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=520)
+    ap.add_argument("--skip-memory-check", action="store_true",
+                    help="start the plan even if gpu/plan_memory.py estimates it does not fit (also SKIP_MEMORY_CHECK=1)")
     a = ap.parse_args()
     BUDGET = a.budget_s
     plan = json.load(open(a.plan))
+    refused = memory_refusal(plan, a.skip_memory_check)
+    if refused:
+        say(refused)
+        sys.exit(3)
     os.makedirs(LOGS, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     RECORDS = os.path.join(a.out, "records.jsonl")

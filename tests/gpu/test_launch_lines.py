@@ -14,6 +14,10 @@ from tests.gpu import launch_lines
 from tests.gpu.scripts import ROOT, load_gpu_script
 
 BEFORE = json.loads(launch_lines.DATA.read_text())
+# servers a plan no longer starts: the v1 pair of the TP=2 Kimi group, since five TP=2 servers per
+# GPU ran out of memory (docs/evidence/dyn-disable-4/3-mla-check-and-tp2-oom, gpu/plan_memory.py)
+DROPPED = {"plans/mla-plain-step-equal-and-kimi-tp2-speed/kimi-tp2/3-eagle3",
+           "plans/mla-plain-step-equal-and-kimi-tp2-speed/kimi-tp2/4-eagle3-dyn"}
 
 
 def options(argv):
@@ -83,11 +87,12 @@ def expected_changes(old_opts, old_env):
 
 def test_every_server_of_every_driver_and_plan_is_still_built(now):
     # plans written after the move have no hand-built line to compare with; every recorded server is still built
-    assert set(BEFORE) <= set(now)
+    assert set(BEFORE) - DROPPED <= set(now)
+    assert not DROPPED & set(now)
     assert len(BEFORE) == 120
 
 
-@pytest.mark.parametrize("key", sorted(BEFORE))
+@pytest.mark.parametrize("key", sorted(set(BEFORE) - DROPPED))
 def test_the_rendered_launch_script_starts_what_the_driver_started(now, key):
     srv, script = now[key]
     argv, env = rendered(script)
