@@ -300,6 +300,9 @@ def main(argv):
     for path in [a for a in argv if a != "--check"]:
         with open(path) as f:
             plan = json.load(f)
+        if not isinstance(plan, dict) or "groups" not in plan:   # e.g. an adaptive config beside the plans
+            print(f"{os.path.basename(path)}: not a plan (no \"groups\"); skipped")
+            continue
         shapes = shapes_for(plan_pairs(plan), os.environ, os.environ.get("MODELS_DIR", "/tmp/models"))
         msg = refusal(plan, shapes)
         if check:
