@@ -6,29 +6,31 @@ must be able to tell which, next to the table.
 
 Rules (kept simple on purpose):
 - Files: README.md, docs/*.md, docs/evidence/*/README.md, docs/evidence/*/summary.md.
-- A markdown table is a header row starting with `|`, then a `|---|` separator row, then the
-  rows starting with `|`.
+- A markdown table is what markdown-it-py's GFM table rule parses as one (so a table inside a
+  list item counts, and one inside a code block does not).
 - It is a throughput table when its header names a speculative server or a comparison
   (eagle, dyn, spec, adaptive, baseline, tok/s, ratio, accept, or a ` / ` between two columns'
-  names), or any of its cells holds a ratio figure such as `0.96x` or `1.2×` (a decimal point, so `8 x H200` is not one).
+  names), or any of its cells holds a ratio figure such as `0.96x` or `1.2×` (with a decimal
+  point, so `8 x H200` is not one).
 - Such a table needs an acceptance statement within WINDOW lines above its header or below its
   last row: a line that starts (after markdown emphasis, list or quote marks) with
-  `Acceptance:` and says one of "simulated" (with the value), "measured", "not involved" or
-  "not determined".
+  `Acceptance:` and says one of "simulated N" (the value, e.g. "simulated 2.6"), "measured",
+  "not involved" or "not determined".
 """
 import re
 from pathlib import Path
 
 import pytest
+from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 4
+MARKDOWN = MarkdownIt("commonmark").enable("table")
 
 HEADER_WORDS = re.compile(r"eagle|dyn|spec|adaptive|baseline|tok/s|ratio|accept| / ", re.I)
 RATIO_CELL = re.compile(r"\b\d+\.\d+ ?[x×](?!\w)")
-SEPARATOR = re.compile(r"^\s*\|[\s:|-]+\|\s*$")
 STATEMENT = re.compile(r"^[\s*_>\-]*Acceptance:")
-KINDS = re.compile(r"simulated|measured|not involved|not determined", re.I)
+KINDS = re.compile(r"simulated \d|measured|not involved|not determined", re.I)
 
 
 def doc_files(root: Path) -> list[Path]:
@@ -39,17 +41,11 @@ def doc_files(root: Path) -> list[Path]:
 
 
 def tables(lines: list[str]):
-    """(header index, last row index) of every markdown table."""
-    i = 0
-    while i < len(lines) - 1:
-        if lines[i].lstrip().startswith("|") and SEPARATOR.match(lines[i + 1]):
-            j = i + 2
-            while j < len(lines) and lines[j].lstrip().startswith("|"):
-                j += 1
-            yield i, j - 1
-            i = j
-        else:
-            i += 1
+    """(header index, last row index) of every table markdown-it's GFM table rule finds."""
+    for token in MARKDOWN.parse("\n".join(lines)):
+        if token.type == "table_open" and token.map:
+            start, end = token.map
+            yield start, end - 1
 
 
 def is_throughput_table(lines: list[str], head: int, last: int) -> bool:
@@ -101,9 +97,10 @@ UNLABELLED = """# t
         (("Acceptance: simulated 2.6 (`SGLANG_SIMULATE_ACC_LEN`).\n\n", ""), True),
         (("", "\n*Acceptance: measured (trained pair).*\n"), True),
         (("", "\n- Acceptance: not involved (baseline only).\n"), True),
-        # a statement too far away, or one that says nothing, does not count
+        # a statement too far away, one that says nothing, or "simulated" without its value
         (("Acceptance: simulated 2.6.\n\n\n\n\n\n", ""), False),
         (("Acceptance: see above.\n", ""), False),
+        (("Acceptance: simulated.\n", ""), False),
         # "acceptance" inside a sentence is not the statement
         (("The acceptance was simulated.\n", ""), False),
     ],
@@ -121,4 +118,20 @@ def test_tables_without_speculation_need_no_statement(tmp_path):
     (tmp_path / "README.md").write_text(
         "| command | what it does |\n|---|---|\n| `invoke facts` | reads a host |\n", encoding="utf-8"
     )
+    assert unlabelled(tmp_path) == []
+
+
+def test_a_table_in_a_code_block_is_not_a_table(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```\n" + UNLABELLED + "```\n", encoding="utf-8")
+    assert unlabelled(tmp_path) == []
+
+
+def test_a_table_in_a_list_item_is_checked(tmp_path):
+    (tmp_path / "docs").mkdir()
+    item = "- the sweep:\n\n" + "".join("  " + line + "\n" for line in UNLABELLED.splitlines()[2:])
+    (tmp_path / "README.md").write_text(item, encoding="utf-8")
+    assert len(unlabelled(tmp_path)) == 1
+    labelled = item.replace("  | c |", "  *Acceptance: simulated 2.6.*\n\n  | c |", 1)
+    (tmp_path / "README.md").write_text(labelled, encoding="utf-8")
     assert unlabelled(tmp_path) == []
