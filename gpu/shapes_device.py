@@ -536,17 +536,20 @@ def profile_load_runs(srv, concurrency, prefill=None):
     """profile_load.py's runs for one profile: (trace folder kind, arguments). Decode mode: first
     without Python stacks (the host at nearly full speed: step timing), then with them (which
     SGLang function issued what), both after every prefill is done (settle 2 s). Prefill mode
-    ("profile_prefill": {"prompt_tokens": 1024, "max_tokens": 128, "rounds": 3, "steps": 32,
-    "stack": false}): prompts of that many token ids in a closed loop, profiled from the second
-    wave's arrival (profile_load.py --prompt-tokens); without stacks only unless "stack": true
-    (a window of prefill chunks with stacks runs the host several times slower)."""
+    ("profile_prefill": {"prompt_tokens": 1024, "max_tokens": 128, "rounds": 3, "steps": ..., "stack":
+    false}): prompts of that many token ids in a closed loop, profiled from the second wave's
+    arrival (profile_load.py --prompt-tokens); without stacks only unless "stack": true (a window
+    of prefill chunks with stacks runs the host several times slower). Steps default to the
+    answer's length plus 32: the second wave's prefill chunks, its decode, and the third wave's
+    first chunks (a server that queues part of a wave, as a speculative one capped at 48 running
+    requests does at c=96, may have prefilled the queued part before the profile started)."""
     if not prefill:
         load = ["--max-tokens", str(profile_answer_tokens(srv, concurrency)), "--settle", "2", "--steps", "10"]
         return [("nostack", load + ["--no-stack"]), ("stack", load)]
     tokens = prefill.get("prompt_tokens", 1024)
     answer = max(1, min(prefill.get("max_tokens", 128), target_context(srv, tokens + 128) - tokens))
     load = ["--prompt-tokens", str(tokens), "--max-tokens", str(answer), "--rounds", str(prefill.get("rounds", 3)),
-            "--steps", str(prefill.get("steps", 32))]
+            "--steps", str(prefill.get("steps", answer + 32))]
     return [("prefill/nostack", load + ["--no-stack"])] + ([("prefill/stack", load)] if prefill.get("stack") else [])
 
 

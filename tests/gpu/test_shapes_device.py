@@ -230,3 +230,32 @@ def test_prefill_profiles_run_profile_load_in_its_prefill_mode_at_each_concurren
         (trace,) = (tmp_path / "logs" / "traces" / name / f"c{c}" / "prefill" / "nostack").glob("*.json.gz")
         rows = trace_steps.forwards(trace_steps.load(str(trace)))
         assert rows[0]["mode"] == "EXTEND" and rows[0]["toks"] == 100 * rows[0]["bs"]
+
+
+def test_the_prefill_plan_profiles_both_servers_with_prefills_and_documents_an_uncapped_dyn(shapes, monkeypatch, tmp_path):
+    """gpu/plans/kimi16-tp1-where-prefill-time-goes.json (not run yet): baseline and dyn with the
+    cap left to sglang, both profiled in the prefill mode; its documented third server lifts dyn's
+    cap with one --max-running-requests, not a second one beside the lab's own."""
+    import json
+    from pathlib import Path
+
+    (tmp_path / "target-kimideep").mkdir()
+    (tmp_path / "target-kimideep" / "config.json").write_text('{"max_position_embeddings": 131072}')
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    spec = json.loads((Path(__file__).resolve().parents[2] / "gpu" / "plans"
+                       / "kimi16-tp1-where-prefill-time-goes.json").read_text())
+    (group,) = spec["groups"]
+    group = dict(group, index=0)
+    servers = [shapes.Server(group, shapes.profile_spec(p), k, spec["threshold"])
+               for k, p in enumerate(group["profiles"])]
+    assert [s.profile for s in servers] == ["baseline", "eagle3-v2-dyn"]
+    assert set(group["torch_profile"]) == {s.label for s in servers}
+    assert all("--max-running-requests" not in s.cmd for s in servers)
+    uncapped = shapes.Server(group, spec["_third_server_not_in_plan"]["entry"], 2, spec["threshold"])
+    assert uncapped.cmd.count("--max-running-requests") == 1
+    assert uncapped.cmd[uncapped.cmd.index("--max-running-requests") + 1] == "2048"
+    ((kind, load),) = shapes.profile_load_runs(servers[1], 96, group["profile_prefill"])
+    args = dict(zip(load[::2], load[1::2]))
+    assert kind == "prefill/nostack" and load[-1] == "--no-stack"
+    # the steps cover a wave's 128 decode steps and the next wave's first prefill chunks
+    assert (args["--prompt-tokens"], args["--max-tokens"], int(args["--steps"])) == ("1024", "128", 160)
