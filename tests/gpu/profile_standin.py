@@ -25,6 +25,8 @@ class ProfileStandIn:
         self.waiting, self.running = [], []
         self.wake = asyncio.Event()
         self.prompts = []  # every prompt's token ids (or its text), in arrival order
+        self.arrived = []  # time.monotonic() of each, in the same order
+        self.profile_started = None  # time.monotonic() of the (last) accepted /start_profile
         self.steps = []  # (mode, bs, toks) of every step
         self.profile = None  # {"out": dir, "left": steps, "events": [...]} while profiling
         self.loop_task = None
@@ -85,6 +87,7 @@ class ProfileStandIn:
         if length > self.context:
             raise web.HTTPBadRequest(text=json.dumps({"error": "input longer than the context"}))
         self.prompts.append(prompt)
+        self.arrived.append(time.monotonic())
         req = {"len": length, "max": max_tokens, "out": 0, "done": asyncio.get_running_loop().create_future()}
         self.waiting.append(req)
         self.wake.set()
@@ -106,6 +109,7 @@ class ProfileStandIn:
         if self.refuse_profile:
             raise web.HTTPServiceUnavailable(text="profiler busy")
         self.profile = {"out": j["output_dir"], "left": j["num_steps"], "events": []}
+        self.profile_started = time.monotonic()
         return web.json_response({"success": True})
 
     def app(self):
