@@ -38,7 +38,9 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   "checks_first": true ("profile_after": true then takes the torch profiles again after the
   rounds; "profile_after_round": N takes them between round N and round N+1 instead, so the
   rounds before and after show what a profile leaves behind). "profile_concurrency" (default
-  64) sets the load the profiles are taken under;
+  64, or a list: each server profiled at each) sets the load the profiles are taken under;
+  "profile_prefill": {"prompt_tokens": 1024, ...} takes them with prefill steps in the window
+  (profile_load.py's prefill mode; see profile_load_runs);
   "warmup_levels" (default: the levels) the levels warmed up before anything is measured, e.g.
   [1] so that a dyn server has never crossed its threshold when the first profile is taken.
   "start_after_healthy": NAME starts a group's servers once group NAME's are healthy (each sizes
@@ -329,14 +331,19 @@ async def sweep_side_by_side(s, group, out, threshold):
 
 async def run_profiles(group, out, rep, live, tag=""):
     """Torch profiles of the servers labelled under "torch_profile", at "profile_concurrency"
-    requests (default 64); a tag ("after") keeps a second set apart from the first."""
+    requests (default 64; a list profiles each server at each, keyed NAME@cC), in the prefill mode
+    with "profile_prefill"; a tag ("after") keeps a second set apart from the first."""
     key = f"profiles_{tag}" if tag else "profiles"
-    for srv in live:
-        if srv.label in group.get("torch_profile", []) and left() > 45:
-            rep.setdefault(key, {})[srv.name] = await asyncio.to_thread(
-                profile_allreduce, srv, group.get("profile_concurrency", 64), tag)
-            say(f"profile {srv.name} {tag}: {rep[key][srv.name]}")
-            save(out, group, rep)
+    levels = group.get("profile_concurrency", 64)
+    levels = levels if isinstance(levels, list) else [levels]
+    for c in levels:  # every server at one load before the next load: a cut budget cuts a load, not a server
+        for srv in live:
+            if srv.label in group.get("torch_profile", []) and left() > 45:
+                name = srv.name if len(levels) == 1 else f"{srv.name}@c{c}"
+                rep.setdefault(key, {})[name] = await asyncio.to_thread(
+                    profile_allreduce, srv, c, tag, group.get("profile_prefill"))
+                say(f"profile {name} {tag}: {rep[key][name]}")
+                save(out, group, rep)
 
 
 async def run_checks(s, group, out, rep, live):
@@ -516,20 +523,45 @@ async def determinism(s, srv):
             "flushed_vs_first_equal": a == c}
 
 
+def target_context(srv, default):
+    with open(f"{MODELS}/target-{srv.pair}/config.json") as f:
+        return json.load(f).get("max_position_embeddings", default)
+
+
 def profile_answer_tokens(srv, concurrency):
     """How long the profiled requests' answers are. At low load the steps are short, so longer
     answers keep the load up until the profiled steps have run; never longer than the target's
     context leaves after a prompt (the tiny pairs have 4,096 positions: a 6,000-token answer
     is refused with 400 and no trace is taken)."""
     wanted = 900 if concurrency >= 16 else 6000
-    with open(f"{MODELS}/target-{srv.pair}/config.json") as f:
-        context = json.load(f).get("max_position_embeddings", wanted + 1024)
-    return max(64, min(wanted, context - 1024))
+    return max(64, min(wanted, target_context(srv, wanted + 1024) - 1024))
 
 
-def profile_allreduce(srv, concurrency=64, tag=""):
-    """A torch profile of a few decode steps under load; all-reduce kernels counted by name.
-    Traces go to traces/NAME/[TAG/][cC/]{nostack,stack}/ (cC unless C is the default 64)."""
+def profile_load_runs(srv, concurrency, prefill=None):
+    """profile_load.py's runs for one profile: (trace folder kind, arguments). Decode mode: first
+    without Python stacks (the host at nearly full speed: step timing), then with them (which
+    SGLang function issued what), both after every prefill is done (settle 2 s). Prefill mode
+    ("profile_prefill": {"prompt_tokens": 1024, "max_tokens": 128, "rounds": 3, "steps": ..., "stack":
+    false}): prompts of that many token ids in a closed loop, profiled from the second wave's
+    arrival (profile_load.py --prompt-tokens); without stacks only unless "stack": true (a window
+    of prefill chunks with stacks runs the host several times slower). Steps default to the
+    answer's length plus 32: the second wave's prefill chunks, its decode, and the third wave's
+    first chunks (a server that queues part of a wave, as a speculative one capped at 48 running
+    requests does at c=96, may have prefilled the queued part before the profile started)."""
+    if not prefill:
+        load = ["--max-tokens", str(profile_answer_tokens(srv, concurrency)), "--settle", "2", "--steps", "10"]
+        return [("nostack", load + ["--no-stack"]), ("stack", load)]
+    tokens = prefill.get("prompt_tokens", 1024)
+    answer = max(1, min(prefill.get("max_tokens", 128), target_context(srv, tokens + 128) - tokens))
+    load = ["--prompt-tokens", str(tokens), "--max-tokens", str(answer), "--rounds", str(prefill.get("rounds", 3)),
+            "--steps", str(prefill.get("steps", answer + 32))]
+    return [("prefill/nostack", load + ["--no-stack"])] + ([("prefill/stack", load)] if prefill.get("stack") else [])
+
+
+def profile_allreduce(srv, concurrency=64, tag="", prefill=None):
+    """A torch profile of a few steps under load (decode steps, or with `prefill` prefill steps
+    among them: profile_load_runs); all-reduce kernels counted by name. Traces go to
+    traces/NAME/[TAG/][cC/][prefill/]{nostack,stack}/ (cC unless C is the default 64)."""
     import collections
     import glob
     import gzip
@@ -538,14 +570,11 @@ def profile_allreduce(srv, concurrency=64, tag=""):
         f"/c{concurrency}" if concurrency != 64 else "")
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_load.py")
     srv.profiled = True   # even if no trace comes back, /start_profile may have run
-    max_tokens = str(profile_answer_tokens(srv, concurrency))
-    # first without Python stacks (the host at nearly full speed: step timing), then with them
-    # (which SGLang function issued what); both after every prefill is done (settle 2 s)
-    for kind, extra in (("nostack", ["--no-stack"]), ("stack", [])):
+    runs = profile_load_runs(srv, concurrency, prefill)
+    for kind, load in runs:
         done = subprocess.run([sys.executable, driver, srv.base, f"{outdir}/{kind}", "--concurrency", str(concurrency),
-                               "--max-tokens", max_tokens, "--settle", "2", "--steps", "10",
-                               "--timeout", "60"] + extra, capture_output=True, text=True, timeout=120)
-    traces = sorted(glob.glob(f"{outdir}/**/*.json*", recursive=True))
+                               "--timeout", "60"] + load, capture_output=True, text=True, timeout=120)
+    traces = sorted(p for kind, _ in runs for p in glob.glob(f"{outdir}/{kind}/*.json*"))
     counts = collections.Counter()
     pat = re.compile(r"all_?reduce|allreduce|two_shot|one_shot|multimem|cross_device|AllReduce", re.I)
     for path in traces:
@@ -558,7 +587,8 @@ def profile_allreduce(srv, concurrency=64, tag=""):
         for ev in events:
             if ev.get("cat") == "kernel" and pat.search(ev.get("name", "")):
                 counts[ev["name"][:90]] += 1
-    return {"traces": len(traces), "allreduce_kernels": dict(counts.most_common(8)),
+    return {"mode": "prefill" if prefill else "decode", "traces": len(traces),
+            "allreduce_kernels": dict(counts.most_common(8)),
             "driver_rc": done.returncode, "driver_tail": done.stdout[-300:] + done.stderr[-300:]}
 
 

@@ -12,10 +12,21 @@ zero means the host keeps the GPU fed; a larger one means the host sets the pace
 trace taken without Python stacks, `profile_load.py --no-stack`: stacks slow the host several
 times). With a second (baseline) trace: the kernels the first adds per graph launch of the
 baseline's, i.e. the extra GPU work per step. Stdlib only; runs on the dev machine.
+
+Prefill: SGLang (0.5.11) wraps every forward in a profiler span `step[MODE bs=N]`, an EXTEND one
+`step[EXTEND bs=N toks=T]`. Each span's GPU time is the busy time of the kernels launched inside
+it (linked by their correlation ids). The prefill forwards (EXTEND, MIXED, SPLIT_PREFILL) are
+listed with their tokens, GPU time and extend-attention kernels (triton's `_fwd_kernel`, not the
+decode's `_fwd_grouped_kernel_stage1` / `_fwd_kernel_stage2`); a speculative server's draft runs its
+own EXTEND of the same tokens right after the target's, told apart by its far smaller kernel count.
+With two traces: the prefill GPU time per token of each (`profile_load.py --prompt-tokens` puts
+prefills into the profiled window).
 """
+import bisect
 import collections
 import gzip
 import json
+import re
 import statistics
 import sys
 
@@ -151,13 +162,101 @@ def extra_per_step(events, base_events):
               f"x{our_counts.get(name, 0) / steps:.0f}  {name}")
 
 
+STEP_SPAN = re.compile(r"^step\[(\w+) bs=(\d+)(?: toks=(\d+))?\]$")
+PREFILL_MODES = {"EXTEND", "MIXED", "SPLIT_PREFILL", "DLLM_EXTEND"}  # not DRAFT_EXTEND: a decode step's
+EXTEND_ATTENTION = re.compile(r"^_fwd_kernel(_unified)?$|BatchPrefillWith|flash_fwd|FlashAttnFwd|fmha", re.I)
+DRAFT_KERNELS = 0.5  # an EXTEND with under half the kernels of the largest one is the draft's
+
+
+def forwards(events):
+    """One row per `step[...]` span, in order: mode, bs, toks (EXTEND only, else None), GPU ms
+    (busy time of the kernels launched inside the span), kernel count, extend-attention kernels
+    by name, and "draft" (an EXTEND far smaller than the trace's largest: the draft model's)."""
+    spans = sorted((e for e in events if e.get("cat") == "user_annotation" and STEP_SPAN.match(e["name"])),
+                   key=lambda e: e["ts"])
+    launches = collections.defaultdict(list)  # (pid, tid) -> sorted [(ts, correlation)]
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launches[(e.get("pid"), e.get("tid"))].append((e["ts"], e["args"]["correlation"]))
+    for calls in launches.values():
+        calls.sort()
+    kernels = collections.defaultdict(list)
+    for k in gpu_events(events):
+        kernels[k.get("args", {}).get("correlation")].append(k)
+    rows = []
+    for span in spans:
+        mode, bs, toks = STEP_SPAN.match(span["name"]).groups()
+        calls = launches.get((span.get("pid"), span.get("tid")), [])
+        lo = bisect.bisect_left(calls, (span["ts"],))
+        hi = bisect.bisect_right(calls, (span["ts"] + span["dur"], float("inf")))
+        ks = [k for _, corr in calls[lo:hi] for k in kernels.get(corr, [])]
+        attention = collections.Counter(k["name"] for k in ks if EXTEND_ATTENTION.search(k["name"]))
+        rows.append({"mode": mode, "bs": int(bs), "toks": int(toks) if toks else None,
+                     "gpu_ms": busy_us([(k["ts"], k["ts"] + k["dur"]) for k in ks]) / 1e3,
+                     "kernels": len(ks), "attention": dict(attention), "draft": False})
+    prefills = [r for r in rows if r["mode"] in PREFILL_MODES]
+    if prefills:
+        largest = max(r["kernels"] for r in prefills)
+        for r in prefills:
+            r["draft"] = r["kernels"] < DRAFT_KERNELS * largest
+    return rows
+
+
+def prefill_cost(rows):
+    """(prefill tokens, target GPU ms, draft GPU ms) over the prefill forwards; tokens are the
+    target's (the draft's EXTEND runs over the same ones)."""
+    prefills = [r for r in rows if r["mode"] in PREFILL_MODES]
+    tokens = sum(r["toks"] or 0 for r in prefills if not r["draft"])
+    target = sum(r["gpu_ms"] for r in prefills if not r["draft"])
+    return tokens, target, sum(r["gpu_ms"] for r in prefills if r["draft"])
+
+
+def per_token_us(cost):
+    tokens, target, draft = cost
+    return (1e3 * (target + draft) / tokens) if tokens else None
+
+
+def print_forwards(rows):
+    if not rows:
+        print("forwards: no step[...] spans in the trace (SGLang before 0.5.11?): prefill not told apart")
+        return
+    modes = collections.Counter(r["mode"] for r in rows)
+    prefills = [r for r in rows if r["mode"] in PREFILL_MODES]
+    print(f"forwards: {len(rows)} ({', '.join(f'{m} {n}' for m, n in sorted(modes.items()))}); "
+          f"prefill forwards {len(prefills)}")
+    for i, r in enumerate(prefills):
+        attention = ", ".join(f"{name} x{n}" for name, n in r["attention"].items()) or "no extend-attention kernel"
+        toks = f" toks={r['toks']}" if r["toks"] is not None else ""
+        print(f"  prefill {i}: {r['mode']} bs={r['bs']}{toks}{' (draft)' if r['draft'] else ''}, "
+              f"GPU {r['gpu_ms']:.3f} ms, {r['kernels']} kernels, {attention}")
+    decode = [r["gpu_ms"] for r in rows if r["mode"] not in PREFILL_MODES]
+    if decode:
+        print(f"  other forwards (decode, verify, draft): median GPU {statistics.median(decode):.3f} ms")
+    cost = prefill_cost(rows)
+    if cost[0]:
+        print(f"prefill: {cost[0]} tokens, target GPU {cost[1]:.3f} ms, draft GPU {cost[2]:.3f} ms "
+              f"-> {per_token_us(cost):.2f} us per token")
+
+
+def compare_prefill(rows, base_rows):
+    ours, base = per_token_us(prefill_cost(rows)), per_token_us(prefill_cost(base_rows))
+    if ours is None or base is None:
+        print("prefill per token vs the baseline trace: a trace without prefill tokens, no comparison")
+        return
+    print(f"prefill GPU time per token: {ours:.2f} us vs the baseline trace's {base:.2f} us ({ours / base:.2f}x)")
+
+
 def main():
     events = load(sys.argv[1])
     summary(sys.argv[1], events)
     blocking_calls(events)
     print_steps(steps(events))
+    rows = forwards(events)
+    print_forwards(rows)
     if len(sys.argv) > 2:
-        extra_per_step(events, load(sys.argv[2]))
+        base_events = load(sys.argv[2])
+        extra_per_step(events, base_events)
+        compare_prefill(rows, forwards(base_events))
 
 
 if __name__ == "__main__":

@@ -181,3 +181,87 @@ def test_the_native_plans_put_the_native_server_beside_a_baseline_and_profile_ex
         assert set(group.get("torch_profile", [])) <= {s.label for s in servers}
         assert len({s.port for s in servers}) == len(servers)
     assert len(natives) == 1
+
+
+def test_prefill_profiles_run_profile_load_in_its_prefill_mode_at_each_concurrency(shapes, monkeypatch, tmp_path):
+    """"profile_prefill" with a list of profile concurrencies: each profiled server is profiled at
+    each load with prompts of the given length (capped to the context), without stacks, against
+    the loopback stand-in of SGLang's batch loop and profiler (tests/gpu/profile_standin.py), and
+    every trace that comes back holds prefill steps."""
+    import threading
+
+    from . import accept_standin
+    from .profile_standin import ProfileStandIn
+
+    (tmp_path / "target-huge").mkdir()
+    (tmp_path / "target-huge" / "config.json").write_text('{"max_position_embeddings": 160}')
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    monkeypatch.setattr(shapes, "LOGS", str(tmp_path / "logs"))
+    monkeypatch.setattr(shapes, "save", lambda *a: None)
+    monkeypatch.setattr(shapes, "say", lambda *a: None)
+    monkeypatch.setattr(shapes, "left", lambda: 500.0)
+    runs = []
+    real_run = shapes.subprocess.run
+    monkeypatch.setattr(shapes.subprocess, "run", lambda cmd, **kw: runs.append(cmd) or real_run(cmd, **kw))
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    standin = ProfileStandIn(chunk=256)
+    handle = asyncio.run_coroutine_threadsafe(accept_standin.serve("s", standin, ""), loop).result(30)
+    try:
+        srv = shapes.Server(GROUP, {"profile": "baseline"}, 0, 8)
+        other = shapes.Server(GROUP, {"profile": "eagle3-v2"}, 1, 8)   # not under torch_profile
+        srv.base = other.base = handle.base
+        group = dict(GROUP, torch_profile=["baseline"], profile_concurrency=[4, 8],
+                     profile_prefill={"prompt_tokens": 100, "max_tokens": 128, "rounds": 3, "steps": 30})
+        rep = {}
+        asyncio.run(shapes.run_profiles(group, str(tmp_path), rep, [srv, other]))
+    finally:
+        if standin.loop_task:
+            loop.call_soon_threadsafe(standin.loop_task.cancel)
+        asyncio.run_coroutine_threadsafe(handle.runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+
+    name = srv.name
+    assert sorted(rep["profiles"]) == [f"{name}@c4", f"{name}@c8"]
+    assert all(r["mode"] == "prefill" and r["traces"] == 1 and r["driver_rc"] == 0
+               for r in rep["profiles"].values()), rep
+    # one run per load, without stacks, prompts of 100 ids, answers cut to the context's 60 left
+    assert len(runs) == 2 and all("--no-stack" in cmd for cmd in runs)
+    assert [(cmd[cmd.index("--concurrency") + 1], cmd[cmd.index("--prompt-tokens") + 1],
+             cmd[cmd.index("--max-tokens") + 1]) for cmd in runs] == [("4", "100", "60"), ("8", "100", "60")]
+    trace_steps = load_gpu_script("trace_steps")
+    for c in (4, 8):
+        (trace,) = (tmp_path / "logs" / "traces" / name / f"c{c}" / "prefill" / "nostack").glob("*.json.gz")
+        rows = trace_steps.forwards(trace_steps.load(str(trace)))
+        prefills = [r for r in rows if r["mode"] == "EXTEND"]
+        assert prefills and all(r["toks"] == 100 * r["bs"] for r in prefills)
+
+
+def test_the_prefill_plan_profiles_both_servers_with_prefills_and_documents_an_uncapped_dyn(shapes, monkeypatch, tmp_path):
+    """gpu/plans/kimi16-tp1-where-prefill-time-goes.json (not run yet): baseline and dyn with the
+    cap left to sglang, both profiled in the prefill mode; its documented third server lifts dyn's
+    cap with one --max-running-requests, not a second one beside the lab's own."""
+    import json
+    from pathlib import Path
+
+    (tmp_path / "target-kimideep").mkdir()
+    (tmp_path / "target-kimideep" / "config.json").write_text('{"max_position_embeddings": 131072}')
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    spec = json.loads((Path(__file__).resolve().parents[2] / "gpu" / "plans"
+                       / "kimi16-tp1-where-prefill-time-goes.json").read_text())
+    (group,) = spec["groups"]
+    group = dict(group, index=0)
+    servers = [shapes.Server(group, shapes.profile_spec(p), k, spec["threshold"])
+               for k, p in enumerate(group["profiles"])]
+    assert [s.profile for s in servers] == ["baseline", "eagle3-v2-dyn"]
+    assert set(group["torch_profile"]) == {s.label for s in servers}
+    assert all("--max-running-requests" not in s.cmd for s in servers)
+    uncapped = shapes.Server(group, spec["_third_server_not_in_plan"]["entry"], 2, spec["threshold"])
+    assert uncapped.cmd.count("--max-running-requests") == 1
+    assert uncapped.cmd[uncapped.cmd.index("--max-running-requests") + 1] == "2048"
+    ((kind, load),) = shapes.profile_load_runs(servers[1], 96, group["profile_prefill"])
+    args = dict(zip(load[::2], load[1::2]))
+    assert kind == "prefill/nostack" and load[-1] == "--no-stack"
+    # the steps cover a wave's 128 decode steps and the next wave's first prefill chunks
+    assert (args["--prompt-tokens"], args["--max-tokens"], int(args["--steps"])) == ("1024", "128", 160)

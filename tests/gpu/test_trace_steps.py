@@ -1,5 +1,9 @@
 """gpu/trace_steps.py's step analysis on small synthetic torch-profiler traces (the device's
-traces are too large for the repo; docs/evidence/dyn-disable-5 has the figures it gave)."""
+traces are mostly too large for the repo; docs/evidence/dyn-disable-5 has the figures it gave), and one
+small real trace for the prefill/decode split."""
+import pathlib
+import statistics
+
 import pytest
 
 from .scripts import load_gpu_script
@@ -107,3 +111,102 @@ def test_one_long_replay_of_a_short_graph_does_not_make_it_the_main_graph(trace_
     rows = trace_steps.steps(events)
     assert [main for main, _, _, _ in rows] == [2.0, 2.0]
     assert rows[0] == (2.0, 0.6, 0.0, 0.4)
+
+
+# Prefill forwards: SGLang 0.5.11 names every forward's profiler span step[MODE bs=N] (EXTEND:
+# step[EXTEND bs=N toks=T]); the kernels launched inside a span are its forward's.
+
+def span(name, ts, dur, tid=7):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+def launch(corr, ts, tid=7, name="cudaLaunchKernel"):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": 2,
+            "args": {"correlation": corr}}
+
+
+def eager_forward(first_corr, host_ts, gpu_ts, layers, attention="_fwd_kernel"):
+    """An eager forward: per layer an attention kernel (100 us) and a matmul (200 us), back to back."""
+    events, corr, t = [], first_corr, gpu_ts
+    for layer in range(layers):
+        for name, dur in ((attention, 100), ("nvjet_gemm", 200)):
+            events += [launch(corr, host_ts + corr - first_corr), kernel(corr, t, dur, name)]
+            corr, t = corr + 1, t + dur
+    return events
+
+
+def prefill_trace():
+    """A decode graph step, a 4-layer target EXTEND of 2,048 tokens, the 1-layer draft's EXTEND of
+    the same tokens, a decode graph step whose kernels include the decode attention kernels, and
+    an eager kernel launched outside any span (sampling), which belongs to no forward."""
+    decode_kernels = [kernel(1, 0, 300, "_fwd_grouped_kernel_stage1"), kernel(1, 300, 50, "_fwd_kernel_stage2"),
+                      kernel(1, 350, 650, "nvjet_gemm")]
+    events = [span("step[DECODE bs=3]", 0, 100), replay(1, 10)] + decode_kernels
+    events += [span("step[EXTEND bs=2 toks=2048]", 200, 100)] + eager_forward(100, 210, 1100, layers=4)
+    events += [span("step[EXTEND bs=2 toks=2048]", 400, 100)] + eager_forward(200, 410, 2300, layers=1)
+    events += [launch(300, 550), kernel(300, 2600, 80, "argmax")]  # after the draft's span
+    events += [span("step[DECODE bs=5]", 600, 100), replay(2, 610)]
+    events += [dict(k, args={"correlation": 2}, ts=k["ts"] + 3000) for k in decode_kernels]
+    for e in events:
+        e.setdefault("pid", 1)
+        e.setdefault("tid", 7 if e["cat"] != "kernel" else 13)
+    return events
+
+
+def test_prefill_forwards_are_told_from_decode_forwards_by_their_step_spans(trace_steps):
+    rows = trace_steps.forwards(prefill_trace())
+    assert [(r["mode"], r["bs"], r["toks"], r["draft"]) for r in rows] == [
+        ("DECODE", 3, None, False), ("EXTEND", 2, 2048, False), ("EXTEND", 2, 2048, True), ("DECODE", 5, None, False)]
+    # GPU time: the kernels launched inside each span; the argmax after the draft's span is no one's
+    assert [round(r["gpu_ms"], 3) for r in rows] == [1.0, 1.2, 0.3, 1.0]
+    # the decode attention kernels (_fwd_grouped_kernel_stage1, _fwd_kernel_stage2) are not extend attention
+    assert [r["attention"] for r in rows] == [{}, {"_fwd_kernel": 4}, {"_fwd_kernel": 1}, {}]
+
+
+def test_prefill_cost_per_token_counts_the_targets_tokens_once_and_adds_the_drafts_time(trace_steps, capsys):
+    rows = trace_steps.forwards(prefill_trace())
+    assert trace_steps.prefill_cost(rows) == (2048, 1.2, 0.3)
+    assert trace_steps.per_token_us(trace_steps.prefill_cost(rows)) == pytest.approx(1500 / 2048)
+    trace_steps.print_forwards(rows)
+    out = capsys.readouterr().out
+    assert "prefill forwards 2" in out and "(draft)" in out and "0.73 us per token" in out
+
+
+def test_two_traces_compare_prefill_time_per_token(trace_steps, capsys):
+    ours = trace_steps.forwards(prefill_trace())
+    # a baseline: the same target EXTEND without a draft, each kernel twice as long
+    base_events = [span("step[EXTEND bs=2 toks=2048]", 200, 100)] + eager_forward(100, 210, 1100, layers=4)
+    for e in base_events:
+        if e["cat"] == "kernel":
+            e["dur"] *= 2
+            e["ts"] = 1100 + 2 * (e["ts"] - 1100)
+    base = trace_steps.forwards(base_events)
+    assert trace_steps.prefill_cost(base) == (2048, 2.4, 0)
+    trace_steps.compare_prefill(ours, base)
+    assert "(0.62x)" in capsys.readouterr().out   # 1.5 ms against 2.4 ms for the same tokens
+
+
+def test_a_trace_without_step_spans_says_prefill_is_not_told_apart(trace_steps, capsys):
+    rows = trace_steps.forwards(graph(1, 0) + graph(2, 1050))
+    assert rows == []
+    trace_steps.print_forwards(rows)
+    assert "no step[...] spans" in capsys.readouterr().out
+
+
+REAL_TRACE = pathlib.Path(__file__).parent / "data" / "kimi16-baseline-c48-decode-only.trace.json.gz"
+
+
+def test_the_devices_decode_only_window_holds_no_prefill_forward(trace_steps, capsys):
+    """The 16-layer Kimi baseline's c=48 trace of the 2026-12-02 call (profile_load.py before its
+    prefill mode, --no-stack): nine decode forwards of 48 requests, no prefill among them."""
+    events = trace_steps.load(str(REAL_TRACE))
+    rows = trace_steps.forwards(events)
+    assert [(r["mode"], r["bs"]) for r in rows] == [("DECODE", 48)] * 9
+    assert all(not r["attention"] for r in rows)
+    # each decode forward's GPU time is its graph replay's, within the other GPU work of a step
+    graph_ms = [g for g, _, _, _ in trace_steps.steps(events)]
+    assert min(graph_ms) - 0.5 < statistics.median(r["gpu_ms"] for r in rows) <= max(graph_ms) + 0.5
+    trace_steps.print_forwards(rows)
+    trace_steps.compare_prefill(rows, rows)
+    out = capsys.readouterr().out
+    assert "prefill forwards 0" in out and "no comparison" in out
