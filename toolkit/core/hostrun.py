@@ -152,7 +152,7 @@ class _ImportFinder(ast.NodeVisitor):
 
     def refuse(self, node: ast.AST, why: str):
         raise ClosureError(f"{PACKAGE}/{self.module}.py:{node.lineno}: {why}; the zip of a host call holds only"
-                           " what its entry imports with import statements (toolkit.core.hostrun.closure)")
+                           " the modules its entry imports by a name written in the source (hostrun.closure_of)")
 
     def add(self, node: ast.AST, name: str):
         if name not in self.modules:
