@@ -4,7 +4,8 @@ The host script calls `checkpoint(point)` at named points (after-lock, after-che
 after-backups, after-prepare, after-new-files, after-rename-K, after-state); the shipped one does nothing. Inside
 `armed(point, ...)`, every transport that `Host.connect()` returns is wrapped so that the
 payloads it sends carry code, placed just before the bootstrap's entry line (the zip of host
-code is importable there), that replaces patch_apply's `checkpoint` with one that acts at that point.
+code is importable there), that replaces patch_apply's `checkpoint` with one that acts at that point
+(in the payloads whose entry is patch_apply: a call ships only the modules its entry imports).
 It kills the run (`os._exit(137)`, as SIGKILL would), holds it (`sleep:S`:
 writes its pid to `pidfile` and sleeps, ending early once `release` exists, so a test can
 cut the SSH connection or kill the process there), or runs test code (`run=`). The engine
@@ -49,7 +50,8 @@ patch_apply.checkpoint = checkpoint
 def checkpoint_source(point: str, action: str = "exit", pidfile=None, release=None, run: str | None = None) -> str:
     source = CHECKPOINT % {"at": point, "action": action, "pidfile": None if pidfile is None else str(pidfile),
                            "release": None if release is None else str(release), "code": run}
-    return textwrap.indent(source, "    ")   # the bootstrap's entry line sits in a `try:` block
+    # the bootstrap's entry line sits in a `try:` block; only patch_apply's zip holds patch_apply
+    return '    if _NAME == "patch_apply":\n' + textwrap.indent(source, "        ")
 
 
 class FaultTransport:

@@ -11,14 +11,19 @@ import traceback
 def run_entry(name, function, encoded_args, marker):
     """Import the package's module NAME and call its FUNCTION: with the base64 JSON arguments,
     answering one marked JSON line (exit 1 with `_error` when it raised); with none (a payload
-    kept in a file), with the command line's arguments, its return value the exit code."""
+    kept in a file), with the command line's arguments, its return value the exit code.
+    FUNCTION None only imports NAME and answers the package's modules then loaded (tests check
+    that a call's zip holds everything its entry imports)."""
     if encoded_args is None:
         entry = getattr(importlib.import_module("%s.%s" % (__package__, name)), function)
         sys.exit(entry(*sys.argv[1:]))
     try:
         args = json.loads(base64.b64decode(encoded_args).decode())
-        entry = getattr(importlib.import_module("%s.%s" % (__package__, name)), function)
-        answer = entry(args)
+        module = importlib.import_module("%s.%s" % (__package__, name))
+        if function is None:
+            answer = {"imported": sorted(m for m in sys.modules if m.split(".")[0] == __package__)}
+        else:
+            answer = getattr(module, function)(args)
         code = 0
     except SystemExit:
         raise

@@ -1,7 +1,7 @@
 """The two host-side patch scripts, run in one round trip each through `hostrun`.
 
 `patch_probe` and `patch_apply` import what they share from `patch_hostlib`; hostrun ships
-them all in its one zip of host code.
+each with the modules it imports in one zip of host code.
 """
 from __future__ import annotations
 
