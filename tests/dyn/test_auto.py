@@ -38,7 +38,7 @@ def patches(release):
             ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch", "0003-dyn-disable-auto.patch")]
 
 
-# 0003 has diffs for 0.5.11 and 0.5.17; 0.5.23's is not ported yet (docs/porting.md)
+# 0003 has diffs for every release (0.5.23's ported from 0.5.17, docs/porting.md)
 AUTO_RELEASES = tuple(r for r in RELEASES if (PATCHSET / r / "0003-dyn-disable-auto.patch").exists())
 
 
@@ -103,10 +103,35 @@ def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names
         config(policy, auto, env)
 
 
-def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, policy, auto, monkeypatch,
-                                                                    caplog):
+def graphs(*sizes):
+    return types.SimpleNamespace(capture_bs=list(sizes))
+
+
+# Where each release's _make_auto_switch finds the TP rank and size and the target's captured
+# decode graph sizes: (get_parallel() of the runtime context or None, the target's model runner,
+# server_args.tp_size, the rank and sharing it must find, a batch size, the bucket it falls in).
+RANK_SOURCES = {
+    # 0.5.11's ModelRunner.tp_rank and graph_runner
+    "0.5.11": [(None, types.SimpleNamespace(tp_rank=1, graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4)],
+    # 0.5.17's ModelRunner.ps (its ParallelState) and decode_cuda_graph_runner (0.5.11's form too)
+    "0.5.17": [(None, types.SimpleNamespace(tp_rank=1, graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4),
+               (None, types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
+                                            decode_cuda_graph_runner=graphs(2, 6)), 2, 1, True, 5, 6)],
+    # 0.5.23's ModelRunner keeps neither a rank nor a ParallelState: the runtime context's
+    "0.5.23": [(types.SimpleNamespace(tp_rank=1, tp_size=2),
+                types.SimpleNamespace(decode_cuda_graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4),
+               (types.SimpleNamespace(tp_rank=0, tp_size=1),
+                types.SimpleNamespace(decode_cuda_graph_runner=graphs(2, 6)), 1, 0, False, 5, 6),
+               # eager (no decode graphs captured): the controller's default buckets
+               (types.SimpleNamespace(tp_rank=1, tp_size=2),
+                types.SimpleNamespace(decode_cuda_graph_runner=None), 2, 1, True, 3, 4)],
+}
+
+
+def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, release, policy, auto,
+                                                                    monkeypatch, caplog):
     """make_switch and _make_auto_switch of the patched dyn_disable_runtime.py, executed (the rest
-    of that module needs torch and GPU parts of sglang)."""
+    of that module needs torch and GPU parts of sglang), with each release's model runner."""
     path = auto_tree / RUNTIME
     namespace = dict(config_from_env=policy.config_from_env, SpecSwitch=policy.SpecSwitch,
                      unsupported_reason=lambda server_args, model_runner: None,
@@ -114,26 +139,22 @@ def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, pol
     for name in ("make_switch", "_make_auto_switch"):
         exec(function_source(path, name), namespace)
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "auto")
-    monkeypatch.setattr(auto, "ACTIVE", None)
-    server_args = types.SimpleNamespace(tp_size=2)
-    runner = types.SimpleNamespace(tp_rank=1, graph_runner=types.SimpleNamespace(capture_bs=[8, 1, 4]))
     with stub_modules({"sglang.srt.speculative.dyn_disable": public_attrs(policy)}):
         sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
-        with caplog.at_level(logging.INFO):
-            switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
-        assert auto.ACTIVE is switch and switch.shared and switch.tp_rank == 1
-        assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
-        switch.decide(3)
-        assert sorted(switch.buckets) == [4]  # bucketed by the target's captured graph sizes
+        for parallel, runner, tp_size, rank, shared, bs, size in RANK_SOURCES[release]:
+            monkeypatch.setattr(auto, "ACTIVE", None)
+            namespace["get_parallel"] = lambda parallel=parallel: parallel
+            server_args = types.SimpleNamespace(tp_size=tp_size)
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
+            assert auto.ACTIVE is switch
+            assert (switch.tp_rank, switch.shared) == (rank, shared)
+            assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
+            switch.decide(bs)
+            assert sorted(switch.buckets) == [size]  # bucketed by the target's captured graph sizes
         with pytest.raises(policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_THRESHOLD=auto"):
             namespace["make_switch"](server_args, "EAGLEWorker", runner)
-        # 0.5.17's ModelRunner: the rank in its ParallelState, the graphs as decode_cuda_graph_runner
-        runner_0517 = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
-                                            decode_cuda_graph_runner=types.SimpleNamespace(capture_bs=[2, 6]))
-        switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner_0517)
-        assert switch.tp_rank == 1
-        switch.decide(5)
-        assert sorted(switch.buckets) == [6]
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
     assert type(namespace["make_switch"](server_args, "EAGLEWorker", runner)) is policy.SpecSwitch
 
@@ -410,7 +431,6 @@ def broadcast_function(auto_tree, release, wire):
 
     namespace = dict(broadcast_pyobj=wire.broadcast_pyobj, zmq=types.SimpleNamespace(ZMQError=ZMQError, NOBLOCK=1),
                      has_shm_features=lambda reqs: False, unwrap_shm_features=lambda req: None,
-                     get_parallel=lambda: types.SimpleNamespace(enable_dp_attention=False),
                      List=list, Union=Optional, Any=object, Optional=Optional,
                      TokenizedGenerateReqInput=object, TokenizedEmbeddingReqInput=object)
     exec(method_source(auto_tree / path, cls, name), namespace)
@@ -422,7 +442,11 @@ def broadcast_function(auto_tree, release, wire):
                 raise ZMQError()
             return inbox.pop(0)
 
-        group = types.SimpleNamespace(rank=rank, ranks=[0, 1])
+        group = types.SimpleNamespace(rank=rank, ranks=[0, 1], cpu_group=None)
+        # 0.5.17 asks the runtime context about DP attention only; 0.5.23 also takes the TP size
+        # and group from it (the receiver keeps no ps / tp_group of its own there)
+        namespace["get_parallel"] = lambda: types.SimpleNamespace(
+            enable_dp_attention=False, attn_dp_enabled=False, tp_size=2, tp_group=group)
         return types.SimpleNamespace(
             recv_skipper=None, pp_rank=0, attn_tp_rank=rank, attn_cp_rank=0, input_blocker=None,
             recv_limit_reached=lambda n: False,
@@ -430,8 +454,9 @@ def broadcast_function(auto_tree, release, wire):
             recv_from_rpc=types.SimpleNamespace(recv_pyobj=recv_pyobj),
             server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False,
                                               encoder_transfer_backend=""),
-            tp_size=2, tp_group=group, tp_cpu_group=None, model_config=types.SimpleNamespace(is_multimodal=False),
-            ps=types.SimpleNamespace(tp_size=2))
+            model_config=types.SimpleNamespace(is_multimodal=False),
+            **({} if release == "0.5.23" else dict(tp_size=2, tp_group=group, tp_cpu_group=None,
+                                                  ps=types.SimpleNamespace(tp_size=2))))
 
     if release == "0.5.11":
         return lambda rank, inbox: fn(make_self(rank, inbox))
