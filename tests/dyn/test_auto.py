@@ -401,6 +401,33 @@ def test_patchset_toml_documents_every_knob_of_the_controller(auto):
     assert read and read <= documented
 
 
+def test_the_metrics_diff_exports_the_auto_controller(auto_tree, release, auto):
+    """0002's DynDisableMetrics over an AutoSwitch (the same attributes as SpecSwitch): the patched
+    metrics module of the release, read back from prometheus_client's exposition text while the
+    simulated server moves between buckets that speculate and buckets that run plain."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from toolkit.server import scrape
+
+    metrics_mod = load_by_path(f"dyn_disable_metrics_auto_{release.replace('.', '_')}",
+                               auto_tree / "sglang/srt/speculative/dyn_disable_metrics.py")
+    server = Server(auto, accept=2.5)
+    registry = CollectorRegistry()
+    labels = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
+    metrics = metrics_mod.DynDisableMetrics(server.switch, labels, registry=registry)
+    drafting = []
+    for size in (8, 128, 8):
+        for _ in range(1500):
+            server.step(size)
+            metrics.sync()
+        values = scrape.parse(generate_latest(registry).decode())
+        drafting.append(values["sglang:spec_dyn_disable_drafting"])
+        for field in ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on"):
+            assert values[f"sglang:spec_dyn_disable_{field}_total"] == getattr(server.switch, field), field
+    assert drafting == [1, 0, 1]   # bucket 8 speculates, bucket 128 runs plain (true_gain < 1)
+    assert server.switch.switches_off >= 1 and server.switch.plain_steps > 0
+    assert values["sglang:spec_dyn_disable_threshold"] == 0   # auto: no fixed threshold
+
+
 # --- the decision table on the scheduler's own broadcast (the patched functions, executed) ---
 
 class Wire:
