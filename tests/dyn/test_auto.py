@@ -520,6 +520,101 @@ def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_t
     auto.ACTIVE = None
 
 
+# --- the scheduler's hooks (the patched methods, executed up to just past the hook) -----------
+
+class Stop(Exception):
+    """Raised by the stand-ins at the first thing past the hook under test."""
+
+
+class Stub:
+    """Only the attributes given; anything else the patched method reaches for stops it."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        raise Stop(name)
+
+
+class HostList(list):
+    is_cpu = True
+
+    def tolist(self):
+        return list(self)
+
+
+# where each release copies a decode result's accept lengths to the host
+ACCEPT_HOOK = {
+    "0.5.11": ("sglang/srt/managers/scheduler_output_processor_mixin.py", "SchedulerOutputProcessorMixin",
+               "_resolve_spec_overlap_token_ids"),
+    "0.5.17": ("sglang/srt/managers/scheduler_components/batch_result_processor.py",
+               "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens"),
+    "0.5.23": ("sglang/srt/managers/scheduler_components/batch_result_processor.py",
+               "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens"),
+}
+
+
+def run_patched(auto_tree, auto, path, cls, name, *args):
+    from .conftest import method_source
+
+    class Anything:
+        """A name the method's decorators or annotations use: an identity decorator."""
+
+        def __call__(self, *args, **kwargs):
+            return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else self
+
+        def __getitem__(self, item):
+            return self
+
+    class Names(dict):
+        def __missing__(self, key):
+            return Anything()
+
+    namespace = dict(time=__import__("time"), _get_speculative_output_stride=Stub().__getattr__)
+    defined = Names()
+    exec(method_source(auto_tree / path, cls, name), namespace, defined)
+    namespace[name] = dict.__getitem__(defined, name)
+    this = Stub(forward_ct=0, metrics_reporter=types.SimpleNamespace(
+        record_scheduler_active=lambda ns: None, snapshot_spec_decode_metrics=lambda batch, result: None))
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
+        try:
+            namespace[name](this, *args)
+        except Stop:
+            pass
+
+
+def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monkeypatch):
+    """Scheduler.run_batch breaks the timing chain at a forward that is not a decode step, and the
+    result processor hands each decode result's accept lengths (bonus token included) to the
+    controller: the patched methods of each release, run with stand-ins."""
+    now = [0.0]
+    switch = auto.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0), auto.AutoConfig(),
+                             bucket_sizes=lambda: SIZES, clock=lambda: now[0])
+    monkeypatch.setattr(auto, "ACTIVE", switch)
+    for _ in range(2):
+        switch.decide(2)
+        now[0] += 0.01
+    path, cls = "sglang/srt/managers/scheduler.py", "Scheduler"
+
+    def batch(decode):
+        return Stub(forward_mode=Stub(is_decode=lambda: decode))
+
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(True))
+    assert len(switch._history) == 2 and switch._last_t is not None   # a decode step: chain kept
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False))
+    assert switch._history == [] and switch._last_t is None            # a prefill: chain broken
+
+    path, cls, name = ACCEPT_HOOK[release]
+    reqs = [Stub(), Stub()]
+    for lens in ([3, 2], [4, 3]):
+        result = Stub(next_token_ids=HostList(range(10)), accept_lens=HostList(lens))
+        run_patched(auto_tree, auto, path, cls, name, result, Stub(reqs=reqs))
+    accept = switch.buckets[2].accept
+    assert (accept.n, switch._pending) == (2, [])
+    assert accept.value == pytest.approx((2.5 + 3.5) / 2)   # the second sample weighs 1/2 at first
+
+
 # --- the issue's proof, on the simulated server ----------------------------------------------
 
 def tokens_per_s(server, seconds, size_at, decide=None):
