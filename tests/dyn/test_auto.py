@@ -38,7 +38,7 @@ def patches(release):
             ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch", "0003-dyn-disable-auto.patch")]
 
 
-# 0003 has diffs for 0.5.11 and 0.5.17; 0.5.23's is not ported yet (docs/porting.md)
+# 0003 has diffs for every release (0.5.23's ported from 0.5.17, docs/porting.md)
 AUTO_RELEASES = tuple(r for r in RELEASES if (PATCHSET / r / "0003-dyn-disable-auto.patch").exists())
 
 
@@ -103,10 +103,35 @@ def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names
         config(policy, auto, env)
 
 
-def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, policy, auto, monkeypatch,
-                                                                    caplog):
+def graphs(*sizes):
+    return types.SimpleNamespace(capture_bs=list(sizes))
+
+
+# Where each release's _make_auto_switch finds the TP rank and size and the target's captured
+# decode graph sizes: (get_parallel() of the runtime context or None, the target's model runner,
+# server_args.tp_size, the rank and sharing it must find, a batch size, the bucket it falls in).
+RANK_SOURCES = {
+    # 0.5.11's ModelRunner.tp_rank and graph_runner
+    "0.5.11": [(None, types.SimpleNamespace(tp_rank=1, graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4)],
+    # 0.5.17's ModelRunner.ps (its ParallelState) and decode_cuda_graph_runner (0.5.11's form too)
+    "0.5.17": [(None, types.SimpleNamespace(tp_rank=1, graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4),
+               (None, types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
+                                            decode_cuda_graph_runner=graphs(2, 6)), 2, 1, True, 5, 6)],
+    # 0.5.23's ModelRunner keeps neither a rank nor a ParallelState: the runtime context's
+    "0.5.23": [(types.SimpleNamespace(tp_rank=1, tp_size=2),
+                types.SimpleNamespace(decode_cuda_graph_runner=graphs(8, 1, 4)), 2, 1, True, 3, 4),
+               (types.SimpleNamespace(tp_rank=0, tp_size=1),
+                types.SimpleNamespace(decode_cuda_graph_runner=graphs(2, 6)), 1, 0, False, 5, 6),
+               # eager (no decode graphs captured): the controller's default buckets
+               (types.SimpleNamespace(tp_rank=1, tp_size=2),
+                types.SimpleNamespace(decode_cuda_graph_runner=None), 2, 1, True, 3, 4)],
+}
+
+
+def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, release, policy, auto,
+                                                                    monkeypatch, caplog):
     """make_switch and _make_auto_switch of the patched dyn_disable_runtime.py, executed (the rest
-    of that module needs torch and GPU parts of sglang)."""
+    of that module needs torch and GPU parts of sglang), with each release's model runner."""
     path = auto_tree / RUNTIME
     namespace = dict(config_from_env=policy.config_from_env, SpecSwitch=policy.SpecSwitch,
                      unsupported_reason=lambda server_args, model_runner: None,
@@ -114,26 +139,22 @@ def test_make_switch_builds_the_controller_for_the_v2_worker_only(auto_tree, pol
     for name in ("make_switch", "_make_auto_switch"):
         exec(function_source(path, name), namespace)
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "auto")
-    monkeypatch.setattr(auto, "ACTIVE", None)
-    server_args = types.SimpleNamespace(tp_size=2)
-    runner = types.SimpleNamespace(tp_rank=1, graph_runner=types.SimpleNamespace(capture_bs=[8, 1, 4]))
     with stub_modules({"sglang.srt.speculative.dyn_disable": public_attrs(policy)}):
         sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
-        with caplog.at_level(logging.INFO):
-            switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
-        assert auto.ACTIVE is switch and switch.shared and switch.tp_rank == 1
-        assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
-        switch.decide(3)
-        assert sorted(switch.buckets) == [4]  # bucketed by the target's captured graph sizes
+        for parallel, runner, tp_size, rank, shared, bs, size in RANK_SOURCES[release]:
+            monkeypatch.setattr(auto, "ACTIVE", None)
+            namespace["get_parallel"] = lambda parallel=parallel: parallel
+            server_args = types.SimpleNamespace(tp_size=tp_size)
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner)
+            assert auto.ACTIVE is switch
+            assert (switch.tp_rank, switch.shared) == (rank, shared)
+            assert "Dynamic speculation disable enabled: threshold=auto" in caplog.text
+            switch.decide(bs)
+            assert sorted(switch.buckets) == [size]  # bucketed by the target's captured graph sizes
         with pytest.raises(policy.DynDisableConfigError, match="SGLANG_SPEC_DISABLE_THRESHOLD=auto"):
             namespace["make_switch"](server_args, "EAGLEWorker", runner)
-        # 0.5.17's ModelRunner: the rank in its ParallelState, the graphs as decode_cuda_graph_runner
-        runner_0517 = types.SimpleNamespace(ps=types.SimpleNamespace(tp_rank=1), graph_runner=None,
-                                            decode_cuda_graph_runner=types.SimpleNamespace(capture_bs=[2, 6]))
-        switch = namespace["make_switch"](server_args, "EAGLEWorkerV2", runner_0517)
-        assert switch.tp_rank == 1
-        switch.decide(5)
-        assert sorted(switch.buckets) == [6]
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_THRESHOLD", "8")
     assert type(namespace["make_switch"](server_args, "EAGLEWorker", runner)) is policy.SpecSwitch
 
@@ -380,6 +401,33 @@ def test_patchset_toml_documents_every_knob_of_the_controller(auto):
     assert read and read <= documented
 
 
+def test_the_metrics_diff_exports_the_auto_controller(auto_tree, release, auto):
+    """0002's DynDisableMetrics over an AutoSwitch (the same attributes as SpecSwitch): the patched
+    metrics module of the release, read back from prometheus_client's exposition text while the
+    simulated server moves between buckets that speculate and buckets that run plain."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from toolkit.server import scrape
+
+    metrics_mod = load_by_path(f"dyn_disable_metrics_auto_{release.replace('.', '_')}",
+                               auto_tree / "sglang/srt/speculative/dyn_disable_metrics.py")
+    server = Server(auto, accept=2.5)
+    registry = CollectorRegistry()
+    labels = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
+    metrics = metrics_mod.DynDisableMetrics(server.switch, labels, registry=registry)
+    drafting = []
+    for size in (8, 128, 8):
+        for _ in range(1500):
+            server.step(size)
+            metrics.sync()
+        values = scrape.parse(generate_latest(registry).decode())
+        drafting.append(values["sglang:spec_dyn_disable_drafting"])
+        for field in ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on"):
+            assert values[f"sglang:spec_dyn_disable_{field}_total"] == getattr(server.switch, field), field
+    assert drafting == [1, 0, 1]   # bucket 8 speculates, bucket 128 runs plain (true_gain < 1)
+    assert server.switch.switches_off >= 1 and server.switch.plain_steps > 0
+    assert values["sglang:spec_dyn_disable_threshold"] == 0   # auto: no fixed threshold
+
+
 # --- the decision table on the scheduler's own broadcast (the patched functions, executed) ---
 
 class Wire:
@@ -410,7 +458,6 @@ def broadcast_function(auto_tree, release, wire):
 
     namespace = dict(broadcast_pyobj=wire.broadcast_pyobj, zmq=types.SimpleNamespace(ZMQError=ZMQError, NOBLOCK=1),
                      has_shm_features=lambda reqs: False, unwrap_shm_features=lambda req: None,
-                     get_parallel=lambda: types.SimpleNamespace(enable_dp_attention=False),
                      List=list, Union=Optional, Any=object, Optional=Optional,
                      TokenizedGenerateReqInput=object, TokenizedEmbeddingReqInput=object)
     exec(method_source(auto_tree / path, cls, name), namespace)
@@ -422,7 +469,11 @@ def broadcast_function(auto_tree, release, wire):
                 raise ZMQError()
             return inbox.pop(0)
 
-        group = types.SimpleNamespace(rank=rank, ranks=[0, 1])
+        group = types.SimpleNamespace(rank=rank, ranks=[0, 1], cpu_group=None)
+        # 0.5.17 asks the runtime context about DP attention only; 0.5.23 also takes the TP size
+        # and group from it (the receiver keeps no ps / tp_group of its own there)
+        namespace["get_parallel"] = lambda: types.SimpleNamespace(
+            enable_dp_attention=False, attn_dp_enabled=False, tp_size=2, tp_group=group)
         return types.SimpleNamespace(
             recv_skipper=None, pp_rank=0, attn_tp_rank=rank, attn_cp_rank=0, input_blocker=None,
             recv_limit_reached=lambda n: False,
@@ -430,8 +481,9 @@ def broadcast_function(auto_tree, release, wire):
             recv_from_rpc=types.SimpleNamespace(recv_pyobj=recv_pyobj),
             server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False,
                                               encoder_transfer_backend=""),
-            tp_size=2, tp_group=group, tp_cpu_group=None, model_config=types.SimpleNamespace(is_multimodal=False),
-            ps=types.SimpleNamespace(tp_size=2))
+            model_config=types.SimpleNamespace(is_multimodal=False),
+            **({} if release == "0.5.23" else dict(tp_size=2, tp_group=group, tp_cpu_group=None,
+                                                  ps=types.SimpleNamespace(tp_size=2))))
 
     if release == "0.5.11":
         return lambda rank, inbox: fn(make_self(rank, inbox))
@@ -466,6 +518,101 @@ def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_t
         assert iteration(["a", "b"]) == (["a", "b"], ["a", "b"])
         assert pickle.loads(wire.sent[-1]) == ["a", "b"]   # nothing new: the broadcast as stock sends it
     auto.ACTIVE = None
+
+
+# --- the scheduler's hooks (the patched methods, executed up to just past the hook) -----------
+
+class Stop(Exception):
+    """Raised by the stand-ins at the first thing past the hook under test."""
+
+
+class Stub:
+    """Only the attributes given; anything else the patched method reaches for stops it."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        raise Stop(name)
+
+
+class HostList(list):
+    is_cpu = True
+
+    def tolist(self):
+        return list(self)
+
+
+# where each release copies a decode result's accept lengths to the host
+ACCEPT_HOOK = {
+    "0.5.11": ("sglang/srt/managers/scheduler_output_processor_mixin.py", "SchedulerOutputProcessorMixin",
+               "_resolve_spec_overlap_token_ids"),
+    "0.5.17": ("sglang/srt/managers/scheduler_components/batch_result_processor.py",
+               "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens"),
+    "0.5.23": ("sglang/srt/managers/scheduler_components/batch_result_processor.py",
+               "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens"),
+}
+
+
+def run_patched(auto_tree, auto, path, cls, name, *args):
+    from .conftest import method_source
+
+    class Anything:
+        """A name the method's decorators or annotations use: an identity decorator."""
+
+        def __call__(self, *args, **kwargs):
+            return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else self
+
+        def __getitem__(self, item):
+            return self
+
+    class Names(dict):
+        def __missing__(self, key):
+            return Anything()
+
+    namespace = dict(time=__import__("time"), _get_speculative_output_stride=Stub().__getattr__)
+    defined = Names()
+    exec(method_source(auto_tree / path, cls, name), namespace, defined)
+    namespace[name] = dict.__getitem__(defined, name)
+    this = Stub(forward_ct=0, metrics_reporter=types.SimpleNamespace(
+        record_scheduler_active=lambda ns: None, snapshot_spec_decode_metrics=lambda batch, result: None))
+    with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
+        sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
+        try:
+            namespace[name](this, *args)
+        except Stop:
+            pass
+
+
+def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monkeypatch):
+    """Scheduler.run_batch breaks the timing chain at a forward that is not a decode step, and the
+    result processor hands each decode result's accept lengths (bonus token included) to the
+    controller: the patched methods of each release, run with stand-ins."""
+    now = [0.0]
+    switch = auto.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0), auto.AutoConfig(),
+                             bucket_sizes=lambda: SIZES, clock=lambda: now[0])
+    monkeypatch.setattr(auto, "ACTIVE", switch)
+    for _ in range(2):
+        switch.decide(2)
+        now[0] += 0.01
+    path, cls = "sglang/srt/managers/scheduler.py", "Scheduler"
+
+    def batch(decode):
+        return Stub(forward_mode=Stub(is_decode=lambda: decode))
+
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(True))
+    assert len(switch._history) == 2 and switch._last_t is not None   # a decode step: chain kept
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False))
+    assert switch._history == [] and switch._last_t is None            # a prefill: chain broken
+
+    path, cls, name = ACCEPT_HOOK[release]
+    reqs = [Stub(), Stub()]
+    for lens in ([3, 2], [4, 3]):
+        result = Stub(next_token_ids=HostList(range(10)), accept_lens=HostList(lens))
+        run_patched(auto_tree, auto, path, cls, name, result, Stub(reqs=reqs))
+    accept = switch.buckets[2].accept
+    assert (accept.n, switch._pending) == (2, [])
+    assert accept.value == pytest.approx((2.5 + 3.5) / 2)   # the second sample weighs 1/2 at first
 
 
 # --- the issue's proof, on the simulated server ----------------------------------------------
