@@ -194,9 +194,12 @@ def mla_configs(sz, ids, vocab):
 
 def build_target(arch, tcfg):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
-    cls, ccls = ((LlamaForCausalLM, LlamaConfig) if arch == "llama"
-                 else (DeepseekV3ForCausalLM, DeepseekV3Config))
-    return cls(ccls(**{k: v for k, v in tcfg.items() if k not in ("architectures", "torch_dtype")}))
+    kw = {k: v for k, v in tcfg.items() if k not in ("architectures", "torch_dtype")}
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw))
+    # the experts' plain loop: transformers' default grouped_mm is another kernel on the CPU (the
+    # tests) than on CUDA, where under autocast it would run on the fp32 master weights
+    return DeepseekV3ForCausalLM._from_config(DeepseekV3Config(**kw), experts_implementation="eager")
 
 
 def target_tensors(target):
