@@ -1,5 +1,5 @@
-"""gpu/train_pair.py on the CPU: a tiny trained pair from the standard library's sources, loaded
-back the way transformers and SGLang 0.5.11 load it."""
+"""gpu/train_pair.py on the CPU: a tiny trained pair (a Llama or, --arch mla, a DeepseekV3 target)
+from the standard library's sources, loaded back the way transformers and SGLang 0.5.11 load it."""
 import ast
 import json
 import sysconfig
@@ -326,6 +326,18 @@ def test_mla_config_has_every_key_sglang_0_5_11_deepseek_v2_reads(mla_pair):
             assert tensors[f"{p}experts.{e}.gate_proj.weight"].shape == (cfg["moe_intermediate_size"], cfg["hidden_size"])
             assert tensors[f"{p}experts.{e}.down_proj.weight"].shape == (cfg["hidden_size"], cfg["moe_intermediate_size"])
     assert not any("gate_up_proj" in k for k in tensors)
+
+
+def test_mla_checkpoint_has_the_layout_of_the_mla_pair_the_h200_served(mla_pair):
+    """make_models.mla_weights wrote mlasharp, which SGLang 0.5.11 loaded and served on the H200
+    (docs/evidence/dyn-disable-4/3-mla-check-and-tp2-oom): the same names, shapes and dtypes."""
+    out, _, _ = mla_pair
+    cfg = json.loads((out / "target-trained" / "config.json").read_text())
+    served = load_gpu_script("make_models").mla_weights(cfg, 0)
+    ours = safetensors_torch.load_file(str(out / "target-trained" / "model.safetensors"))
+    assert sorted(ours) == sorted(served)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in ours.items()} == \
+        {k: (tuple(v.shape), v.dtype) for k, v in served.items()}
 
 
 def test_mla_target_reloads_with_transformers_and_gives_the_same_logits(mla_pair):
