@@ -626,6 +626,9 @@ def main(argv=None):
 
     tcfg, dcfg = (configs if a.arch == "llama" else mla_configs)(sz, ids, vocab)
     target = build_target(a.arch, tcfg).to(dev)
+    if a.arch == "mla":
+        log(f"target: DeepseekV3ForCausalLM (MLA + MoE), {sum(q.numel() for q in target.parameters()) / 1e6:.1f} M "
+            f"parameters, experts {tcfg['n_routed_experts']} top-{tcfg['num_experts_per_tok']} + 1 shared")
     rep = {"arch": a.arch, "size": a.size, "seed": a.seed, "device": dev, "vocab": vocab,
            "corpus": {"train_files": len(train_texts), "heldout_files": len(held_texts),
                       "train_tokens": len(stream), "heldout_tokens": len(held)}}
