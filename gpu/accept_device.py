@@ -320,7 +320,8 @@ def summarize(run, pair_report, threshold, tp=1):
     summary = {
         "simulated": False,
         "pair": {k: pair_report.get(k) for k in ("size", "seed", "vocab", "corpus", "device")}
-        | {"target_steps": pair_report.get("target", {}).get("steps"),
+        | {"arch": pair_report.get("arch", "llama"),  # train_pair.py --arch; reports before it: llama
+           "target_steps": pair_report.get("target", {}).get("steps"),
            "draft_heldout_top1_per_position": pair_report.get("draft", {}).get("heldout_top1_per_position"),
            "torch_simulated_accept_len": pair_report.get("simulated_accept_len", {}).get("mean"),
            "train_seconds": pair_report.get("seconds_total")},

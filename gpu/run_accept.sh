@@ -7,6 +7,9 @@
 #        second script fits in the same 600 s call.
 #      SKIP_SETUP=1: /tmp/site etc. are there already (`bash gpu/run_dyn.sh setup` ran before).
 #      TARGET_S / DRAFT_S (default 70 / 35): training time of the target / the draft on the GPU.
+#      PAIR_ARCH (default llama): mla trains a small DeepseekV3 (MLA + MoE) target instead, under
+#        the same name (/tmp/models/*-trained); the servers run it with --attention-backend triton
+#        like every lab server (shapes_device.Server's default), as the tinymla/mlasharp pairs ran.
 #      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven),
 #      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
 #      baseline runs again at c=1 and in the burst shape).
@@ -38,7 +41,7 @@ else
 fi
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
-say "training the pair ($(left) s left)"
+say "training the ${PAIR_ARCH:-llama} pair ($(left) s left)"
 bash gpu/make_trained_pair.sh $(( $(left) - 120 )) "$WORK" || { say "no trained pair"; exit 1; }
 say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \

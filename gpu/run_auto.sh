@@ -8,7 +8,7 @@
 # Env: WORKLOAD (own | random, default own), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
 #      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
 #      AUTO_FIXED (default 2,4,8,16,32,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (1),
-#      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4").
+#      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla).
 # $OUT gets part-$WORKLOAD.json, records.jsonl, auto_state.jsonl, train_report.json and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u
@@ -39,8 +39,10 @@ grep -q "dyn_disable_auto" /tmp/site/sglang/srt/managers/scheduler.py \
   || { say "the site lacks 0003-dyn-disable-auto.patch"; exit 1; }
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
-if [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ]; then
-  say "trained pair already in /tmp/models"
+# PAIR_ARCH (make_trained_pair.sh): a pair of the other architecture is trained again
+if [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ] && python3 -c \
+    "import json, sys; sys.exit(json.load(open('/tmp/models/train_report.json')).get('arch', 'llama') != '${PAIR_ARCH:-llama}')"; then
+  say "trained ${PAIR_ARCH:-llama} pair already in /tmp/models"
 else
   say "training the pair ($(left) s left)"
   bash gpu/make_trained_pair.sh $(( $(left) - 240 )) "$WORK" || { say "no trained pair"; exit 1; }

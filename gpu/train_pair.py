@@ -1,6 +1,7 @@
 """Train a small Llama target and its EAGLE-3 draft on text that ships offline (issue #24).
 
 Usage: python3 gpu/train_pair.py OUT_DIR --corpus DIR [--corpus DIR ...] [--size small|tiny]
+           [--arch llama|mla]
            [--bytes N] [--target-s S | --target-steps N] [--draft-s S | --draft-steps N]
            [--seed 0] [--device auto|cpu|cuda]
 
@@ -9,6 +10,14 @@ draft-trained/ (LlamaForCausalLMEagle3), heldout.json (held-out prompts as token
 files they came from) and train_report.json (tokens/s, loss curve, held-out loss, the draft's
 top-1 accuracy per position, a greedy-acceptance simulation). The pair name is "trained", so
 the gpu/ drivers find it as /tmp/models/{target,draft}-trained.
+
+--arch mla: the target is a small DeepseekV3ForCausalLM (Kimi K2.5's architecture: MLA attention,
+first layer dense, then MoE layers of a few routed experts + 1 shared, sigmoid scores with
+noaux_tc routing), trained with transformers' own DeepseekV3ForCausalLM and saved in the layout
+SGLang 0.5.11's deepseek_v2.py loads (one tensor per expert, e_score_correction_bias in fp32, no
+rope scaling). Same corpus, tokenizer, draft (LlamaForCausalLMEagle3) and recipe: SGLang's
+DeepseekV2Model captures `hidden_states + residual` before layer id+1 exactly as its LlamaModel
+does (deepseek_v2.py, set_eagle3_layers_to_capture), so the aux ids and hooks are the Llama ones.
 
 The recipe is SpecForge's EAGLE-3 one (specforge 0.2.0 pins sglang 0.5.14, transformers 5.8.1,
 wandb, datasets, accelerate: see gpu/README.md), written against what SGLang 0.5.11 serves:
@@ -46,6 +55,15 @@ SIZES = {
     "tiny": dict(vocab=320, hidden=64, inter=128, layers=4, heads=4, kv_heads=2, head_dim=16,
                  seq=48, batch=8, lr=3e-3, prompt=16, gen=24, gen_batch=32, gen_seqs=64,
                  draft_batch=8),
+}
+# --arch mla: the attention and MoE dimensions on top of SIZES. "small" is make_models.py's
+# tinymla shape (kv_lora_rank 512 + rope 64, the MLA head size SGLang's triton kernels serve for
+# Kimi), so only the weights are new to the servers; "tiny" shrinks every rank for CPU tests.
+MLA_SIZES = {
+    "small": dict(moe_inter=256, experts=8, experts_per_tok=2, q_lora=256, kv_lora=512, rope_dim=64,
+                  nope_dim=128, v_dim=128),
+    "tiny": dict(moe_inter=32, experts=4, experts_per_tok=2, q_lora=32, kv_lora=32, rope_dim=8,
+                 nope_dim=16, v_dim=16),
 }
 TTT = 4  # draft steps unrolled in training (SGLang runs 3 with --speculative-num-steps 3)
 HELDOUT_FRACTION = 0.1
@@ -147,6 +165,68 @@ def configs(sz, ids, vocab):
                  draft_vocab_size=vocab, target_hidden_size=sz["hidden"],
                  eagle_config={"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True})
     return target, draft
+
+
+def mla_configs(sz, ids, vocab):
+    """A DeepseekV3 target with every key SGLang 0.5.11's deepseek_v2.py reads, and the same
+    Llama-shaped EAGLE-3 draft as configs() gives (its target_hidden_size is the MLA hidden)."""
+    llama, draft = configs(sz, ids, vocab)
+    keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "attention_bias",
+            "tie_word_embeddings", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id",
+            "torch_dtype")
+    target = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+              **{k: llama[k] for k in keep},
+              "num_key_value_heads": sz["heads"],  # MLA: every head reads the one latent
+              "moe_intermediate_size": sz["moe_inter"], "n_routed_experts": sz["experts"],
+              "n_shared_experts": 1, "num_experts_per_tok": sz["experts_per_tok"],
+              "first_k_dense_replace": 1, "moe_layer_freq": 1,
+              # Kimi K2.5's routing: sigmoid scores, the bias-corrected top-k, one group
+              "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1,
+              "norm_topk_prob": True, "routed_scaling_factor": 2.827,
+              "q_lora_rank": sz["q_lora"], "kv_lora_rank": sz["kv_lora"],
+              "qk_rope_head_dim": sz["rope_dim"], "qk_nope_head_dim": sz["nope_dim"],
+              "v_head_dim": sz["v_dim"],
+              # SGLang: is_neox_style = not rope_interleave; transformers: interleave when True
+              "rope_interleave": True, "rope_scaling": None}
+    return target, draft
+
+
+def build_target(arch, tcfg):
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+    kw = {k: v for k, v in tcfg.items() if k not in ("architectures", "torch_dtype")}
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw))
+    # the experts' plain loop: transformers' default grouped_mm is another kernel on the CPU (the
+    # tests) than on CUDA, where under autocast it would run on the fp32 master weights
+    return DeepseekV3ForCausalLM._from_config(DeepseekV3Config(**kw), experts_implementation="eager")
+
+
+def target_tensors(target):
+    """The target's weights as SGLang loads them. transformers 5 keeps a MoE layer's experts as
+    two 3-D tensors (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); the HF
+    checkpoint layout (and SGLang's loader) has one gate/up/down_proj.weight per expert."""
+    import torch
+    out = {}
+    for k, v in target.state_dict().items():
+        if k.endswith("rotary_emb.inv_freq") or k.endswith("rotary_emb.original_inv_freq"):
+            continue
+        v = v.detach().to("cpu")
+        if k.endswith("mlp.experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            for e in range(v.shape[0]):
+                gate, up = v[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"] = gate.to(torch.bfloat16)
+                out[f"{base}{e}.up_proj.weight"] = up.to(torch.bfloat16)
+        elif k.endswith("mlp.experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = v[e].to(torch.bfloat16)
+        elif k.endswith("e_score_correction_bias"):
+            out[k] = v.float()  # SGLang's noaux_tc gate keeps it in fp32
+        else:
+            out[k] = v.to(torch.bfloat16)
+    return out
 
 
 def rms(x, w, eps=1e-5):
@@ -474,8 +554,11 @@ def draft_accuracy(target, cap, p, cfg, seqs, dev, amp):
 def save_pair(out, tok_dir, tcfg, dcfg, target, p, ids):
     import torch
     from make_models import write_model
-    tw = {k: v.detach().to("cpu", torch.bfloat16) for k, v in target.state_dict().items()
-          if not k.endswith("rotary_emb.inv_freq")}
+    if tcfg["model_type"] == "llama":
+        tw = {k: v.detach().to("cpu", torch.bfloat16) for k, v in target.state_dict().items()
+              if not k.endswith("rotary_emb.inv_freq")}
+    else:
+        tw = target_tensors(target)
     write_model(os.path.join(out, "target-trained"), tcfg, tw, tok_dir, ids)
     dw = {k.replace("__", "."): v.detach().to("cpu", torch.bfloat16) for k, v in p.items()}
     vocab = dcfg["draft_vocab_size"]
@@ -489,6 +572,8 @@ def main(argv=None):
     ap.add_argument("out")
     ap.add_argument("--corpus", action="append", required=True)
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--arch", choices=("llama", "mla"), default="llama",
+                    help="the target: Llama, or DeepseekV3 (MLA + MoE)")
     ap.add_argument("--bytes", type=int, default=40_000_000)
     ap.add_argument("--target-s", type=float, default=0, help="time budget (0: --target-steps)")
     ap.add_argument("--target-steps", type=int, default=100_000)
@@ -504,10 +589,9 @@ def main(argv=None):
         ap.error("give a time budget (--target-s/--draft-s) or a step count for both models")
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     T0 = time.time()
-    sz = SIZES[a.size]
+    sz = dict(SIZES[a.size], **(MLA_SIZES[a.size] if a.arch == "mla" else {}))
     dev = pick_device(a.device)
     amp = dev == "cuda" or os.environ.get("TRAIN_AMP") == "1"  # TRAIN_AMP=1: the bf16 path on the CPU
     torch.manual_seed(a.seed)
@@ -540,10 +624,12 @@ def main(argv=None):
     log(f"tokenizer: vocab {vocab}, {len(stream)} train / {len(held)} held-out tokens "
         f"({time.time() - t1:.1f} s)")
 
-    tcfg, dcfg = configs(sz, ids, vocab)
-    lcfg = LlamaConfig(**{k: v for k, v in tcfg.items() if k not in ("architectures", "torch_dtype")})
-    target = LlamaForCausalLM(lcfg).to(dev)
-    rep = {"size": a.size, "seed": a.seed, "device": dev, "vocab": vocab,
+    tcfg, dcfg = (configs if a.arch == "llama" else mla_configs)(sz, ids, vocab)
+    target = build_target(a.arch, tcfg).to(dev)
+    if a.arch == "mla":
+        log(f"target: DeepseekV3ForCausalLM (MLA + MoE), {sum(q.numel() for q in target.parameters()) / 1e6:.1f} M "
+            f"parameters, experts {tcfg['n_routed_experts']} top-{tcfg['num_experts_per_tok']} + 1 shared")
+    rep = {"arch": a.arch, "size": a.size, "seed": a.seed, "device": dev, "vocab": vocab,
            "corpus": {"train_files": len(train_texts), "heldout_files": len(held_texts),
                       "train_tokens": len(stream), "heldout_tokens": len(held)}}
     rep["target"] = train_target(target, stream, held, sz, dev, a.target_s, a.target_steps, gen, amp)

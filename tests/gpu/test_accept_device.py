@@ -44,7 +44,7 @@ async def run_all(tmp_path, crossings=3, budget=300):
         (tdir / "warm.json").write_text("{}")
         handles.append(await sa.serve(label, sa.StandIn(str(tmp_path / f"{label}.log"), **knobs), str(tdir)))
     prompts = [[i, 7, 9, 11] for i in range(100)]
-    report = {"size": "tiny", "seed": 0, "target": {"train_loss": 3.1, "heldout_loss": 3.4, "steps": 5},
+    report = {"arch": "mla", "size": "tiny", "seed": 0, "target": {"train_loss": 3.1, "heldout_loss": 3.4, "steps": 5},
               "draft": {"heldout_top1_per_position": [0.9, 0.8]}, "simulated_accept_len": {"mean": 2.4}}
     try:
         async with aiohttp.ClientSession() as s:
@@ -74,6 +74,7 @@ def test_summary_has_issue_24_keys_and_is_written(result):
               "greedy_equal_spec_vs_stock", "prompts"):
         assert k in summary, k
     assert summary["simulated"] is False and summary["target_loss"] == {"train": 3.1, "heldout": 3.4}
+    assert summary["pair"]["arch"] == "mla"  # which target the acceptance was measured on
     assert set(summary["per_worker"]) == {"v1", "v2"}
     assert summary["errors"] == {label: 0 for label in STANDINS}
     assert summary["startup_lines"]["eagle3-v2-dyn"] == ["Dynamic speculation disable enabled"]
