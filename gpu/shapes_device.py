@@ -86,6 +86,16 @@ from dyn_device import (  # noqa: E402
 
 CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
 ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
+
+
+def arch_of(pair):
+    """The target's architecture as its config.json names it (the `trained` pair is Llama or,
+    with PAIR_ARCH=mla, DeepseekV3); the table above where the model is not on this machine."""
+    try:
+        with open(f"{MODELS}/target-{pair}/config.json") as f:
+            return json.load(f)["architectures"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return ARCH.get(pair, "LlamaForCausalLM")
 SWITCH_RE = re.compile(r"^\[[^\]]*?(?: TP(\d+))?\] Dynamic speculation disable: drafting "
                        r"(stopped|resumed) at (\d+) running decode requests \((.*)\)")
 RECORDS = None
@@ -154,7 +164,7 @@ class Server(dyn_device.Server):
 
     def meta(self):
         dyn = self.plan.dyn_threshold is not None
-        return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": ARCH.get(self.pair, "LlamaForCausalLM"),
+        return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": arch_of(self.pair),
                 "attention_backend": self.backend, "tp_size": self.tp,
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,

@@ -265,3 +265,14 @@ def test_the_prefill_plan_profiles_both_servers_with_prefills_and_documents_an_u
     assert kind == "prefill/nostack" and load[-1] == "--no-stack"
     # the steps cover a wave's 128 decode steps and the next wave's first prefill chunks
     assert (args["--prompt-tokens"], args["--max-tokens"], int(args["--steps"])) == ("1024", "128", 160)
+
+
+def test_records_name_the_architecture_of_the_model_on_disk(shapes, monkeypatch, tmp_path):
+    """The `trained` pair is Llama or, with PAIR_ARCH=mla, DeepseekV3: a record names what the
+    target's config.json says, and the table only where no model is on this machine."""
+    monkeypatch.setattr(shapes, "MODELS", str(tmp_path))
+    srv = shapes.Server(GROUP, {"profile": "baseline", "pair": "trained"}, 0, 8)
+    assert srv.meta()["arch"] == "LlamaForCausalLM"
+    (tmp_path / "target-trained").mkdir()
+    (tmp_path / "target-trained" / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
+    assert srv.meta()["arch"] == "DeepseekV3ForCausalLM"
