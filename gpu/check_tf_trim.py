@@ -10,14 +10,15 @@ Both sites need transformers and sglang (only read, not imported); the interpret
 torch and transformers' other dependencies (--extra-path goes first on the path, e.g. a tokenizers
 the interpreter lacks)."""
 import argparse
+import ast
 import json
+import re
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trim_tf_models import sglang_names  # noqa: E402
 
 PROBE = r"""
 import importlib, json, sys, warnings
@@ -31,12 +32,12 @@ for m in modules:
         result[m] = "ok"
     except BaseException as e:
         result[m] = f"{type(e).__name__}: {str(e)[:160]}"
-for n in names:
+for module, n in names:
     try:
-        getattr(transformers, n)
-        result["transformers." + n] = "ok"
+        getattr(importlib.import_module(module), n)
+        result[f"{module}:{n}"] = "ok"
     except BaseException as e:
-        result["transformers." + n] = f"{type(e).__name__}: {str(e)[:160]}"
+        result[f"{module}:{n}"] = f"{type(e).__name__}: {str(e)[:160]}"
 print(json.dumps(result))
 """
 
@@ -48,6 +49,23 @@ def probe(site, modules, names, extra):
     if run.returncode:
         sys.exit(f"probe failed in {site}: {run.stderr[-2000:]}")
     return json.loads(run.stdout.splitlines()[-1])
+
+
+def sglang_imports(site):
+    """(module, name) for every `from transformers... import name` in sglang (at any depth) and every
+    `transformers.Name` it reads."""
+    pairs = set()
+    for path in (site / "sglang").rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        pairs.update(("transformers", n) for n in re.findall(r"\btransformers\.([A-Z]\w*)", text))
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "transformers":
+                pairs.update((node.module, a.name) for a in node.names if a.name != "*")
+    return sorted(pairs)
 
 
 def main():
@@ -63,18 +81,18 @@ def main():
                      for p in models.rglob("*.py") if not p.name.startswith(("modular_", "convert_")))
     dropped = {m for m in modules if not (trimmed / Path(*m.split("."))).with_suffix(".py").exists()
                and not (trimmed / Path(*m.split(".")) / "__init__.py").exists()}
-    names = sorted(sglang_names(full)[1])
+    names = sglang_imports(full)
     a, b = {}, {}
     for i in range(0, len(modules), args.batch):
         batch = modules[i:i + args.batch]
         a.update(probe(full, batch, names if i == 0 else [], args.extra_path))
         b.update(probe(trimmed, batch, names if i == 0 else [], args.extra_path))
     lost = sorted(k for k in a if a[k] == "ok" and b.get(k) != "ok" and k not in dropped)
-    both = sorted(k for k in a if k.startswith("transformers.") and "." not in k[13:] and a[k] != "ok")
+    both = sorted(k for k in a if ":" in k and a[k] != "ok")
     ok_a = sum(v == "ok" for v in a.values())
     ok_b = sum(v == "ok" for v in b.values())
     print(f"{len(modules)} transformers.models modules ({len(dropped)} dropped by the trim) and {len(names)} names "
-          f"sglang takes from transformers: {ok_a} import in the full site, {ok_b} in the trimmed one")
+          f"sglang imports from transformers modules: {ok_a} import in the full site, {ok_b} in the trimmed one")
     for k in both:
         print(f"  fails in both (not a regression): {k}: {a[k]}")
     for k in lost:

@@ -44,10 +44,11 @@ def imported_models(path, site, modeling_names):
     except SyntaxError:
         return set()
     rel = path.relative_to(site).with_suffix("").parts
-    found = set()
-    for node in ast.walk(tree):
+    for node in list(ast.walk(tree)):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             node.body = []  # the lazy packages' __init__.py: `if TYPE_CHECKING: from .modeling_x import *`
+    found = set()
+    for node in ast.walk(tree):
         targets = []  # (module parts, imported name or None)
         if isinstance(node, ast.ImportFrom):
             base = [p for p in (node.module or "").split(".") if p]
@@ -63,8 +64,7 @@ def imported_models(path, site, modeling_names):
                 found.add(parts[2])
             elif len(parts) == 3 and name in modeling_names.get(parts[2], ()):
                 found.add(parts[2])
-    # a folder's own files importing each other keep nothing
-    return found - {rel[2]} if rel[:2] == ("transformers", "models") and len(rel) > 3 else found
+    return found
 
 
 def sglang_names(site):

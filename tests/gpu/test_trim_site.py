@@ -106,3 +106,12 @@ def test_tf_keeps_a_model_that_sglang_imports_by_module_path(tmp_path):
     run("trim_tf_models.py", tmp_path)
     assert (models / "gpt2" / "modeling_gpt2.py").exists()
     assert not (models / "bert" / "modeling_bert.py").exists()
+
+
+def test_tf_keeps_the_modeling_code_that_a_kept_processor_imports(tmp_path):
+    # transformers 5.19's sam2_video: processing_sam2_video.py imports its own folder's modeling file
+    models = tf_site(tmp_path)
+    write(models / "gpt2" / "processing_gpt2.py", "from .modeling_gpt2 import GPT2Model\n")
+    run("trim_tf_models.py", tmp_path)
+    assert (models / "gpt2" / "modeling_gpt2.py").exists()
+    assert not (models / "bert" / "modeling_bert.py").exists()
