@@ -1,7 +1,7 @@
 """Drop the transformers model code that SGLang never reaches from an unpacked site.
 Usage: python3 trim_tf_models.py SITE [--dry-run]
 
-transformers/models holds one folder per architecture (523 in 5.19.0). Every folder keeps its
+transformers/models holds one folder per architecture (522 in 5.19.0). Every folder keeps its
 configuration, tokenizer, processor and image/video/feature-extractor files (AutoConfig and
 AutoTokenizer/AutoProcessor load them by the model_type of any checkpoint). What goes:
 - every `modular_*.py`: the sources transformers generates modeling files from; its lazy import
