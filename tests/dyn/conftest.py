@@ -47,9 +47,13 @@ def patch_text() -> str:
     return PATCH.read_text()
 
 
-def tree_with(root: Path, patches: list[Path], release: str = "0.5.11") -> Path:
+def git_apply(patch: Path, root: Path) -> list[str]:
+    return ["git", "apply", "-p1", str(patch)]
+
+
+def tree_with(root: Path, patches: list[Path], release: str = "0.5.11", applier=git_apply) -> Path:
     """The pristine files of SGLang `release` the patches touch, under root, with the patches
-    applied in order."""
+    applied in order by the command `applier(patch, root)` (`git apply` unless told)."""
     wheel = wheels.pristine("sglang", release)
     for patch in patches:
         for path, is_new in touched_paths(patch.read_text()):
@@ -58,8 +62,8 @@ def tree_with(root: Path, patches: list[Path], release: str = "0.5.11") -> Path:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(wheel.read(path))
     for patch in patches:
-        done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True)
-        assert done.returncode == 0, f"{patch.name}: {done.stderr}"
+        done = subprocess.run(applier(patch, root), cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, f"{patch.name}: {done.stdout}{done.stderr}"
     return root
 
 

@@ -130,18 +130,11 @@ def test_device_applier_takes_the_whole_stack_as_git_does(tmp_path, release):
     device call once started no server at all."""
     stack = sorted((REPO / "patchsets" / "dyn-disable" / release).glob("*.patch"))
     (tmp_path / "git").mkdir()
+    (tmp_path / "device").mkdir()
     with_git = tree_with(tmp_path / "git", stack, release)
-    with_device = tmp_path / "device"
-    wheel = wheels.pristine("sglang", release)
-    for patch in stack:
-        for path, is_new in touched_paths(patch.read_text()):
-            target = with_device / path
-            if not is_new and wheel.has(path) and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(wheel.read(path))
-        done = subprocess.run([sys.executable, str(REPO / "gpu" / "apply_patch.py"), str(patch), str(with_device)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, f"{patch.name}: {done.stdout}"
+    with_device = tree_with(tmp_path / "device", stack, release,
+                            applier=lambda patch, root: [sys.executable, str(REPO / "gpu" / "apply_patch.py"),
+                                                         str(patch), str(root)])
     files = sorted(p.relative_to(with_git) for p in with_git.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(with_device) for p in with_device.rglob("*") if p.is_file())
     for path in files:
