@@ -30,15 +30,15 @@ def fail(message: str, code: int = 1):
     raise Exit(f"error: {message}", code=code)
 
 
-def int_option(value, option: str, default: int | None = None) -> int | None:
-    """An integer option as typed (`default` when not given); exit 2 naming the option otherwise.
-    Ranges are checked where the value is used (profiles, BenchOptions)."""
+def int_option(value, option: str, default: int | None = None, takes: str = "an integer") -> int | None:
+    """An integer option as typed (`default` when not given); exit 2 naming the option and what
+    it `takes` otherwise. Ranges are checked where the value is used (profiles, BenchOptions)."""
     if value in (None, ""):
         return default
     try:
         return int(value)
     except (TypeError, ValueError):
-        fail(f"{option} takes an integer, got {value!r}", code=2)
+        fail(f"{option} takes {takes}, got {value!r}", code=2)
 
 
 def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False,
@@ -89,9 +89,4 @@ def threshold_option(value):
     """--threshold N, or --threshold auto (the dyn-disable patch finds the crossover itself)."""
     if value == AUTO_THRESHOLD:
         return value
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        fail(f"--threshold takes an integer or auto, got {value!r}", code=2)
+    return int_option(value, "--threshold", takes="an integer or auto")
