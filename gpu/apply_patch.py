@@ -41,13 +41,8 @@ def parse(text):
 def _place(src, old, stated, earliest):
     """The line where the hunk's old lines all match, nearest the stated one and not before
     the end of the previous hunk; None if nowhere."""
-    for distance in range(len(src) + 1):
-        for start in (stated - distance, stated + distance) if distance else (stated,):
-            if earliest <= start <= len(src) - len(old) and src[start:start + len(old)] == old:
-                return start
-        if stated - distance < earliest and stated + distance > len(src) - len(old):
-            return None
-    return None
+    starts = sorted(range(earliest, len(src) - len(old) + 1), key=lambda start: abs(start - stated))
+    return next((start for start in starts if src[start:start + len(old)] == old), None)
 
 
 def apply_file(entry, root):

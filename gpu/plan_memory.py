@@ -13,7 +13,7 @@ A server's memory on each of its GPUs is
 The weights and KV bytes per token come from the shapes gpu/make_models.py writes (layers and experts
 from the KIMI_LAYERS / KIMI_EXPERTS / KIMI_DEEP_LAYERS / KIMI_DEEP_EXPERTS / HUGE_LAYERS / BIG_LAYERS knobs
 of the plan's command, or from the model folders the device already holds); the constants below are
-what the evidence logs measured (sglang's "Load weight end ... mem usage", "KV Cache is allocated" lines,
+what the evidence logs measured (folders named under docs/evidence/) (sglang's "Load weight end ... mem usage", "KV Cache is allocated" lines,
 and the per-process "GiB memory in use" that a CUDA OOM message lists).
 
 Which servers hold memory at the same time: every server of a side-by-side sweep or of a check group;
@@ -28,7 +28,7 @@ import os
 import sys
 
 GIB = 1 << 30
-# H200: "GPU 0 has a total capacity of 139.80 GiB" (/tmp/ev3, /tmp/ev4 and dyn-disable-4 OOM lines)
+# H200: "GPU 0 has a total capacity of 139.80 GiB" (kimi16-prefill-and-cap/1, kimi16-prefill-and-cap/2 and dyn-disable-4 OOM lines)
 CAPACITY_GIB = 139.80
 # left free for what a server allocates after start-up (the fused-MoE intermediate caches of its first
 # large batches: dyn-disable-4/3's v1 server died asking for 98 MiB in its warm-up, 0.07 GiB short)
@@ -36,9 +36,9 @@ MARGIN_GIB = 2.0
 
 # The weights: a parameter count from the config make_models.py writes (bf16) times this factor; the
 # count falls short of sglang's "Load weight end ... mem usage" by 0.1 % (huge) to 1.9 % (kimideep16 TP2):
-#   kimi 6 layers 64 experts TP1 33.13 GiB (dyn-disable-4/2, -5, -6, /tmp/ev4), TP2 16.69 (dyn-disable-4/3, -6/3)
+#   kimi 6 layers 64 experts TP1 33.13 GiB (dyn-disable-4/2, -5, -6, kimi16-prefill-and-cap/2), TP2 16.69 (dyn-disable-4/3, -6/3)
 #   kimi 6 layers 128 experts TP1 59.38 (dyn-disable-4/1, KIMI_EXPERTS=128)
-#   kimideep 16 layers 32 experts TP1 49.17 (/tmp/ev3, /tmp/ev4), TP2 24.84 (dyn-disable-6/2)
+#   kimideep 16 layers 32 experts TP1 49.17 (kimi16-prefill-and-cap/1, kimi16-prefill-and-cap/2), TP2 24.84 (dyn-disable-6/2)
 #   kimideep 32 layers 16 experts TP1 55.14 (dyn-disable-8/1)
 #   huge 16 layers TP1 14.56 (dyn-disable-4/2, release-0.5.17/2)
 WEIGHT_FACTOR = 1.02
@@ -48,23 +48,23 @@ MEASURED_WEIGHTS_GIB = {  # (pair, layers, experts, tp): GiB, the table above (t
     ("huge", 16, None, 1): 14.56}
 
 # EAGLE-3 drafts, "Load weight end. ... type=LlamaForCausalLMEagle3 ... mem usage" at TP1 (GiB): the
-# Kimi draft (hidden 7168, target vocabulary 163840 for its embedding) 4.96 (/tmp/ev3, /tmp/ev4,
+# Kimi draft (hidden 7168, target vocabulary 163840 for its embedding) 4.96 (kimi16-prefill-and-cap/1, kimi16-prefill-and-cap/2,
 # dyn-disable-8/1; 2.66 per GPU at TP2, dyn-disable-4/3), the dense 32B-shape draft 2.00
 # (dyn-disable-4/2); the tiny drafts 0.00-0.02. sglang then points the draft's embedding at the
 # target's and frees its own: that is why a v2 server takes 3.81 GiB more than a baseline, not 4.96.
 DRAFT_LOAD_GIB = {"kimi": 4.96, "huge": 2.00, "big": 2.00, "tiny": 0.05}
 DRAFT_TP_FACTOR = 1.08  # 2.66 at TP2 against 4.96 / 2 = 2.48
 # context, CUDA graphs, workspace of a server (GiB per GPU), beyond weights and KV pools:
-#   TP1: kimi6 baseline 34.72 in use (/tmp/ev4) - 33.13 - 0.42 = 1.17; kimideep16 capped at 48
-#        54.81 (/tmp/ev3) - 49.17 - 4.50 = 1.14
+#   TP1: kimi6 baseline 34.72 in use (kimi16-prefill-and-cap/2) - 33.13 - 0.42 = 1.17; kimideep16 capped at 48
+#        54.81 (kimi16-prefill-and-cap/1) - 49.17 - 4.50 = 1.14
 #   TP2: kimi6 baseline 24.80 in use (dyn-disable-4/3 OOM line) - 16.69 - 0.42 = 7.69 (NCCL and
 #        all-reduce buffers; that baseline ran --enable-torch-symm-mem, the only TP=2 total measured)
 BASE_OVERHEAD_GIB = {1: 1.2, 2: 7.7}
 # a baseline with "max_running": null gets sglang's own cap (2048 requests: the req-to-token table
-# of 2048 x 131072 positions is 1 GiB) and larger graphs: 56.58 against the capped 54.81 (/tmp/ev3)
+# of 2048 x 131072 positions is 1 GiB) and larger graphs: 56.58 against the capped 54.81 (kimi16-prefill-and-cap/1)
 UNCAPPED_BASELINE_GIB = 1.8
 # the speculative worker's graphs and buffers beyond the draft weights and KV (GiB per GPU):
-#   TP1 v2: 38.53 (eagle3-v2) and 39.01 (eagle3-v2-dyn) in use (/tmp/ev4) - 34.72 - 0.25 draft KV
+#   TP1 v2: 38.53 (eagle3-v2) and 39.01 (eagle3-v2-dyn) in use (kimi16-prefill-and-cap/2) - 34.72 - 0.25 draft KV
 #           - (4.96 - 2.19 shared embedding) = 0.79 and 1.27
 #   TP2:    27.97 (v2), 28.33 (v2-dyn), 29.33 (eagle3), 29.34 (eagle3-dyn) (dyn-disable-4/3)
 #           - 24.80 - 0.125 - (2.66 - 1.09) = 1.48, 1.84, 2.84, 2.85
@@ -179,16 +179,18 @@ def server_gib(pair, shape, profile, tp, kv_tokens, max_running=64):
     return sum(parts.values()), parts
 
 
+def profile_spec(entry):
+    """"eagle3-v2-dyn" or "eagle3-v2-dyn@flashinfer" (a profile on another attention backend), or
+    a server's dict as written in the plan (shapes_device.py reads plan entries through this too)."""
+    if isinstance(entry, dict):
+        return entry
+    profile, _, backend = entry.partition("@")
+    return {"profile": profile, **({"backend": backend} if backend else {})}
+
+
 def _servers(group):
-    """(label, spec) of every server a group describes, in start order."""
-    entries = group.get("servers") or group.get("profiles") or []
-    out = []
-    for entry in entries:
-        if isinstance(entry, str):
-            profile, _, backend = entry.partition("@")
-            entry = {"profile": profile, **({"backend": backend} if backend else {})}
-        out.append(entry)
-    return out
+    """The spec of every server a group describes, in start order."""
+    return [profile_spec(entry) for entry in group.get("servers") or group.get("profiles") or []]
 
 
 def _gpus(text):

@@ -269,12 +269,7 @@ async def level(s, srv, c, n, in_len, out_len, seed):
             "approx_step_ms": round(1000 * min(c, n) / out_tps, 2)}
 
 
-def profile_spec(entry):
-    """"eagle3-v2-dyn" or "eagle3-v2-dyn@flashinfer" (a profile on another attention backend)."""
-    if isinstance(entry, dict):
-        return entry
-    profile, _, backend = entry.partition("@")
-    return {"profile": profile, **({"backend": backend} if backend else {})}
+profile_spec = plan_memory.profile_spec
 
 
 async def warm_up(s, srv, group):

@@ -48,13 +48,13 @@ def refusal(pm, path):
 
 
 def test_the_plans_that_ran_out_of_memory_on_the_device_are_refused(pm):
-    # three 16-layer Kimi servers (/tmp/ev3 of 2026-12-02: 56.58 + 54.81 GiB, the third died loading)
+    # three 16-layer Kimi servers (kimi16-prefill-and-cap/1 of 2026-12-02: 56.58 + 54.81 GiB, the third died loading)
     msg = refusal(pm, OLD / "kimi16-tp1-why-dyn-prefills-faster.json")
     assert msg is not None and "group kimi16-prefill-tp1 on GPU 0" in msg
     assert "baseline-cap48" in msg and "eagle3-v2-dyn" in msg and "\n" not in msg
     total = float(msg.split(" = ")[1].split(" GiB")[0])
     assert total > 139.8
-    # four 6-layer Kimi servers (/tmp/ev4: 34.72 + 38.53 + 39.01 GiB, the fourth died loading)
+    # four 6-layer Kimi servers (kimi16-prefill-and-cap/2: 34.72 + 38.53 + 39.01 GiB, the fourth died loading)
     msg = refusal(pm, OLD / "native-plain-kimi6-tp1-at-baseline-cost.json")
     assert msg is not None and "group native-kimi6-tp1" in msg and "eagle3-v2-dyn-native" in msg
     # the same four in the combined plan's second group, which ran after the 16-layer group
@@ -90,10 +90,10 @@ def test_the_weights_estimate_covers_what_sglang_loaded(pm, key, measured):
 
 @pytest.mark.parametrize("pair,shape,profile,tp,kv,max_running,measured", [
     # per-process "GiB memory in use" listed by the CUDA OOM lines of the device runs
-    ("kimi", (6, 64), "baseline", 1, 65536, 64, 34.72),                 # /tmp/ev4
+    ("kimi", (6, 64), "baseline", 1, 65536, 64, 34.72),                 # kimi16-prefill-and-cap/2
     ("kimi", (6, 64), "eagle3-v2", 1, 65536, 64, 38.53),
     ("kimi", (6, 64), "eagle3-v2-dyn", 1, 65536, 64, 39.01),
-    ("kimideep", (16, 32), "baseline", 1, 262144, None, 56.58),          # /tmp/ev3, sglang's own cap
+    ("kimideep", (16, 32), "baseline", 1, 262144, None, 56.58),          # kimi16-prefill-and-cap/1, sglang's own cap
     ("kimideep", (16, 32), "baseline", 1, 262144, 48, 54.81),            # capped at 48
     ("kimi", (6, 64), "baseline", 2, 65536, 64, 24.80),                  # dyn-disable-4/3, TP=2
     ("kimi", (6, 64), "eagle3-v2", 2, 65536, 64, 27.97),
