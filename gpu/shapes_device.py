@@ -88,14 +88,20 @@ CONFIG_ONLY = {"big", "huge", "kimi", "kimideep", "tinymla"}
 ARCH = {"kimi": "DeepseekV3ForCausalLM", "kimideep": "DeepseekV3ForCausalLM", "tinymla": "DeepseekV3ForCausalLM", "mlasharp": "DeepseekV3ForCausalLM"}
 
 
+def target_config(pair):
+    with open(f"{MODELS}/target-{pair}/config.json") as f:
+        return json.load(f)
+
+
 def arch_of(pair):
     """The target's architecture as its config.json names it (the `trained` pair is Llama or,
     with PAIR_ARCH=mla, DeepseekV3); the table above where the model is not on this machine."""
     try:
-        with open(f"{MODELS}/target-{pair}/config.json") as f:
-            return json.load(f)["architectures"][0]
+        return target_config(pair)["architectures"][0]
     except (OSError, ValueError, KeyError, IndexError):
         return ARCH.get(pair, "LlamaForCausalLM")
+
+
 SWITCH_RE = re.compile(r"^\[[^\]]*?(?: TP(\d+))?\] Dynamic speculation disable: drafting "
                        r"(stopped|resumed) at (\d+) running decode requests \((.*)\)")
 RECORDS = None
@@ -529,8 +535,7 @@ async def determinism(s, srv):
 
 
 def target_context(srv, default):
-    with open(f"{MODELS}/target-{srv.pair}/config.json") as f:
-        return json.load(f).get("max_position_embeddings", default)
+    return target_config(srv.pair).get("max_position_embeddings", default)
 
 
 def profile_answer_tokens(srv, concurrency):

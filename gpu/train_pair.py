@@ -203,7 +203,7 @@ def build_target(arch, tcfg):
 
 
 def target_tensors(target):
-    """The target's weights as SGLang loads them. transformers 5 keeps a MoE layer's experts as
+    """The target's weights as SGLang loads them, bf16 (a Llama's as they are). transformers 5 keeps a MoE layer's experts as
     two 3-D tensors (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); the HF
     checkpoint layout (and SGLang's loader) has one gate/up/down_proj.weight per expert."""
     import torch
@@ -554,12 +554,7 @@ def draft_accuracy(target, cap, p, cfg, seqs, dev, amp):
 def save_pair(out, tok_dir, tcfg, dcfg, target, p, ids):
     import torch
     from make_models import write_model
-    if tcfg["model_type"] == "llama":
-        tw = {k: v.detach().to("cpu", torch.bfloat16) for k, v in target.state_dict().items()
-              if not k.endswith("rotary_emb.inv_freq")}
-    else:
-        tw = target_tensors(target)
-    write_model(os.path.join(out, "target-trained"), tcfg, tw, tok_dir, ids)
+    write_model(os.path.join(out, "target-trained"), tcfg, target_tensors(target), tok_dir, ids)
     dw = {k.replace("__", "."): v.detach().to("cpu", torch.bfloat16) for k, v in p.items()}
     vocab = dcfg["draft_vocab_size"]
     dw["d2t"] = torch.zeros(vocab, dtype=torch.int64)

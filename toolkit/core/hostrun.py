@@ -3,7 +3,7 @@
 Host-side work is done by standard-library-only modules in `toolkit/hostside/`; they import
 each other with real (package-relative) imports. A call ships, as one zip (package
 `toolkit_hostside`), only `__init__`, `_lib` and the modules its entry imports, transitively,
-found by parsing the sources (`closure`; `toolkit/server/refmodel.py` is one of the modules).
+found by parsing the sources (`closure_of`; `toolkit/server/refmodel.py` is one of the modules).
 Each entry's zip is built in memory once per process with fixed timestamps, so the same sources
 always give the same bytes and the same sha256. A call
 sends a small bootstrap on stdin to the host's Python (`python3 -`) with the zip and the
@@ -263,7 +263,7 @@ def zip_sha256(name: str | None = None) -> str:
 def build_payload(name: str, args: dict | None = None, function: str | None = "main") -> str:
     """The Python text that runs `toolkit_hostside.<name>.<function>(args)` on a host from stdin.
 
-    Its zip holds `closure(name)`. With `function` None it only imports the entry and answers
+    Its zip holds `closure_of(host_files(), name)`. With `function` None it only imports the entry and answers
     {"imported": [the package's modules then loaded]}: tests use it to prove the zip is enough.
 
     With `args` None, the function is called with the command line's arguments instead
