@@ -61,7 +61,8 @@ DRAFT_TP_FACTOR = 1.08  # 2.66 at TP2 against 4.96 / 2 = 2.48
 #        all-reduce buffers; that baseline ran --enable-torch-symm-mem, the only TP=2 total measured)
 BASE_OVERHEAD_GIB = {1: 1.2, 2: 7.7}
 # a baseline with "max_running": null gets sglang's own cap (2048 requests: the req-to-token table
-# of 2048 x 131072 positions is 1 GiB) and larger graphs: 56.58 against the capped 54.81 (kimi16-prefill-and-cap/1)
+# of 2048 x 131072 positions is 1 GiB) and larger graphs; counted too for any server given more than
+# the lab's 64 with --max-running-requests: 56.58 against the capped 54.81 (kimi16-prefill-and-cap/1)
 UNCAPPED_BASELINE_GIB = 1.8
 # the speculative worker's graphs and buffers beyond the draft weights and KV (GiB per GPU):
 #   TP1 v2: 38.53 (eagle3-v2) and 39.01 (eagle3-v2-dyn) in use (kimi16-prefill-and-cap/2) - 34.72 - 0.25 draft KV
@@ -174,7 +175,8 @@ def server_gib(pair, shape, profile, tp, kv_tokens, max_running=64):
         parts["draft"] = load - shared
         parts["draft_kv"] = (kv_tokens or 0) * draft_kv_bytes_per_token(pair, tp) / GIB
         parts["spec"] = SPEC_OVERHEAD_GIB[("v2" if "v2" in profile else "v1", tp_key)]
-    elif max_running is None:
+    # sglang's own cap (max_running null) is 48 for a speculative server, 2048 for a baseline
+    if (max_running is None and not is_speculative(profile)) or (max_running or 0) > 64:
         parts["overhead"] += UNCAPPED_BASELINE_GIB
     return sum(parts.values()), parts
 
@@ -205,8 +207,9 @@ def group_servers(group, shapes):
         tp = int(spec.get("tp", group.get("tp", 1)))
         kv = spec.get("kv_tokens", group.get("kv_tokens", 65536))
         max_running = group.get("max_running", 64)
-        if any("--max-running-requests" == f for f in spec.get("flags", [])):
-            max_running = 64  # a capped server: the lab's own cap, as with a number
+        flags = spec.get("flags", [])
+        if "--max-running-requests" in flags:  # the flag's value wins (sglang's argparse keeps the last)
+            max_running = int(flags[len(flags) - 1 - flags[::-1].index("--max-running-requests") + 1])
         gib, parts = server_gib(pair, shapes[pair], spec["profile"], tp, kv, max_running)
         out.append({"label": spec.get("label", spec["profile"]) + ("" if pair == group.get("pair") else f"/{pair}"),
                     "gpus": _gpus(spec.get("gpus", group["gpus"])), "gib": gib, "parts": parts,

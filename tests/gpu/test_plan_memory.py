@@ -214,3 +214,15 @@ def test_run_shapes_refuses_before_its_setup_and_the_override_is_honoured(tmp_pa
     skipped = subprocess.run(check + [str(OLD / "native-plain-kimi6-tp1-at-baseline-cost.json")],
                              capture_output=True, text=True, timeout=60, env=dict(env, SKIP_MEMORY_CHECK="1"))
     assert (skipped.returncode, skipped.stdout) == (0, "")
+
+
+def test_a_request_cap_given_as_a_flag_is_read_from_its_value(pm):
+    """sglang caps a speculative server at 48 unless --max-running-requests says otherwise: a dyn
+    server lifted to the baseline's 2048 (the documented third server of the prefill plan) holds
+    the larger request table, one capped lower does not."""
+    def dyn(flags):
+        group = dict(kimi_group("a", [{"profile": "eagle3-v2-dyn", "flags": flags}]), max_running=None)
+        (server,) = pm.group_servers(group, KIMI6)
+        return server["gib"]
+    assert dyn(["--max-running-requests", "2048"]) == pytest.approx(dyn([]) + pm.UNCAPPED_BASELINE_GIB)
+    assert dyn(["--max-running-requests", "48"]) == pytest.approx(dyn([]))
