@@ -32,7 +32,9 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   (ignore_eos); every record carries the backend, TP size, model architecture, threshold and
   profile. "side_by_side": true starts every profile's server at once (one after another up to
   its KV-cache allocation) and measures them in turns, level by level, for "rounds" rounds;
-  otherwise one server at a time (start, warm up, measure, stop). Each server is warmed up at
+  otherwise one server at a time (start, warm up, measure, stop). Every sweep server runs with
+  --disable-radix-cache unless the group says "radix_cache": true (Server.radix_cache_off says
+  why: random ids gave the baseline alone spurious prefix hits). Each server is warmed up at
   every level and shape first (short outputs), so JIT compiles do not land in a measurement.
   The checks ("bursts", "torch_profile", ...) run after the rounds, or before them with
   "checks_first": true ("profile_after": true then takes the torch profiles again after the
@@ -141,6 +143,8 @@ class Server(dyn_device.Server):
         if max_running is not None:  # None: sglang's own default, as the product's profiles leave it
             lab_flags += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs", str(max_running)]
         lab_flags += ["--mem-fraction-static", str(mem)]
+        if self.radix_cache_off(group):
+            lab_flags += ["--disable-radix-cache"]
         if kv is not None:  # None: the KV cache sized from the memory fraction alone
             lab_flags += ["--max-total-tokens", str(kv)]
         lab_flags += ["--log-level", "info", "--decode-log-interval", "100", "--trust-remote-code"]
@@ -168,6 +172,17 @@ class Server(dyn_device.Server):
         # servers differed by 26-28 % at c=1, the profiled one the slower (docs/evidence/dyn-disable-8)
         self.profiled = False
 
+    @staticmethod
+    def radix_cache_off(group):
+        """Sweeps send random token ids: a prompt shares no text with another, but one in ~1000
+        starts with the same id as a cached one. SGLang keys a plain server's radix cache by token
+        and an EAGLE server's by token pair, so only the baseline counted those 1-3 token hits, and
+        a prefill batch holding any cached prefix runs DeepseekV2's absorbed-MLA path instead of
+        MHA (507 against 402 ms per 8192-token batch on the 16-layer Kimi shape, 2026-12-02:
+        docs/evidence/kimi16-prefill-and-cap/). With the cache off both prefill alike, as they do
+        on this workload where nothing is shared. A group can keep it with "radix_cache": true."""
+        return group.get("mode") == "sweep" and not group.get("radix_cache", False)
+
     def meta(self):
         dyn = self.plan.dyn_threshold is not None
         return {"profile": self.profile, "label": self.label, "pair": self.pair, "arch": arch_of(self.pair),
@@ -177,7 +192,7 @@ class Server(dyn_device.Server):
                 "plain_path": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_PATH", "step") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
-                "profiled_before": self.profiled}
+                "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group)}
 
     def describe(self):
         return f"{self.name} port {self.port} gpus {self.group['gpus']}"

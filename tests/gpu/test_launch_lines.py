@@ -70,12 +70,15 @@ def hysteresis_default(threshold):
     return str(policy.default_hysteresis(int(threshold)))
 
 
-def expected_changes(old_opts, old_env):
+def expected_changes(old_opts, old_env, srv):
     """What the product's launch path adds to the old command line, none of it a change for
     the server: `--tp-size 1` where the driver left sglang's default (1), the hysteresis the
     patch would have chosen itself, now written out by the dyn profiles, and the checkout's
-    files by absolute path."""
+    files by absolute path. One change that is meant (2026-12-02): sweeps run without the radix
+    cache, which had given the baseline alone spurious prefix hits on random ids."""
     opts, env = dict(old_opts), dict(old_env)
+    if getattr(srv, "group", {}).get("mode") == "sweep" and not srv.group.get("radix_cache", False):
+        opts.setdefault("--disable-radix-cache", True)
     opts.setdefault("--tp-size", "1")
     # a file of the checkout, named relative to the driver's folder (the checkout) before, is
     # absolute now: the script runs in the server's own folder
@@ -98,7 +101,7 @@ def test_the_rendered_launch_script_starts_what_the_driver_started(now, key):
     argv, env = rendered(script)
     assert argv[0] == sys.executable and argv == srv.plan.argv
     old = BEFORE[key]
-    want_opts, want_env = expected_changes(options(old["argv"]), old["env"])
+    want_opts, want_env = expected_changes(options(old["argv"]), old["env"], srv)
     got_opts = options(argv)
     assert {f: (want_opts.get(f), got_opts.get(f)) for f in set(want_opts) | set(got_opts)
             if want_opts.get(f) != got_opts.get(f)} == {}

@@ -276,3 +276,15 @@ def test_records_name_the_architecture_of_the_model_on_disk(shapes, monkeypatch,
     (tmp_path / "target-trained").mkdir()
     (tmp_path / "target-trained" / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
     assert srv.meta()["arch"] == "DeepseekV3ForCausalLM"
+
+
+@pytest.mark.parametrize("group_over, off", [({"mode": "sweep"}, True), ({"mode": "check"}, False),
+                                             ({"mode": "sweep", "radix_cache": True}, False)])
+def test_sweeps_run_every_server_without_the_radix_cache_unless_the_group_keeps_it(shapes, group_over, off):
+    # a sweep's random ids share 1-3 leading tokens by chance; only a plain server's radix cache
+    # counts such hits (EAGLE keys by token pair), which moved the baseline's prefills to another path
+    group = dict(GROUP, **group_over)
+    for profile in ("baseline", "eagle3-v2-dyn"):
+        srv = shapes.Server(group, shapes.profile_spec(profile), 0, 8)
+        assert ("--disable-radix-cache" in srv.plan.argv) is off
+        assert srv.meta()["radix_cache"] is (not off)
