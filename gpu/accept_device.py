@@ -224,9 +224,13 @@ class Run:
                 break
             await self.burst(baseline, "burst_again", c)
 
-    async def phase(self, name, fn, live):
+    async def phase(self, name, fn, live, one_at_a_time=False):
         t = time.time()
-        await asyncio.gather(*(fn(srv) for srv in live))
+        if one_at_a_time:
+            for srv in live:
+                await fn(srv)
+        else:
+            await asyncio.gather(*(fn(srv) for srv in live))
         self.raw["phases_done"].append([name, round(time.time() - t, 2)])
         say(f"phase {name}: {time.time() - t:.1f} s ({left():.0f} s left)")
         self.flush()
@@ -234,7 +238,10 @@ class Run:
     async def protocol(self, reserve_s=40):
         p, live = self.plan, [srv for srv in self.servers if srv.alive()]
         before = range(p.before_n)
-        await self.phase("before", lambda srv: self.sequential(srv, "before", before, p.before_tokens), live)
+        # the c=1 phases run one server at a time: their tok/s is the c=1 throughput before and
+        # after the crossings, which seven servers decoding at once on one GPU blurred (2-tails)
+        await self.phase("before", lambda srv: self.sequential(srv, "before", before, p.before_tokens), live,
+                         one_at_a_time=True)
         await self.phase("spec_eq", lambda srv: self.concurrent(
             srv, "spec_eq", range(p.before_n, p.before_n + p.eq_n), p.eq_conc, p.eq_tokens), live)
         for srv in live:
@@ -258,7 +265,8 @@ class Run:
                         l for l in lines[k:] if not any(x in l for x in (
                             "Decode batch", "Prefill batch", "POST /generate", "GET /health"))][:40]
         if left() > reserve_s / 2:
-            await self.phase("after", lambda srv: self.sequential(srv, "after", before, p.before_tokens), live)
+            await self.phase("after", lambda srv: self.sequential(srv, "after", before, p.before_tokens), live,
+                             one_at_a_time=True)
         base = [srv for srv in live if srv.label == "baseline"]
         if base and left() > reserve_s / 2:
             await self.phase("control", lambda srv: self.control(srv, reserve_s / 2), base)

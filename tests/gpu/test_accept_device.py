@@ -219,3 +219,19 @@ def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
                 assert srv.env_shown[key] == value, (label, key)
         assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
         assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_the_c1_phases_measure_one_server_at_a_time(result, phase):
+    # c=1 throughput before against after a burst is a goal of issue #24: no other server may
+    # decode while one is measured
+    tmp, _, _ = result
+    recs = [json.loads(line) for line in (tmp / "records.jsonl").read_text().splitlines()]
+    spans = {}
+    for r in recs:
+        if r["phase"] == phase and r["t_start"] is not None:
+            lo, hi = spans.get(r["server"], (r["t_start"], r["t_end"]))
+            spans[r["server"]] = (min(lo, r["t_start"]), max(hi, r["t_end"]))
+    assert len(spans) == len(STANDINS)
+    ordered = sorted(spans.values())
+    assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:])), ordered
