@@ -240,7 +240,7 @@ async def survives(s, profile, mem, gpu):
                     raise HarnessError(f"{srv.name}: HTTP {r.status}: {text[:300]}")
                 if r.status != 200:
                     say(f"{srv.name}: HTTP {r.status}: {text[:200]}")
-        except aiohttp.ClientError as e:  # a crashed server is the answer
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # a crashed or hung server is the answer
             say(f"{srv.name}: {e!r}"[:300])
         await asyncio.sleep(2)
         line = [l for l in srv.log_lines() if "plain step is a decode forward" in l][:1]
