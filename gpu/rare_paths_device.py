@@ -52,6 +52,11 @@ from shapes_device import Server  # noqa: E402
 
 BUDGET = 540.0
 REPORT = {}
+
+
+class HarnessError(RuntimeError):
+    """The server answered, but refused the request: the check measured nothing."""
+
 OUT_DIR = "/tmp/out"
 
 
@@ -70,11 +75,15 @@ def group(name, index, gpus, tp=1, mem=0.3, **extra):
 
 
 async def post(s, srv, body):
+    """The answer of /generate. A 4xx is a HarnessError: the server refused what the harness
+    sent, so whatever the check waited for was not tested."""
     async with s.post(srv.base + "/generate", json=body) as r:
-        j = await r.json()
-        if r.status != 200:
-            raise RuntimeError(f"{srv.name}: HTTP {r.status}: {str(j)[:300]}")
-        return j
+        text = await r.text()
+    if 400 <= r.status < 500:
+        raise HarnessError(f"{srv.name}: HTTP {r.status}: {text[:300]}")
+    if r.status != 200:
+        raise RuntimeError(f"{srv.name}: HTTP {r.status}: {text[:300]}")
+    return json.loads(text)
 
 
 async def up(s, servers, timeout=300):
@@ -106,10 +115,6 @@ def logit_servers(gpus):
 MEMORY_CHUNK = 4096
 MEMORY_ANSWER = 4
 MEMORY_PROMPT = MEMORY_CHUNK - MEMORY_ANSWER - 4
-
-
-class HarnessError(Exception):
-    """The server answered, but refused the request: the check measured nothing."""
 
 
 def memory_server(profile, mem, gpu):
@@ -234,13 +239,10 @@ async def survives(s, profile, mem, gpu):
         body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": MEMORY_ANSWER}}
         before = len(srv.log_lines())
         try:
-            async with s.post(srv.base + "/generate", json=body) as r:
-                text = await r.text()
-                if 400 <= r.status < 500:
-                    raise HarnessError(f"{srv.name}: HTTP {r.status}: {text[:300]}")
-                if r.status != 200:
-                    say(f"{srv.name}: HTTP {r.status}: {text[:200]}")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # a crashed or hung server is the answer
+            await post(s, srv, body)
+        except HarnessError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as e:  # a crashed or hung server is the answer
             say(f"{srv.name}: {e!r}"[:300])
         await asyncio.sleep(2)
         line = [l for l in srv.log_lines() if "plain step is a decode forward" in l][:1]
@@ -257,21 +259,20 @@ async def check_memory(s, gpus):
     lo, hi, hi_known = memory_bracket(os.environ.get("MEMORY_BRACKET"))
     tries = []
     ok_hi = False
-    if not hi_known:
+    if hi_known:  # HI failed in an earlier call; LO must be shown to hold here
+        ok_lo, line = await survives(s, "eagle3-v2", lo, gpus[0])
+        tries.append((lo, ok_lo, line))
+        if not ok_lo:
+            lo, hi = 0.80, lo
+    else:
         ok_hi, line = await survives(s, "eagle3-v2", hi, gpus[0])
         tries.append((hi, ok_hi, line))
         if ok_hi:
             lo = hi
-    lo_known = False
     while hi - lo > 0.006 and left() > 125 and not ok_hi:
-        # the first try is LO itself when it came from MEMORY_BRACKET: it must be shown to hold
-        mid = lo if hi_known and not lo_known else round((lo + hi) / 2, 4)
+        mid = round((lo + hi) / 2, 4)
         ok, line = await survives(s, "eagle3-v2", mid, gpus[0])
         tries.append((mid, ok, line))
-        if mid == lo and not ok:
-            lo, hi, hi_known = 0.80, mid, False
-            continue
-        lo_known = True
         lo, hi = (mid, hi) if ok else (lo, mid)
     rep = {"eagle3-v2": {"largest_ok": lo, "smallest_failed": None if ok_hi else hi,
                          "resolution": round(hi - lo, 4), "tries": tries,

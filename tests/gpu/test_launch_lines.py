@@ -77,7 +77,7 @@ def expected_changes(old_opts, old_env, srv):
     files by absolute path. One change that is meant (2026-12-02): sweeps run without the radix
     cache, which had given the baseline alone spurious prefix hits on random ids."""
     opts, env = dict(old_opts), dict(old_env)
-    if getattr(srv, "group", {}).get("mode") == "sweep" and not srv.group.get("radix_cache", False):
+    if hasattr(srv, "radix_cache_off") and srv.radix_cache_off(srv.group):  # plan servers only
         opts.setdefault("--disable-radix-cache", True)
     opts.setdefault("--tp-size", "1")
     # a file of the checkout, named relative to the driver's folder (the checkout) before, is

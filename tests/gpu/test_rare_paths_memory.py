@@ -1,7 +1,12 @@
 """The #33 item 4 memory check: its prompt must reach the GPU (a request the server refuses
 measured nothing in the 2026-12-02 call: 8196 tokens against the big pair's 4096 context), and the
 bracket from an earlier call is read as written."""
+import asyncio
+import types
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from tests.gpu.scripts import load_gpu_script
 
@@ -35,3 +40,33 @@ def test_a_bracket_from_an_earlier_call_marks_its_top_as_already_failed():
 def test_a_bracket_that_is_not_lo_below_hi_inside_0_1_is_refused(text):
     with pytest.raises(ValueError):
         rare.memory_bracket(text)
+
+
+@pytest.mark.parametrize("status, error", [(400, "HarnessError"), (500, "RuntimeError"), (200, None)])
+def test_a_refused_request_is_a_harness_error_not_an_answer(status, error):
+    # the 2026-12-02 call took SGLang's 400 ("longer than the model's context length") for survival
+    async def generate(request):
+        return web.json_response({"text": "ok"} if status == 200 else {"error": {"message": "too long"}},
+                                 status=status)
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        srv = types.SimpleNamespace(name="s", base=f"http://127.0.0.1:{port}")
+        try:
+            async with aiohttp.ClientSession() as s:
+                return await rare.post(s, srv, {"input_ids": [1]})
+        finally:
+            await runner.cleanup()
+
+    if error is None:
+        assert asyncio.run(run()) == {"text": "ok"}
+    else:
+        with pytest.raises(RuntimeError) as got:
+            asyncio.run(run())
+        assert type(got.value).__name__ == error and str(status) in str(got.value)
