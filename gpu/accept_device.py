@@ -3,6 +3,7 @@
 
 Usage (from the repo root, after gpu/run_accept.sh has prepared /tmp/site and trained the pair):
   python3 gpu/accept_device.py --out DIR [--budget-s 300] [--threshold 8] [--crossings 10]
+      [--c1-rounds 5] [--c1-prompts 1] [--c1-tokens 128]
 
 Servers side by side on one GPU (shapes_device.Server: the flags `invoke server start` gives
 the profiles), pair "trained", decode log every step, each with its own TRITON_CACHE_DIR:
@@ -10,16 +11,25 @@ the profiles), pair "trained", decode log every step, each with its own TRITON_C
   negative controls eagle3-v2-dyn-nc / eagle3-dyn-nc (SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV=1:
   the draft's KV is not written while plain).
 Every server runs the same protocol, phase by phase, all servers at once (so each phase meets
-the same neighbours on the GPU): `before` (8 held-out prompts at c=1, 64 tokens), `spec_eq`
+the same neighbours on the GPU), except the c=1 phases, which run one server at a time: `before`
+(8 held-out prompts at c=1, 64 tokens; raw, not the goal's measure: see below), `ab_before` (the
+A/B rounds, below), `spec_eq`
 (64 prompts at c=4, below the threshold), then per crossing 4 streamed requests that span it
 (`span`, 384 tokens; the burst starts once each has streamed 16 tokens) and a burst of
 2*threshold+4 streamed requests (`burst`, 128 tokens) that holds the server above the threshold
 for ~128 plain steps while the spanning requests keep decoding; after the burst drains they run
 their tail speculatively, and their tail's tokens per step against the stock server's over the
-same tokens is the stale-draft measure (accept_analysis.stale_draft). Then `after` (the `before`
-prompts again) and, on the baseline only, the equality control: the first crossings' burst prompts
+same tokens is the stale-draft measure (accept_analysis.stale_draft). Then `ab_after`, `after` (the
+`before` prompts again) and, on the baseline only, the equality control: the first crossings' burst prompts
 in the same burst shape again (`burst_again`) and one by one at c=1 (`burst_c1`). Then the baseline
 is asked for the top-2 logprobs at every mismatch's first differing position.
+c=1 after the bursts against before (issue #24's goal >= 0.98x): the raw `before`/`after` tok/s of
+one server (~1 s a phase, minutes apart) moved +-20-40 % on stock servers that never cross, so the
+goal's measure is A/B: in `ab_before` and `ab_after`, --c1-rounds rounds in which each dyn server,
+its stock peer and its negative control decode the same --c1-prompts held-out prompts of
+--c1-tokens tokens at c=1, one server at a time, in mirrored order (dyn stock nc nc stock dyn; the
+next round nc stock dyn dyn stock nc), so that noise common to the pair and a linear drift cancel;
+accept_analysis.ab_summary takes the median over rounds of dyn/stock and after/before of those.
 Writes DIR/records.jsonl (one line per request), DIR/summary.json (issue #24),
 DIR/first_crossing.json (issue #25) and DIR/accept_raw.json (JIT cache snapshots, log lines
 after healthy, transitions); server logs under /tmp/dyn-logs.
@@ -71,7 +81,7 @@ class Plan:
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
                  eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=128, span_n=4, span_tokens=384,
-                 span_lead=16, control_n=64):
+                 span_lead=16, control_n=64, ab_rounds=5, ab_prompts=1, ab_tokens=128):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
         self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
@@ -80,6 +90,10 @@ class Plan:
         self.span_n = span_n
         # burst prompts the baseline runs again (same shape, then c=1): >= 64 for the equality
         self.control_n = control_n
+        # the A/B c=1 rounds (ab_before / ab_after). Time, per phase: 2 workers x 3 servers x 2 visits
+        # x rounds x prompts x tokens = 2*3*2*5*1*128 = 7,680 tokens at c=1; at the MLA pair's 525-733
+        # tok/s (~550 with prefill and HTTP) ~14 s, so ~28 s for both phases out of --budget-s
+        self.ab_rounds, self.ab_prompts, self.ab_tokens = ab_rounds, ab_prompts, ab_tokens
 
     def burst_base(self, c):
         """The prompt index of crossing c's first burst request (its spanning ones come before)."""
@@ -165,9 +179,36 @@ class Run:
             for r in self.records:
                 f.write(json.dumps(r) + "\n")
 
-    async def sequential(self, srv, phase, idxs, max_tokens, stream=False, crossing=None):
+    async def sequential(self, srv, phase, idxs, max_tokens, stream=False, crossing=None, **kw):
         for i in idxs:
-            await request(self.s, srv, self.rec(srv, phase, i, crossing), self.prompt(i), max_tokens, stream)
+            await request(self.s, srv, self.rec(srv, phase, i, crossing, **kw), self.prompt(i), max_tokens, stream)
+
+    def ab_groups(self, live):
+        """Per worker the live servers of its A/B rounds: (dyn, stock, negative control), the stock
+        one in the middle; a group needs its stock server and one other."""
+        by = {srv.label: srv for srv in live}
+        out = []
+        for d, st, nc in WORKERS.values():
+            g = [by[x] for x in (d, st, nc) if x in by]
+            if st in by and len(g) >= 2:
+                out.append(g)
+        return out
+
+    async def ab_rounds(self, name, live, reserve_s):
+        """The c=1 A/B phase `name`: per round and worker group, each server decodes the round's
+        prompts at c=1, one server at a time, in mirrored order (A B C C B A; the next round C B A
+        A B C): a drift common to the group cancels to first order in each round's ratios."""
+        p = self.plan
+        groups = self.ab_groups(live)
+        for r in range(p.ab_rounds):
+            if left() - reserve_s < 3:
+                say(f"budget: {name} stopped after {r} rounds")
+                break
+            idxs = [(r * p.ab_prompts + k) % p.before_n for k in range(p.ab_prompts)]
+            for g in groups:
+                order = g if r % 2 == 0 else g[::-1]
+                for v, srv in enumerate(order + order[::-1]):
+                    await self.sequential(srv, name, idxs, p.ab_tokens, round=r, visit=v)
 
     async def concurrent(self, srv, phase, idxs, conc, max_tokens):
         sem = asyncio.Semaphore(conc)
@@ -224,9 +265,12 @@ class Run:
                 break
             await self.burst(baseline, "burst_again", c)
 
-    async def phase(self, name, fn, live, one_at_a_time=False):
+    async def phase(self, name, fn, live, one_at_a_time=False, whole=False):
+        """fn(srv) for every live server (at once, or one at a time); whole: fn() once."""
         t = time.time()
-        if one_at_a_time:
+        if whole:
+            await fn()
+        elif one_at_a_time:
             for srv in live:
                 await fn(srv)
         else:
@@ -234,6 +278,7 @@ class Run:
         self.raw["phases_done"].append([name, round(time.time() - t, 2)])
         say(f"phase {name}: {time.time() - t:.1f} s ({left():.0f} s left)")
         self.flush()
+        return time.time() - t
 
     async def protocol(self, reserve_s=40):
         p, live = self.plan, [srv for srv in self.servers if srv.alive()]
@@ -242,6 +287,10 @@ class Run:
         # after the crossings, which seven servers decoding at once on one GPU blurred (2-tails)
         await self.phase("before", lambda srv: self.sequential(srv, "before", before, p.before_tokens), live,
                          one_at_a_time=True)
+        # the goal's c=1 measure: A/B rounds (dyn against stock); the crossings leave room for its
+        # second half
+        ab_s = await self.phase("ab_before", lambda: self.ab_rounds("ab_before", live, reserve_s / 2), live,
+                                whole=True)
         await self.phase("spec_eq", lambda srv: self.concurrent(
             srv, "spec_eq", range(p.before_n, p.before_n + p.eq_n), p.eq_conc, p.eq_tokens), live)
         for srv in live:
@@ -250,7 +299,7 @@ class Run:
         # a crossing takes about as long as the slowest one so far; stop before the reserve
         longest = 0.0
         for c in range(1, p.crossings + 1):
-            if left() - reserve_s < max(longest * 1.5, 5):
+            if left() - reserve_s - 1.2 * ab_s < max(longest * 1.5, 5):
                 say(f"budget: stopping after {c - 1} crossings")
                 break
             t = time.time()
@@ -264,6 +313,8 @@ class Run:
                     self.raw["log_after_healthy"][srv.label]["lines"] = [
                         l for l in lines[k:] if not any(x in l for x in (
                             "Decode batch", "Prefill batch", "POST /generate", "GET /health"))][:40]
+        if left() > reserve_s / 2:
+            await self.phase("ab_after", lambda: self.ab_rounds("ab_after", live, reserve_s / 2), live, whole=True)
         if left() > reserve_s / 2:
             await self.phase("after", lambda srv: self.sequential(srv, "after", before, p.before_tokens), live,
                              one_at_a_time=True)
@@ -311,7 +362,8 @@ def per_worker(run, by):
     logs = {srv.label: srv.read_log().splitlines() for srv in run.servers}
     return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
                                  log=logs.get(d), nc_log=logs.get(nc) if nc in by else None,
-                                 windows=run.windows.get(d), nc_windows=run.windows.get(nc))
+                                 windows=run.windows.get(d), nc_windows=run.windows.get(nc),
+                                 stock_log=logs.get(st))
             for w, (d, st, nc) in WORKERS.items() if d in by}
 
 
@@ -357,6 +409,12 @@ def summarize(run, pair_report, threshold, tp=1):
                                                               ("before", "spec_eq")]), 1)
                                  for lab, rs in by.items()},
         "errors": {lab: sum(1 for r in rs if r.get("error")) for lab, rs in by.items()},
+        # c=1, issue #24's goal: per worker c1_after_over_before (A/B, see accept_analysis.ab_summary)
+        "c1_after_over_before": {w: d.get("c1_after_over_before") for w, d in per.items()},
+        "c1_goal_met": {w: d.get("c1_goal_met") for w, d in per.items()},
+        # the servers' own view: median decode step (ms) at c=1 per phase, from their logs
+        "c1_step_ms": {srv.label: {n: x["median_step_ms"] for n, x in an.c1_step_ms(
+            srv.read_log().splitlines(), by[srv.label]).items()} for srv in run.servers if srv.label in by},
         "transitions": {srv.label: an.log_transitions(srv.read_log().splitlines()) for srv in run.servers},
         # whether the patch knew the negative control's debug switch shows in its start-up lines
         "startup_lines": {srv.label: [l.strip()[-240:] for l in srv.read_log().splitlines()
@@ -479,6 +537,10 @@ async def main():
     ap.add_argument("--span-tokens", type=int, default=384)
     ap.add_argument("--burst-tokens", type=int, default=128)
     ap.add_argument("--control-n", type=int, default=64)
+    # the A/B c=1 rounds: the defaults add ~28 s (Plan's comment)
+    ap.add_argument("--c1-rounds", type=int, default=5)
+    ap.add_argument("--c1-prompts", type=int, default=1)
+    ap.add_argument("--c1-tokens", type=int, default=128)
     a = ap.parse_args()
     BUDGET = a.budget_s
     import shapes_device
@@ -492,9 +554,9 @@ async def main():
             await shapes_device.start_servers(servers, False, 2)
             health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
-            summary, first = await measure(s, live, heldout["prompts"], Plan(a.threshold, a.crossings, span_tokens=a.span_tokens,
-                                                              burst_tokens=a.burst_tokens, control_n=a.control_n),
-                                           a.out, report)
+            plan = Plan(a.threshold, a.crossings, span_tokens=a.span_tokens, burst_tokens=a.burst_tokens,
+                        control_n=a.control_n, ab_rounds=a.c1_rounds, ab_prompts=a.c1_prompts, ab_tokens=a.c1_tokens)
+            summary, first = await measure(s, live, heldout["prompts"], plan, a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",
                 "negative_control_after_over_before", "greedy_equal_plain_vs_baseline",
@@ -502,7 +564,11 @@ async def main():
             for w, d in summary["per_worker"].items():
                 say(w, json.dumps({k: d.get(k) for k in (
                     "accept_len_before", "after_over_before", "negative_control_after_over_before",
-                    "c1_tok_s_before", "c1_tok_s_after", "equality_counts", "mismatches_total",
+                    "c1_dyn_over_stock_before", "c1_dyn_over_stock_before_spread", "c1_dyn_over_stock_after",
+                    "c1_dyn_over_stock_after_spread", "c1_after_over_before", "c1_goal_met",
+                    "negative_control_c1_after_over_before", "c1_step_dyn_over_stock_before",
+                    "c1_step_dyn_over_stock_after", "c1_raw_tok_s_before", "c1_raw_tok_s_after",
+                    "equality_counts", "mismatches_total",
                     "mismatches_with_margin_below_1e-2")}))
             for w, d in summary["stale_draft"].items():
                 say("stale draft", w, json.dumps(d))
@@ -510,6 +576,7 @@ async def main():
                 say("control", n, json.dumps({k: e[k] for k in ("equal", "of", "fraction", "margin_classes")}))
             for w, d in summary["per_worker"].items():
                 say("margins", w, json.dumps(d["margin_classes"]))
+            say("c=1 step ms:", json.dumps(summary["c1_step_ms"]))
             say("transitions:", json.dumps(summary["transitions"]))
             for r in first["runs"]:
                 say("stall", r["server"], json.dumps({k: r[k] for k in (

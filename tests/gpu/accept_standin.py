@@ -7,11 +7,15 @@ log lines (switch lines and the Decode batch counters). Streamed events carry me
 cumulative completion_tokens, one event per step; spec_verify_ct only comes in the last one, as in
 SGLang 0.5.11. Knobs model what the harness must see: a stale draft (the negative control: a
 request that decoded through plain steps accepts nothing for its next `collapse_steps` steps after
-the resume; a request prefilled after it is not hurt), a one-off stall at the first crossing, and
-plain steps that flip a near-tie token.
+the resume; a request prefilled after it is not hurt), a one-off stall at the first crossing,
+plain steps that flip a near-tie token, a server whose steps are slower once it has crossed
+(slow_after_cross_s) and noise common to several stand-ins (Noise: their steps slow down alike).
+Decode batch lines carry SGLang's stamp ("[%Y-%m-%d %H:%M:%S TP0]", local time) and gen throughput
+(the step's tokens over its duration), also on a plain server (without accept len).
 """
 import asyncio
 import json
+import time
 
 from aiohttp import web
 
@@ -20,14 +24,28 @@ def next_token(ctx):
     return (ctx[-1] * 31 + ctx[-2] * 7 + len(ctx)) % 300 + 10
 
 
+class Noise:
+    """A slowdown shared by the stand-ins given it: every step of theirs lasts `factor` times its
+    own; the first crossing of any of them sets factor to `after_crossing` (the kind of shift between
+    phases that identical work showed on stock servers on the GPU)."""
+
+    def __init__(self, after_crossing=1.6):
+        self.factor, self.after_crossing = 1.0, after_crossing
+
+    def crossed(self):
+        self.factor = self.after_crossing
+
+
 class StandIn:
     def __init__(self, log_path, accept=None, threshold=None, hysteresis=2, step_s=0.002,
-                 collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004, batch_flip=None):
+                 collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004, batch_flip=None,
+                 slow_after_cross_s=0.0, noise=None):
         self.log_path, self.accept, self.threshold, self.hyst = log_path, accept, threshold, hysteresis
         self.step_s, self.collapse_steps, self.first_off_stall_s = step_s, collapse_steps, first_off_stall_s
         self.plain_flip, self.margin, self.batch_flip = plain_flip, margin, batch_flip
         self.running, self.off, self.switches, self.stalled = 0, False, [0, 0], False
         self.stall_until = 0.0
+        self.slow_after_cross_s, self.noise = slow_after_cross_s, noise
         self.log = open(log_path, "w")
         self.log.write("Dynamic speculation disable enabled\n" if threshold else "ready\n")
         self.log.flush()
@@ -35,6 +53,13 @@ class StandIn:
     def write(self, line):
         self.log.write(line + "\n")
         self.log.flush()
+
+    def decode_line(self, n, dt, accept):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        acc = f"accept len: {n:.2f}, accept rate: 0.50, " if accept else ""
+        counters = f"spec off/on switches: {self.switches[0]}/{self.switches[1]}, " if self.threshold else ""
+        self.write(f"[{stamp} TP0] Decode batch, #running-req: {self.running}, #token: 9, {acc}{counters}"
+                   f"cuda graph: True, gen throughput (token/s): {n / dt:.2f}, #queue-req: 0")
 
     async def step(self, k, req):
         """One decode step of one request (its k-th verify so far; req: its state): how many
@@ -45,6 +70,8 @@ class StandIn:
                 self.switches[0] += 1
                 self.write(f"[TP0] Dynamic speculation disable: drafting stopped at {self.running} "
                            f"running decode requests (x)")
+                if self.noise is not None:
+                    self.noise.crossed()
                 if not self.stalled and self.first_off_stall_s:
                     # the batch's step stalls: every running request waits
                     self.stalled = True
@@ -54,8 +81,15 @@ class StandIn:
                 self.switches[1] += 1
                 self.write(f"[TP0] Dynamic speculation disable: drafting resumed at {self.running} "
                            f"running decode requests (x)")
-        await asyncio.sleep(max(self.step_s, self.stall_until - asyncio.get_running_loop().time()))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        step = self.step_s * (self.noise.factor if self.noise is not None else 1.0)
+        if self.switches[0]:
+            step += self.slow_after_cross_s
+        await asyncio.sleep(max(step, self.stall_until - t0))
+        dt = max(loop.time() - t0, 1e-6)
         if self.accept is None:
+            self.decode_line(1, dt, False)
             return 1, False
         if self.off:
             n = 1
@@ -65,8 +99,7 @@ class StandIn:
             n = 1
         else:  # a fixed pattern averaging `accept` tokens per verify
             n = int((k + 1) * self.accept) - int(k * self.accept)
-        counters = f"spec off/on switches: {self.switches[0]}/{self.switches[1]}, " if self.threshold else ""
-        self.write(f"Decode batch, #running-req: {self.running}, accept len: {n:.2f}, {counters}")
+        self.decode_line(n, dt, True)
         return n, True
 
     async def generate(self, request):

@@ -1,4 +1,6 @@
 """gpu/accept_analysis.py on synthetic records: what summary.json and first_crossing.json say."""
+import time
+
 import pytest
 
 from tests.gpu.scripts import load_gpu_script
@@ -197,3 +199,84 @@ def test_log_accept_steady_and_the_steps_after_each_resume():
     s = an.worker_summary([], [], [], log=lines, nc_log=None)
     assert s["log_accept_len_after_resume"] == pytest.approx([32 / 12, 2.5], abs=1e-4)
     assert s["log_after_over_before"] == pytest.approx((32 / 12 + 2.5) / 2 / 2.5, abs=1e-4)
+
+
+def ab_visits(name, rounds, order_of, drift=0.05, slow=None, tokens=128, step=0.002):
+    """A/B records of phase `name`: per round the servers' visits in order_of(round) (one request
+    each), the step time drifting by `drift` per visit across the whole phase; slow: {server:
+    factor} on its steps."""
+    out, t, v = [], 100.0, 0
+    for r in range(rounds):
+        for k, srv in enumerate(order_of(r)):
+            d = tokens * step * (1 + drift * v) * (slow or {}).get(srv, 1.0)
+            x = rec(srv, name, r % 3, [1] * tokens, t=(t, t + d))
+            x.update(round=r, visit=k)
+            out.append(x)
+            t, v = t + d + 0.01, v + 1
+    return out
+
+
+def test_ab_rounds_in_mirrored_order_cancel_a_drift_common_to_the_pair():
+    mirrored = lambda r: ["d", "s", "s", "d"] if r % 2 == 0 else ["s", "d", "d", "s"]  # noqa: E731
+    recs = ab_visits("ab_before", 5, mirrored) + ab_visits("ab_after", 5, mirrored, drift=0.2)
+    dyn = [r for r in recs if r["server"] == "d"]
+    stock = [r for r in recs if r["server"] == "s"]
+    assert an.ab_ratios(dyn, stock, "ab_before") == pytest.approx([1.0] * 5, abs=2e-4)
+    s = an.ab_summary(dyn, stock, "x")
+    assert s["x_before"] == pytest.approx(1.0, abs=2e-4) and s["x_after"] == pytest.approx(1.0, abs=2e-4)
+    assert s["x_after_spread"][0] <= s["x_after"] <= s["x_after_spread"][1]
+    # the same drift with one visit each (A B, B A): every round is off by the drift
+    plain = ab_visits("ab_before", 5, lambda r: ["d", "s"] if r % 2 == 0 else ["s", "d"], drift=0.2)
+    rs = an.ab_ratios([r for r in plain if r["server"] == "d"], [r for r in plain if r["server"] == "s"], "ab_before")
+    assert all(abs(x - 1) > 0.05 for x in rs)
+    # a failed request leaves its round out
+    dyn[0]["error"] = "boom"
+    assert len(an.ab_ratios(dyn, stock, "ab_before")) == 4
+
+
+def test_worker_summary_c1_is_dyn_over_stock_after_over_before_and_keeps_the_raw_figures():
+    mirrored = lambda r: ["d", "s", "n", "n", "s", "d"] if r % 2 == 0 else ["n", "s", "d", "d", "s", "n"]  # noqa: E731
+    # after the bursts every server is 1.5x slower (common noise) and d 1.25x more on top
+    recs = (ab_visits("ab_before", 5, mirrored)
+            + ab_visits("ab_after", 5, mirrored, slow={"d": 1.5 * 1.25, "s": 1.5, "n": 1.5}))
+    raw = [rec("d", "before", 0, [1] * 64, t=(0.0, 0.1)), rec("d", "after", 0, [1] * 64, t=(9.0, 9.15))]
+    dyn = [r for r in recs if r["server"] == "d"] + raw
+    stock = [r for r in recs if r["server"] == "s"]
+    nc = [r for r in recs if r["server"] == "n"]
+    s = an.worker_summary(dyn, [], stock, nc)
+    assert s["c1_after_over_before"] == pytest.approx(0.8, abs=1e-3) and s["c1_goal_met"] is False
+    assert s["negative_control_c1_after_over_before"] == pytest.approx(1.0, abs=1e-3)
+    assert s["c1_raw_tok_s_before"] == pytest.approx(640.0) and s["c1_raw_after_over_before"] == pytest.approx(2 / 3, abs=1e-3)
+    assert "c1_tok_s_before" not in s  # renamed: the raw figure is not the goal's measure
+    # records of a run before the A/B rounds: the A/B figures are None, the rest still computes
+    old = an.worker_summary(raw, [], [], [])
+    assert old["c1_after_over_before"] is None and old["c1_goal_met"] is None
+    assert old["c1_dyn_over_stock_before_rounds"] == [] and old["c1_raw_tok_s_after"] is not None
+
+
+def stamped(t, running, y, acc=None, tp=" TP0"):
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    a = f"accept len: {acc:.2f}, accept rate: 0.38, " if acc is not None else ""
+    return (f"[{stamp}{tp}] Decode batch, #running-req: {running}, #full token: 300, full token usage: 0.01, {a}"
+            f"cuda graph: True, gen throughput (token/s): {y:.2f}, #queue-req: 0")
+
+
+def test_log_step_ms_from_accept_len_and_gen_throughput_inside_the_window():
+    t = 1_800_000_000.0
+    lines = ([stamped(t, 1, 1000.0, 2.0)] * 3           # 2 ms steps
+             + [stamped(t + 1, 1, 12.0, 2.5)]            # spans an idle gap: skipped
+             + [stamped(t + 1, 4, 3000.0, 2.0)]          # four running: not c=1
+             + ["[2026-01-01 00:00:00] Prefill batch, #new-seq: 1", "no stamp"]
+             + [stamped(t + 2, 1, 500.0, 2.5, tp="")]    # 5 ms, no TP prefix
+             + [stamped(t + 10, 1, 100.0, 2.0)])         # outside the window
+    med, n = an.log_step_ms(lines, t + 0.3, t + 2.9)
+    assert n == 4 and med == pytest.approx(2.0)
+    assert an.log_step_ms(lines, t + 1.5, t + 2.2) == (pytest.approx(5.0), 1)
+    assert an.log_step_ms(lines, t + 20, t + 30) == (None, 0)
+    # a plain server's lines have no accept len: one token a step
+    assert an.log_step_ms([stamped(t, 1, 700.0)], t, t) == (pytest.approx(1000 / 700, abs=1e-3), 1)
+    recs = [rec("d", "ab_before", 0, [1], t=(t + 0.2, t + 0.9)), rec("d", "ab_after", 0, [1], t=(t + 2.1, t + 2.5))]
+    got = an.c1_step_ms(lines, recs)
+    assert got["ab_before"] == {"median_step_ms": pytest.approx(2.0), "steps": 3}
+    assert got["ab_after"]["median_step_ms"] == pytest.approx(5.0) and got["before"]["median_step_ms"] is None
+    assert an.c1_step_ms(None, recs)["ab_before"]["median_step_ms"] is None

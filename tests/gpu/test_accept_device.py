@@ -29,16 +29,17 @@ STANDINS = {
 }
 
 
-def plan(crossings=3):
+def plan(crossings=3, **kw):
+    kw = {"ab_rounds": 2, "ab_prompts": 1, "ab_tokens": 10, **kw}
     return ad.Plan(threshold=THRESHOLD, crossings=crossings, before_n=3, before_tokens=10, eq_n=6,
                    eq_conc=2, eq_tokens=10, burst_extra=2, burst_tokens=12, span_n=2, span_tokens=48,
-                   span_lead=4, control_n=12)
+                   span_lead=4, control_n=12, **kw)
 
 
-async def run_all(tmp_path, crossings=3, budget=300):
+async def run_all(tmp_path, crossings=3, budget=300, standins=None, **plan_kw):
     ad.BUDGET = ad.el() + budget
     handles = []
-    for label, knobs in STANDINS.items():
+    for label, knobs in (standins or STANDINS).items():
         tdir = tmp_path / f"triton-{label}"
         tdir.mkdir()
         (tdir / "warm.json").write_text("{}")
@@ -48,7 +49,8 @@ async def run_all(tmp_path, crossings=3, budget=300):
               "draft": {"heldout_top1_per_position": [0.9, 0.8]}, "simulated_accept_len": {"mean": 2.4}}
     try:
         async with aiohttp.ClientSession() as s:
-            return await ad.measure(s, handles, prompts, plan(crossings), str(tmp_path), report, reserve_s=10)
+            return await ad.measure(s, handles, prompts, plan(crossings, **plan_kw), str(tmp_path), report,
+                                    reserve_s=10)
     finally:
         for h in handles:
             await h.runner.cleanup()
@@ -79,9 +81,10 @@ def test_summary_has_issue_24_keys_and_is_written(result):
     assert summary["errors"] == {label: 0 for label in STANDINS}
     assert summary["startup_lines"]["eagle3-v2-dyn"] == ["Dynamic speculation disable enabled"]
     recs = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
-    # 7 servers x (3 before + 6 eq + 3 crossings x (2 span + 12 burst) + 3 after), and the
+    # 7 servers x (3 before + 6 eq + 3 crossings x (2 span + 12 burst) + 3 after), the A/B
+    # rounds (2 phases x 2 rounds x 2 groups of 3 servers x 2 visits x 1 prompt) and the
     # baseline's control: crossing 1's 12 burst prompts in the burst shape again and at c=1
-    assert len(recs) == 7 * (3 + 6 + 3 * 14 + 3) + 12 + 12
+    assert len(recs) == 7 * (3 + 6 + 3 * 14 + 3) + 2 * 2 * 2 * 3 * 2 + 12 + 12
     ctrl = [r for r in recs if r["phase"] in ("burst_again", "burst_c1")]
     assert {r["server"] for r in ctrl} == {"baseline"} and {r["crossing"] for r in ctrl} == {1}
     # streamed events carry cumulative token counts, one per step
@@ -235,3 +238,71 @@ def test_the_c1_phases_measure_one_server_at_a_time(result, phase):
     assert len(spans) == len(STANDINS)
     ordered = sorted(spans.values())
     assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:])), ordered
+
+
+def test_ab_rounds_visit_the_group_in_mirrored_order_one_server_at_a_time(result):
+    tmp, summary, _ = result
+    recs = [json.loads(line) for line in (tmp / "records.jsonl").read_text().splitlines()]
+    for name in ("ab_before", "ab_after"):
+        ab = sorted((r for r in recs if r["phase"] == name), key=lambda r: r["t_start"])
+        assert all(a["t_end"] <= b["t_start"] for a, b in zip(ab, ab[1:]))  # c=1, one server at a time
+        order = {}
+        for r in ab:
+            order.setdefault(r["round"], []).append(r["server"])
+        v2 = ["eagle3-v2-dyn", "eagle3-v2", "eagle3-v2-dyn-nc"]
+        v1 = ["eagle3-dyn", "eagle3", "eagle3-dyn-nc"]
+        assert order[0] == v2 + v2[::-1] + v1 + v1[::-1]
+        assert order[1] == v2[::-1] + v2 + v1[::-1] + v1
+        assert {r["idx"] for r in ab if r["round"] == 1} == {1}  # the held-out "before" prompts
+    v2 = summary["per_worker"]["v2"]
+    assert len(v2["c1_dyn_over_stock_before_rounds"]) == 2 and len(v2["negative_control_c1_nc_over_stock_after_rounds"]) == 2
+    assert set(summary["c1_goal_met"]) == {"v1", "v2"}
+    # every server's log gives a c=1 step time in every c=1 phase it ran (the stand-ins' step: 2 ms;
+    # the baseline has no stock peer, so no A/B rounds)
+    for label in STANDINS:
+        for name in ("before", "ab_before", "ab_after", "after"):
+            if label == "baseline" and name.startswith("ab_"):
+                assert summary["c1_step_ms"][label][name] is None
+            else:
+                assert 1.5 < summary["c1_step_ms"][label][name] < 20, (label, name)
+
+
+@pytest.fixture(scope="module")
+def c1_result(tmp_path_factory):
+    """Two pairs at c=1 with 10 ms steps: v2 with noise common to dyn and stock (both 1.6x slower
+    after the first crossing), v1 whose dyn server is 1.5x slower after it."""
+    tmp = tmp_path_factory.mktemp("c1")
+    noise = sa.Noise(after_crossing=1.6)
+    standins = {
+        "eagle3-v2": {"accept": 2.5, "step_s": 0.01, "noise": noise},
+        "eagle3-v2-dyn": {"accept": 2.5, "threshold": THRESHOLD, "step_s": 0.01, "noise": noise},
+        "eagle3": {"accept": 2.0, "step_s": 0.01},
+        "eagle3-dyn": {"accept": 2.0, "threshold": THRESHOLD, "step_s": 0.01, "slow_after_cross_s": 0.005},
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home-c1")))
+        summary, _ = asyncio.run(run_all(tmp, crossings=1, standins=standins, ab_rounds=5, ab_tokens=30))
+    return summary
+
+
+def test_c1_ab_flags_a_dyn_server_slower_after_the_bursts(c1_result):
+    v1 = c1_result["per_worker"]["v1"]
+    assert v1["c1_dyn_over_stock_before"] == pytest.approx(1.0, abs=0.05)
+    assert v1["c1_after_over_before"] < 0.8 and v1["c1_goal_met"] is False
+    assert c1_result["c1_goal_met"]["v1"] is False
+    assert len(v1["c1_dyn_over_stock_after_rounds"]) == 5
+    lo, hi = v1["c1_dyn_over_stock_after_spread"]
+    assert lo <= v1["c1_dyn_over_stock_after"] <= hi < 0.8
+    # the logs say the same: dyn's step grew against stock's
+    assert v1["c1_step_after_over_before"] > 1.3
+    assert v1["c1_step_ms"]["dyn"]["ab_after"]["median_step_ms"] > 13
+
+
+def test_c1_ab_does_not_flag_noise_common_to_the_pair(c1_result):
+    v2 = c1_result["per_worker"]["v2"]
+    # one server alone, before against after: the shared slowdown looks like a regression
+    assert v2["c1_raw_after_over_before"] < 0.8
+    # dyn against stock in the same rounds: it cancels
+    assert v2["c1_after_over_before"] >= 0.98 and v2["c1_goal_met"] is True
+    assert v2["c1_step_after_over_before"] == pytest.approx(1.0, abs=0.1)
+    assert v2["c1_step_ms"]["stock"]["ab_after"]["median_step_ms"] > 13  # the noise is in the logs too
