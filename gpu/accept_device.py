@@ -3,7 +3,7 @@
 
 Usage (from the repo root, after gpu/run_accept.sh has prepared /tmp/site and trained the pair):
   python3 gpu/accept_device.py --out DIR [--budget-s 300] [--threshold 8] [--crossings 10]
-      [--c1-rounds 5] [--c1-prompts 1] [--c1-tokens 128]
+      [--c1-rounds 8] [--c1-prompts 1] [--c1-tokens 192]
 
 Servers side by side on one GPU (shapes_device.Server: the flags `invoke server start` gives
 the profiles), pair "trained", decode log every step, each with its own TRITON_CACHE_DIR:
@@ -91,8 +91,9 @@ class Plan:
         # burst prompts the baseline runs again (same shape, then c=1): >= 64 for the equality
         self.control_n = control_n
         # the A/B c=1 rounds (ab_before / ab_after). Time, per phase: 2 workers x 3 servers x 2 visits
-        # x rounds x prompts x tokens = 2*3*2*5*1*128 = 7,680 tokens at c=1; at the MLA pair's 525-733
-        # tok/s (~550 with prefill and HTTP) ~14 s, so ~28 s for both phases out of --budget-s
+        # x rounds x prompts x tokens = 2*3*2*8*1*192 = 18,432 tokens at c=1; at the MLA pair's 525-733
+        # tok/s (~550 with prefill and HTTP) ~34 s, so ~67 s for both phases out of --budget-s (8 rounds:
+        # the median of 8 per-round ratios; the MLA call of 2026-12-02 left 108 s of its 540 unused)
         self.ab_rounds, self.ab_prompts, self.ab_tokens = ab_rounds, ab_prompts, ab_tokens
 
     def burst_base(self, c):
@@ -538,9 +539,9 @@ async def main():
     ap.add_argument("--burst-tokens", type=int, default=128)
     ap.add_argument("--control-n", type=int, default=64)
     # the A/B c=1 rounds: the defaults add ~28 s (Plan's comment)
-    ap.add_argument("--c1-rounds", type=int, default=5)
+    ap.add_argument("--c1-rounds", type=int, default=8)
     ap.add_argument("--c1-prompts", type=int, default=1)
-    ap.add_argument("--c1-tokens", type=int, default=128)
+    ap.add_argument("--c1-tokens", type=int, default=192)
     a = ap.parse_args()
     BUDGET = a.budget_s
     import shapes_device

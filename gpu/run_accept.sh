@@ -13,7 +13,7 @@
 #      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven),
 #      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
 #      baseline runs again at c=1 and in the burst shape).
-#      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 5 / 1 / 128): the c=1 measure of the goal
+#      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
 #        in mirrored order; summary.json's c1_after_over_before = median dyn/stock after over before
@@ -52,5 +52,5 @@ say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
   --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \
   --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} \
-  --c1-rounds ${C1_ROUNDS:-5} --c1-prompts ${C1_PROMPTS:-1} --c1-tokens ${C1_TOKENS:-128} \
+  --c1-rounds ${C1_ROUNDS:-8} --c1-prompts ${C1_PROMPTS:-1} --c1-tokens ${C1_TOKENS:-192} \
   ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} 2>&1 | tee "$WORK/driver.log"
