@@ -9,7 +9,8 @@ A server's memory on each of its GPUs is
     target weights / tp + target KV pool
     + (speculative profiles) draft weights / tp - the embedding it shares with the target
                              + draft KV pool + the speculative worker's graphs and buffers
-    + context, CUDA graphs and workspace (per TP size; more for a baseline without a request cap)
+    + context, CUDA graphs and workspace (per TP size; more for a server above the lab's cap of 64:
+      a baseline or dyn profile left to its own cap, or a larger --max-running-requests)
 The weights and KV bytes per token come from the shapes gpu/make_models.py writes (layers and experts
 from the KIMI_LAYERS / KIMI_EXPERTS / KIMI_DEEP_LAYERS / KIMI_DEEP_EXPERTS / HUGE_LAYERS / BIG_LAYERS knobs
 of the plan's command, or from the model folders the device already holds); the constants below are
@@ -62,7 +63,8 @@ DRAFT_TP_FACTOR = 1.08  # 2.66 at TP2 against 4.96 / 2 = 2.48
 BASE_OVERHEAD_GIB = {1: 1.2, 2: 7.7}
 # a baseline with "max_running": null gets sglang's own cap (2048 requests: the req-to-token table
 # of 2048 x 131072 positions is 1 GiB) and larger graphs; counted too for any server given more than
-# the lab's 64 with --max-running-requests: 56.58 against the capped 54.81 (kimi16-prefill-and-cap/1)
+# the lab's 64 with --max-running-requests (the dyn profiles' own 4096 included, which sglang
+# resolves as it does the baseline's): 56.58 against the capped 54.81 (kimi16-prefill-and-cap/1)
 UNCAPPED_BASELINE_GIB = 1.8
 # the speculative worker's graphs and buffers beyond the draft weights and KV (GiB per GPU):
 #   TP1 v2: 38.53 (eagle3-v2) and 39.01 (eagle3-v2-dyn) in use (kimi16-prefill-and-cap/2) - 34.72 - 0.25 draft KV
@@ -163,6 +165,33 @@ def is_speculative(profile):
     return profile != "baseline"
 
 
+PROFILE_DIRS = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles"),
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")]
+
+
+def last_cap(flags):
+    """The value of the last --max-running-requests in flags (sglang's argparse keeps the last), or None."""
+    if "--max-running-requests" not in flags:
+        return None
+    return int(flags[len(flags) - 1 - flags[::-1].index("--max-running-requests") + 1])
+
+
+def profile_cap(profile):
+    """The --max-running-requests a profile passes itself, or None (sglang's own cap). The dyn
+    profiles pass 4096, lifting sglang's 48 for speculative servers. A profile's flags replace its
+    parent's (toolkit/server/profiles.py), so the nearest `flags` up its `extends` chain count."""
+    import tomllib  # 3.11+, as the toolkit the lab launches through needs
+    defs = {}
+    for folder in PROFILE_DIRS:
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.endswith(".toml"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    defs[name[:-len(".toml")]] = tomllib.load(f)
+    while profile in defs and "flags" not in defs[profile]:
+        profile = defs[profile].get("extends")
+    return last_cap(defs.get(profile, {}).get("flags", []))
+
+
 def server_gib(pair, shape, profile, tp, kv_tokens, max_running=64):
     """(GiB per GPU, parts) of one server; kv_tokens None: the KV pool is left out (sized later)."""
     tp_key = 1 if tp == 1 else 2
@@ -175,7 +204,7 @@ def server_gib(pair, shape, profile, tp, kv_tokens, max_running=64):
         parts["draft"] = load - shared
         parts["draft_kv"] = (kv_tokens or 0) * draft_kv_bytes_per_token(pair, tp) / GIB
         parts["spec"] = SPEC_OVERHEAD_GIB[("v2" if "v2" in profile else "v1", tp_key)]
-    # sglang's own cap (max_running null) is 48 for a speculative server, 2048 for a baseline
+    # sglang's own cap (no --max-running-requests at all) is 48 for a speculative server, 2048 for a baseline
     if (max_running is None and not is_speculative(profile)) or (max_running or 0) > 64:
         parts["overhead"] += UNCAPPED_BASELINE_GIB
     return sum(parts.values()), parts
@@ -206,10 +235,14 @@ def group_servers(group, shapes):
         pair = spec.get("pair", group.get("pair"))
         tp = int(spec.get("tp", group.get("tp", 1)))
         kv = spec.get("kv_tokens", group.get("kv_tokens", 65536))
+        # the argv holds the profile's flags, then the lab's cap (a group's numeric max_running), then
+        # the entry's flags; sglang's argparse keeps the last --max-running-requests
         max_running = group.get("max_running", 64)
+        if max_running is None:
+            max_running = profile_cap(spec["profile"])
         flags = spec.get("flags", [])
-        if "--max-running-requests" in flags:  # the flag's value wins (sglang's argparse keeps the last)
-            max_running = int(flags[len(flags) - 1 - flags[::-1].index("--max-running-requests") + 1])
+        if "--max-running-requests" in flags:
+            max_running = last_cap(flags)
         gib, parts = server_gib(pair, shapes[pair], spec["profile"], tp, kv, max_running)
         out.append({"label": spec.get("label", spec["profile"]) + ("" if pair == group.get("pair") else f"/{pair}"),
                     "gpus": _gpus(spec.get("gpus", group["gpus"])), "gib": gib, "parts": parts,

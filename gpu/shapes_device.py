@@ -140,7 +140,9 @@ class Server(dyn_device.Server):
         lab_flags = ["--nccl-port", str(self.port + 5000),
                      "--attention-backend", self.backend, "--sampling-backend", "pytorch",
                      "--grammar-backend", "none", "--disable-piecewise-cuda-graph", "--random-seed", "0"]
-        if max_running is not None:  # None: sglang's own default, as the product's profiles leave it
+        # None: the profile's own (the dyn profiles pass --max-running-requests 4096, the others leave
+        # sglang's default); a number comes after the profile's flags, and sglang keeps the last
+        if max_running is not None:
             lab_flags += ["--max-running-requests", str(max_running), "--cuda-graph-max-bs", str(max_running)]
         lab_flags += ["--mem-fraction-static", str(mem)]
         if self.radix_cache_off(group):

@@ -75,7 +75,10 @@ def expected_changes(old_opts, old_env, srv):
     the server: `--tp-size 1` where the driver left sglang's default (1), the hysteresis the
     patch would have chosen itself, now written out by the dyn profiles, and the checkout's
     files by absolute path. One change that is meant (2026-12-02): sweeps run without the radix
-    cache, which had given the baseline alone spurious prefix hits on random ids."""
+    cache, which had given the baseline alone spurious prefix hits on random ids. The dyn profiles'
+    own `--max-running-requests 4096` (they lift sglang's cap of 48 for speculative servers) needs
+    no allowance: every recorded server passed the lab's cap after it, and the last one wins
+    (test_a_recorded_dyn_server_keeps_its_own_request_cap_after_the_profiles)."""
     opts, env = dict(old_opts), dict(old_env)
     if hasattr(srv, "radix_cache_off") and srv.radix_cache_off(srv.group):  # plan servers only
         opts.setdefault("--disable-radix-cache", True)
@@ -118,6 +121,30 @@ def test_only_the_listed_changes_were_needed():
     assert len(added_hyst) == 49
     relative = [k for k, v in BEFORE.items() if any(a.startswith("gpu/") for a in v["argv"])]
     assert relative == ["plans/sglang-0517-serves-and-vs-adaptive/peer-0517/2-eagle3-v2-adaptive"]
+
+
+def test_a_recorded_dyn_server_keeps_its_own_request_cap_after_the_profiles(now):
+    """The dyn profiles pass --max-running-requests 4096; a lab server with a numeric cap (a plan
+    group's "max_running", 64 unless it says otherwise; the drivers' 64) passes its own after it,
+    so sglang's argparse, which keeps a repeated flag's last value, reads what it read before."""
+    assert all("--max-running-requests" in v["argv"] for v in BEFORE.values())
+    dyn = [k for k in sorted(set(BEFORE) - DROPPED) if now[k][0].plan.dyn_threshold is not None]
+    assert len(dyn) == 50
+    for key in dyn:
+        argv, _ = rendered(now[key][1])
+        caps = [argv[k + 1] for k, a in enumerate(argv) if a == "--max-running-requests"]
+        old = options(BEFORE[key]["argv"])
+        assert caps == ["4096", old["--max-running-requests"]], key
+        assert options(argv)["--cuda-graph-max-bs"] == old["--cuda-graph-max-bs"], key
+    # one plan server of a group that leaves "max_running" to its default, spelled out
+    key = "plans/equal-outputs-and-kimi-tp1-speed/kimi-tp1/2-eagle3-v2-dyn"
+    srv, script = now[key]
+    assert "max_running" not in srv.group
+    argv, _ = rendered(script)
+    k = len(argv) - 1 - argv[::-1].index("--max-running-requests")
+    assert argv[k:k + 4] == ["--max-running-requests", "64", "--cuda-graph-max-bs", "64"]
+    assert argv.index("--max-running-requests") < k and argv[argv.index("--max-running-requests") + 1] == "4096"
+    assert options(argv)["--max-running-requests"] == "64"
 
 
 def test_a_plan_server_runs_its_rendered_script(tmp_path, monkeypatch):

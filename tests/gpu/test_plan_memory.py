@@ -217,12 +217,21 @@ def test_run_shapes_refuses_before_its_setup_and_the_override_is_honoured(tmp_pa
 
 
 def test_a_request_cap_given_as_a_flag_is_read_from_its_value(pm):
-    """sglang caps a speculative server at 48 unless --max-running-requests says otherwise: a dyn
-    server lifted to the baseline's 2048 (the documented third server of the prefill plan) holds
-    the larger request table, one capped lower does not."""
-    def dyn(flags):
-        group = dict(kimi_group("a", [{"profile": "eagle3-v2-dyn", "flags": flags}]), max_running=None)
+    """sglang caps a speculative server at 48 unless --max-running-requests says otherwise: the dyn
+    profiles pass 4096 themselves (sglang resolves what a baseline would), so a dyn server with
+    the cap left to the profile holds the baseline's larger request table, as stock eagle3-v2
+    lifted with a flag does; a dyn server capped at 48 by its entry's flag (after the profile's)
+    does not, nor does a group's numeric max_running (the lab's cap, after the profile's too)."""
+    def gib(profile, flags, max_running=None):
+        group = dict(kimi_group("a", [{"profile": profile, "flags": flags}]), max_running=max_running)
         (server,) = pm.group_servers(group, KIMI6)
         return server["gib"]
-    assert dyn(["--max-running-requests", "2048"]) == pytest.approx(dyn([]) + pm.UNCAPPED_BASELINE_GIB)
-    assert dyn(["--max-running-requests", "48"]) == pytest.approx(dyn([]))
+    stock_capped = gib("eagle3-v2", [])
+    assert gib("eagle3-v2", ["--max-running-requests", "2048"]) == pytest.approx(stock_capped + pm.UNCAPPED_BASELINE_GIB)
+    assert gib("eagle3-v2-dyn", []) == pytest.approx(stock_capped + pm.UNCAPPED_BASELINE_GIB)
+    assert gib("eagle3-v2-dyn", ["--max-running-requests", "2048"]) == pytest.approx(gib("eagle3-v2-dyn", []))
+    assert gib("eagle3-v2-dyn", ["--max-running-requests", "48"]) == pytest.approx(stock_capped)
+    assert gib("eagle3-v2-dyn", [], max_running=64) == pytest.approx(stock_capped)
+    # the lab's profiles that extend eagle3-v2-dyn inherit its flags, the cap with them
+    assert pm.profile_cap("eagle3-v2-dyn-native") == pm.profile_cap("eagle3-dyn") == 4096
+    assert pm.profile_cap("eagle3-v2") is None and pm.profile_cap("baseline") is None

@@ -239,9 +239,10 @@ def test_prefill_profiles_run_profile_load_in_its_prefill_mode_at_each_concurren
 
 
 def test_the_prefill_plan_profiles_both_servers_with_prefills_and_documents_an_uncapped_dyn(shapes, monkeypatch, tmp_path):
-    """gpu/plans/kimi16-tp1-where-prefill-time-goes.json (not run yet): baseline and dyn with the
-    cap left to sglang, both profiled in the prefill mode; its documented third server lifts dyn's
-    cap with one --max-running-requests, not a second one beside the lab's own."""
+    """gpu/plans/kimi16-tp1-where-prefill-time-goes.json: baseline and dyn with the cap left to
+    the profiles (none for the baseline; the dyn profile's own 4096 since the dyn profiles lift
+    sglang's cap of 48), both profiled in the prefill mode; its documented third server's
+    --max-running-requests comes after the profile's and wins, with no lab value beside them."""
     import json
     from pathlib import Path
 
@@ -256,10 +257,12 @@ def test_the_prefill_plan_profiles_both_servers_with_prefills_and_documents_an_u
                for k, p in enumerate(group["profiles"])]
     assert [s.profile for s in servers] == ["baseline", "eagle3-v2-dyn"]
     assert set(group["torch_profile"]) == {s.label for s in servers}
-    assert all("--max-running-requests" not in s.cmd for s in servers)
+    assert "--max-running-requests" not in servers[0].cmd
+    assert servers[1].cmd.count("--max-running-requests") == 1
+    assert servers[1].cmd[servers[1].cmd.index("--max-running-requests") + 1] == "4096"
     uncapped = shapes.Server(group, spec["_third_server_not_in_plan"]["entry"], 2, spec["threshold"])
-    assert uncapped.cmd.count("--max-running-requests") == 1
-    assert uncapped.cmd[uncapped.cmd.index("--max-running-requests") + 1] == "2048"
+    caps = [uncapped.cmd[k + 1] for k, a in enumerate(uncapped.cmd) if a == "--max-running-requests"]
+    assert caps == ["4096", "2048"]  # the profile's, then the entry's: sglang's argparse keeps the last
     ((kind, load),) = shapes.profile_load_runs(servers[1], 96, group["profile_prefill"])
     args = dict(zip(load[::2], load[1::2]))
     assert kind == "prefill/nostack" and load[-1] == "--no-stack"

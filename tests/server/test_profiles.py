@@ -44,6 +44,8 @@ def test_eagle3_dyn_sets_the_threshold_requires_the_patchset_and_waits_for_every
     for rank in range(8):
         assert f"TP{rank}: Dynamic speculation disable enabled: threshold=5 hysteresis=1" in lines
     assert "--speculative-eagle-topk" in plan.argv and "SGLANG_ENABLE_SPEC_V2" not in plan.env
+    # its flags replace eagle3's: the same v1 worker settings, and the lifted request cap after them
+    assert plan.argv == server.plan(GPU_HOST, "eagle3").argv + ["--max-running-requests", "4096"]
 
 
 def test_threshold_override_reaches_env_and_expected_lines():
@@ -79,10 +81,37 @@ def test_the_profile_hysteresis_is_the_patchs_documented_default():
 
 
 def test_eagle3_v2_is_the_same_worker_without_dyn_disable():
+    # the same argv but for the dyn profile's lifted request cap (next test)
     plan, dyn = server.plan(GPU_HOST, "eagle3-v2"), server.plan(GPU_HOST, "eagle3-v2-dyn")
-    assert plan.argv == dyn.argv
+    assert plan.argv + ["--max-running-requests", "4096"] == dyn.argv
     assert plan.env == {"SGLANG_ENABLE_SPEC_V2": "1"} and not plan.requires_patchsets
     assert not any("Dynamic speculation" in line for line in plan.expected_log_lines())
+
+
+def last_value(argv, flag):
+    """What sglang's argparse reads for a repeated flag: the last occurrence's value."""
+    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1] if flag in argv else None
+
+
+@pytest.mark.parametrize("profile, cap", [("baseline", None), ("eagle3", None), ("eagle3-v2", None),
+                                          ("eagle3-dyn", "4096"), ("eagle3-v2-dyn", "4096")])
+def test_only_the_dyn_profiles_lift_sglangs_cap_of_48_for_speculative_servers(profile, cap):
+    # sglang 0.5.11 resets an EAGLE server without --max-running-requests to 48; a dyn server runs
+    # plain steps above its threshold, where that cap only costs it (docs/dyn-disable.md)
+    argv = server.plan(GPU_HOST, profile).argv
+    assert argv.count("--max-running-requests") == (0 if cap is None else 1)
+    assert last_value(argv, "--max-running-requests") == cap
+
+
+@pytest.mark.parametrize("profile", ["eagle3-dyn", "eagle3-v2-dyn"])
+def test_a_hosts_own_request_cap_comes_after_the_profiles_and_wins(profile):
+    host = Host(name="h", venv="/v", server={**GPU_HOST.server, "flags": ["--max-running-requests", "256"]})
+    argv = server.plan(host, profile).argv
+    assert argv.count("--max-running-requests") == 2
+    assert last_value(argv, "--max-running-requests") == "256"
+    # and an override's flags (server.plan's overrides, as the lab passes its own) come after the host's
+    argv = server.plan(host, profile, {"flags": ["--max-running-requests", "48"]}).argv
+    assert last_value(argv, "--max-running-requests") == "48"
 
 
 def test_cpu_ref_runs_transformers_serve_from_the_venv_with_the_model_beside_it():
