@@ -63,6 +63,12 @@ def _literal(text) -> str:
     return str(text).replace("{checkout}", "\0").replace("{", "{{").replace("}", "}}").replace("\0", str(ROOT))
 
 
+def profile_flags(profile: str) -> list:
+    """The flags a profile passes itself, `extends` resolved as `invoke server start` resolves it."""
+    with _lab_profiles():
+        return list(profiles.load_profile(profile).get("flags", []))
+
+
 def is_dyn(profile: str) -> bool:
     """Whether the profile starts a dyn-disable server (it has a threshold)."""
     with _lab_profiles():

@@ -3,7 +3,8 @@
     python3 gpu/plan_memory.py PLAN.json [PLAN.json ...]     # prints each plan's peak per GPU
     python3 gpu/plan_memory.py --check PLAN.json             # exit 3 and one line if it does not fit
 
-gpu/shapes_device.py calls refusal() first and starts nothing when it returns a message. Stdlib only.
+gpu/shapes_device.py calls refusal() first and starts nothing when it returns a message. Stdlib only,
+except for a group that leaves "max_running" to the profile: its flags are read through toolkit.
 
 A server's memory on each of its GPUs is
     target weights / tp + target KV pool
@@ -165,10 +166,6 @@ def is_speculative(profile):
     return profile != "baseline"
 
 
-PROFILE_DIRS = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles"),
-                os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")]
-
-
 def last_cap(flags):
     """The value of the last --max-running-requests in flags (sglang's argparse keeps the last), or None."""
     if "--max-running-requests" not in flags:
@@ -177,19 +174,14 @@ def last_cap(flags):
 
 
 def profile_cap(profile):
-    """The --max-running-requests a profile passes itself, or None (sglang's own cap). The dyn
-    profiles pass 4096, lifting sglang's 48 for speculative servers. A profile's flags replace its
-    parent's (toolkit/server/profiles.py), so the nearest `flags` up its `extends` chain count."""
-    import tomllib  # 3.11+, as the toolkit the lab launches through needs
-    defs = {}
-    for folder in PROFILE_DIRS:
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            if name.endswith(".toml"):
-                with open(os.path.join(folder, name), "rb") as f:
-                    defs[name[:-len(".toml")]] = tomllib.load(f)
-    while profile in defs and "flags" not in defs[profile]:
-        profile = defs[profile].get("extends")
-    return last_cap(defs.get(profile, {}).get("flags", []))
+    """The --max-running-requests a profile passes itself, or None (sglang's own cap): the dyn
+    profiles pass 4096, lifting sglang's 48 for speculative servers. Read through the product's
+    profile resolver (gpu/lab_launch.py), so the one import here that is not stdlib."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import lab_launch
+    return last_cap(lab_launch.profile_flags(profile))
 
 
 def server_gib(pair, shape, profile, tp, kv_tokens, max_running=64):
