@@ -36,6 +36,7 @@ after healthy, transitions); server logs under /tmp/dyn-logs.
 """
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ class Plan:
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
                  eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=128, span_n=4, span_tokens=384,
-                 span_lead=16, control_n=64, ab_rounds=5, ab_prompts=1, ab_tokens=128):
+                 span_lead=16, control_n=64, ab_rounds=8, ab_prompts=1, ab_tokens=192):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
         self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
@@ -359,8 +360,12 @@ def jit_snapshot(srv):
     return sorted(names)
 
 
-def per_worker(run, by):
-    logs = {srv.label: srv.read_log().splitlines() for srv in run.servers}
+def read_logs(run):
+    """Each server's log lines, read once per use (summarize reads them again after the margins ran)."""
+    return {srv.label: srv.read_log().splitlines() for srv in run.servers}
+
+
+def per_worker(run, by, logs):
     return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
                                  log=logs.get(d), nc_log=logs.get(nc) if nc in by else None,
                                  windows=run.windows.get(d), nc_windows=run.windows.get(nc),
@@ -374,7 +379,8 @@ def summarize(run, pair_report, threshold, tp=1):
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     base = by.get("baseline", [])
-    per = per_worker(run, by)
+    logs = read_logs(run)
+    per = per_worker(run, by, logs)
     stock_eq = {w: an.greedy_equality(by.get(stock, []), base, {"before", "spec_eq", "after"})
                 for w, (_, stock, _) in WORKERS.items() if stock in by}
     v = per.get("v2", {})
@@ -414,13 +420,13 @@ def summarize(run, pair_report, threshold, tp=1):
         "c1_after_over_before": {w: d.get("c1_after_over_before") for w, d in per.items()},
         "c1_goal_met": {w: d.get("c1_goal_met") for w, d in per.items()},
         # the servers' own view: median decode step (ms) at c=1 per phase, from their logs
-        "c1_step_ms": {srv.label: {n: x["median_step_ms"] for n, x in an.c1_step_ms(
-            srv.read_log().splitlines(), by[srv.label]).items()} for srv in run.servers if srv.label in by},
-        "transitions": {srv.label: an.log_transitions(srv.read_log().splitlines()) for srv in run.servers},
+        "c1_step_ms": {lab: {n: x["median_step_ms"] for n, x in an.c1_step_ms(logs[lab], by[lab]).items()}
+                       for lab in logs if lab in by},
+        "transitions": {lab: an.log_transitions(lines) for lab, lines in logs.items()},
         # whether the patch knew the negative control's debug switch shows in its start-up lines
-        "startup_lines": {srv.label: [l.strip()[-240:] for l in srv.read_log().splitlines()
-                                      if "Dynamic speculation disable" in l and not an.SWITCH_LINE.search(l)][:4]
-                          for srv in run.servers if "dyn" in srv.label},
+        "startup_lines": {lab: [l.strip()[-240:] for l in lines
+                                if "Dynamic speculation disable" in l and not an.SWITCH_LINE.search(l)][:4]
+                          for lab, lines in logs.items() if "dyn" in lab},
     }
     runs = []
     for srv in run.servers:
@@ -454,7 +460,7 @@ async def measure(s, servers, prompts, plan, out, pair_report, reserve_s=20):
     for r in run.records:
         by.setdefault(r["server"], []).append(r)
     base = next((srv for srv in servers if srv.label == "baseline"), None)
-    per = per_worker(run, by)
+    per = per_worker(run, by, read_logs(run))
     mism = all_mismatches(per, an.baseline_control(by.get("baseline", [])))
     if base is not None and base.alive() and mism:
         await run.margins(base, mism)
@@ -538,10 +544,11 @@ async def main():
     ap.add_argument("--span-tokens", type=int, default=384)
     ap.add_argument("--burst-tokens", type=int, default=128)
     ap.add_argument("--control-n", type=int, default=64)
-    # the A/B c=1 rounds: the defaults add ~28 s (Plan's comment)
-    ap.add_argument("--c1-rounds", type=int, default=8)
-    ap.add_argument("--c1-prompts", type=int, default=1)
-    ap.add_argument("--c1-tokens", type=int, default=192)
+    # the A/B c=1 rounds: Plan's defaults (~67 s, Plan's comment)
+    ab = {k: v.default for k, v in inspect.signature(Plan).parameters.items() if k.startswith("ab_")}
+    ap.add_argument("--c1-rounds", type=int, default=ab["ab_rounds"])
+    ap.add_argument("--c1-prompts", type=int, default=ab["ab_prompts"])
+    ap.add_argument("--c1-tokens", type=int, default=ab["ab_tokens"])
     a = ap.parse_args()
     BUDGET = a.budget_s
     import shapes_device
