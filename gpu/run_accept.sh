@@ -17,7 +17,7 @@
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
 #        in mirrored order; summary.json's c1_after_over_before = median dyn/stock after over before
-#        (~28 s of the budget). The raw one-server c1_raw_tok_s_* moved +-20-40 % on stock servers.
+#        (~67 s of the budget). The raw one-server c1_raw_tok_s_* moved +-20-40 % on stock servers.
 # $OUT gets summary.json, first_crossing.json, train_report.json and evidence.tgz (server logs,
 # records.jsonl, accept_raw.json, logs_scan.json, train.log); only a few files come back.
 set -u
