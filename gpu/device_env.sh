@@ -33,4 +33,4 @@ toolkit_side() {  # toolkit_side INVENTORY_DIR: the carried .tkwheels, this chec
   mkdir -p "$1"
 }
 
-tk() { echo; echo "\$ invoke $*"; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]"; return $rc; }
+tk() { echo >&2; echo "\$ invoke $*" >&2; python3 -m invoke "$@"; local rc=$?; echo "[exit $rc]" >&2; return $rc; }  # the echo lines to stderr: a `--json` redirect stays JSON
