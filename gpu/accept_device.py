@@ -419,6 +419,7 @@ def summarize(run, pair_report, threshold, tp=1):
         # c=1, issue #24's goal: per worker c1_after_over_before (A/B, see accept_analysis.ab_summary)
         "c1_after_over_before": {w: d.get("c1_after_over_before") for w, d in per.items()},
         "c1_goal_met": {w: d.get("c1_goal_met") for w, d in per.items()},
+        "c1_goal_verdict": {w: d.get("c1_goal_verdict") for w, d in per.items()},
         # the servers' own view: median decode step (ms) at c=1 per phase, from their logs
         "c1_step_ms": {lab: {n: x["median_step_ms"] for n, x in an.c1_step_ms(logs[lab], by[lab]).items()}
                        for lab in logs if lab in by},
@@ -574,7 +575,7 @@ async def main():
                     "accept_len_before", "after_over_before", "negative_control_after_over_before",
                     "c1_dyn_over_stock_before", "c1_dyn_over_stock_before_spread", "c1_dyn_over_stock_after",
                     "c1_dyn_over_stock_after_spread", "c1_after_over_before", "c1_goal_met",
-                    "negative_control_c1_after_over_before", "c1_step_dyn_over_stock_before",
+                    "c1_goal_verdict", "negative_control_c1_after_over_before", "c1_step_dyn_over_stock_before",
                     "c1_step_dyn_over_stock_after", "c1_raw_tok_s_before", "c1_raw_tok_s_after",
                     "equality_counts", "mismatches_total",
                     "mismatches_with_margin_below_1e-2")}))

@@ -280,3 +280,22 @@ def test_log_step_ms_from_accept_len_and_gen_throughput_inside_the_window():
     assert got["ab_before"] == {"median_step_ms": pytest.approx(2.0), "steps": 3}
     assert got["ab_after"]["median_step_ms"] == pytest.approx(5.0) and got["before"]["median_step_ms"] is None
     assert an.c1_step_ms(None, recs)["ab_before"]["median_step_ms"] is None
+
+
+def test_c1_verdict_is_given_only_where_the_rounds_resolve_the_goal():
+    tight = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0]
+    met, u, why = an.c1_verdict(0.99, tight, tight)
+    assert met is True and u < 0.005 and why.startswith("met")
+    # the same ratio from rounds that scatter as the fourth session's MLA call did: no verdict
+    wide = [1.04, 1.01, 1.22, 1.12, 1.03, 1.06, 1.0, 0.86]
+    met, u, why = an.c1_verdict(0.99, wide, wide)
+    assert met is None and u > 0.03 and why.startswith("not resolved")
+    # a clear loss is a miss even through that scatter
+    assert an.c1_verdict(0.8, wide, wide)[0] is False
+    # tight rounds, just short of the goal: a miss
+    assert an.c1_verdict(0.97, tight, tight)[0] is False
+    # a gain with no mechanism behind it is a harness question, however tight the rounds
+    met, _, why = an.c1_verdict(1.06, tight, tight)
+    assert met is None and "harness" in why
+    # too few rounds to estimate their spread
+    assert an.c1_verdict(1.0, tight[:3], tight)[:2] == (None, None)
