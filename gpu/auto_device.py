@@ -120,6 +120,11 @@ async def dyn_state(s, srv):
 
 
 def make_servers(fixed, mem):
+    """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
+    core at 100 %), and six idle servers beside the measured one put host noise into its
+    host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
+    resident). The scheduler sleeps only when it has no request at all (Scheduler.on_idle), and a
+    request wakes its poll at once, so a measured server runs as without the flag."""
     import shapes_device
     group = {"name": "auto", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
              "mem": mem, "kv_tokens": 32768, "max_running": 64}
@@ -128,7 +133,8 @@ def make_servers(fixed, mem):
         label = "auto" if threshold == "auto" else f"fixed-{threshold}"
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
         # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
-        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": "trained", "env": env}
+        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": "trained", "env": env,
+                "flags": ["--sleep-on-idle"]}
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)

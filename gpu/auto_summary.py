@@ -37,6 +37,8 @@ def workload_summary(records, name):
         entry = {"auto": medians.get("auto"), "best_fixed": None, "best_fixed_threshold": None,
                  "auto_over_best": None,
                  "fixed": {t: fixed[t] for t in sorted(fixed, key=int)}}
+        if level != "bursty":
+            entry.update(_replicates(fixed, int(level)))
         if fixed:
             best = max(fixed, key=lambda t: (fixed[t], -int(t)))
             entry["best_fixed"], entry["best_fixed_threshold"] = fixed[best], int(best)
@@ -44,6 +46,20 @@ def workload_summary(records, name):
                 entry["auto_over_best"] = round(entry["auto"] / fixed[best], 4)
         levels[level] = entry
     return {"name": name, "levels": levels}
+
+
+def _replicates(fixed, c):
+    """The harness's own noise at level c: a fixed-N server with N >= c never has more than N
+    running, so it never goes plain (plain when running > N) and all such servers run the same
+    steps. Their spread, (max - min) / median, is what one server measured against another
+    differs by with nothing different between them; the best fixed threshold is the maximum of
+    the sweep, so it sits high by up to that much."""
+    same = sorted((t for t in fixed if int(t) >= c), key=int)
+    values = [fixed[t] for t in same]
+    spread = None
+    if len(values) >= 2 and statistics.median(values) > 0:
+        spread = round((max(values) - min(values)) / statistics.median(values), 4)
+    return {"always_speculating": [int(t) for t in same], "replicate_spread": spread}
 
 
 def merge(parts):

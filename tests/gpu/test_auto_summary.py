@@ -27,9 +27,13 @@ def test_best_fixed_is_the_fastest_threshold_by_median_and_auto_is_compared_with
                rec("random", "1", 8, 100.0)]
     part = summary.workload_summary(records, "own")
     assert part["levels"]["1"] == {"auto": 295.0, "best_fixed": 300.0, "best_fixed_threshold": 64,
-                                   "auto_over_best": 0.9833, "fixed": {"8": 290.0, "64": 300.0}}
+                                   "auto_over_best": 0.9833, "fixed": {"8": 290.0, "64": 300.0},
+                                   "always_speculating": [8, 64], "replicate_spread": 0.0339}
     assert part["levels"]["32"]["best_fixed_threshold"] == 8
     assert part["levels"]["32"]["auto_over_best"] == 0.95
+    # at c=32 threshold 8 goes plain, so only 64 always speculates: no replicate to compare with
+    assert part["levels"]["32"]["always_speculating"] == [64]
+    assert part["levels"]["32"]["replicate_spread"] is None
 
 
 def test_merge_checks_the_goal_per_level_and_keeps_the_issue_shape(summary, tmp_path):
