@@ -20,6 +20,13 @@ import types
 from typing import Optional
 
 import pytest
+from invoke.exceptions import Exit
+
+# imported here, not in a test: stub_modules drops every module first imported inside its block,
+# and a profiles module imported again would raise a ProfileError class server.py does not know
+from toolkit.core.inventory import Host
+from toolkit.server import profiles, server
+from toolkit_cli.server import threshold_option
 
 from .conftest import PATCHSET, RELEASES, function_source, load_by_path, public_attrs, stub_modules, tree_with
 
@@ -185,7 +192,7 @@ class Server:
         speculate = self.switch.decide(bs) if decide is None else decide
         size = bucket(bs)
         if speculate:
-            duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0)
+            duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0) + self.spec_extra()
             lens = [min(5, max(1, round(self.accept + self.rng.uniform(-1, 1)))) for _ in range(bs)]
         else:
             duration = PLAIN_A + PLAIN_B * size
@@ -203,9 +210,40 @@ class Server:
         self.results.append((bs, lens))
         return speculate
 
+    def spec_extra(self):
+        return 0.0
+
     def run(self, bs, steps):
         for _ in range(steps):
             self.step(bs)
+
+
+class ChurnServer(Server):
+    """Under load with short answers: a prefill joins the running batch every `every` decode
+    steps (PREFILL_S, the same on either side), and the speculative step right after one costs
+    `extra` more (the draft's state for the new requests). So speculation's quiet steps look
+    cheap while its steps under churn are not, as on the first GPU run (a speculative step at
+    31-64 running requests measured 3.4-4.4 ms quiet, 8-13 ms by the servers' throughput)."""
+
+    PREFILL_S = 4e-3
+
+    def __init__(self, auto, every=6, extra=60e-3, **kw):
+        super().__init__(auto, **kw)
+        self.every = every
+        self.extra = extra
+        self.after_prefill = False
+
+    def spec_extra(self):
+        extra, self.after_prefill = (self.extra if self.after_prefill else 0.0), False
+        return extra
+
+    def step(self, bs, decide=None):
+        if self.steps and self.steps % self.every == 0:
+            self.switch.note_other_forward(idle_before=False)
+            self.now += self.PREFILL_S
+            self.time[self.last_spec] += self.PREFILL_S
+            self.after_prefill = True
+        return super().step(bs, decide)
 
 
 def bucket(bs):
@@ -373,11 +411,6 @@ def test_the_diff_applies_after_0001_and_0002_and_every_patched_file_compiles(au
 def test_server_start_threshold_auto_renders_what_the_patched_server_reads_and_logs(policy, auto):
     """`invoke server start eagle3-v2-dyn --threshold auto`: the plan's environment is one the
     patched policy accepts, and the line it waits for on every rank is the controller's start line."""
-    from toolkit.server import profiles, server
-    from toolkit.core.inventory import Host
-    from invoke.exceptions import Exit
-    from toolkit_cli.server import threshold_option
-
     host = Host(name="gpu", address="gpu.example", venv="/opt/venv", gpus=2,
                 server={"model": "/m/target", "draft_model": "/m/draft"})
     plan = server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": threshold_option("auto"), "tp_size": 2})
@@ -554,7 +587,7 @@ ACCEPT_HOOK = {
 }
 
 
-def run_patched(auto_tree, auto, path, cls, name, *args):
+def run_patched(auto_tree, auto, path, cls, name, *args, running_batch=None):
     from .conftest import method_source
 
     class Anything:
@@ -574,7 +607,7 @@ def run_patched(auto_tree, auto, path, cls, name, *args):
     defined = Names()
     exec(method_source(auto_tree / path, cls, name), namespace, defined)
     namespace[name] = dict.__getitem__(defined, name)
-    this = Stub(forward_ct=0, metrics_reporter=types.SimpleNamespace(
+    this = Stub(forward_ct=0, running_batch=running_batch, metrics_reporter=types.SimpleNamespace(
         record_scheduler_active=lambda ns: None, snapshot_spec_decode_metrics=lambda batch, result: None))
     with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
         sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
@@ -585,9 +618,11 @@ def run_patched(auto_tree, auto, path, cls, name, *args):
 
 
 def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monkeypatch):
-    """Scheduler.run_batch breaks the timing chain at a forward that is not a decode step, and the
-    result processor hands each decode result's accept lengths (bonus token included) to the
-    controller: the patched methods of each release, run with stand-ins."""
+    """Scheduler.run_batch tells the controller of a forward that is not a decode step and whether
+    requests were decoding (a prefill after idle time breaks the timing chain, one inside a busy
+    batch keeps it for the wall step time), and the result processor hands each decode result's
+    accept lengths (bonus token included) to the controller: the patched methods of each
+    release, run with stand-ins."""
     now = [0.0]
     switch = auto.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0), auto.AutoConfig(),
                              bucket_sizes=lambda: SIZES, clock=lambda: now[0])
@@ -600,10 +635,15 @@ def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monke
     def batch(decode):
         return Stub(forward_mode=Stub(is_decode=lambda: decode))
 
-    run_patched(auto_tree, auto, path, cls, "run_batch", batch(True))
+    busy, idle = Stub(reqs=[Stub(), Stub()]), Stub(reqs=[])
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(True), running_batch=busy)
     assert len(switch._history) == 2 and switch._last_t is not None   # a decode step: chain kept
-    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False))
-    assert switch._history == [] and switch._last_t is None            # a prefill: chain broken
+    assert switch._quiet == 2
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False), running_batch=busy)
+    assert len(switch._history) == 2 and switch._last_t is not None   # a prefill under load: kept,
+    assert switch._quiet == 0                                          # but not quiet any more
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False), running_batch=idle)
+    assert switch._history == [] and switch._last_t is None            # a prefill after idle: broken
 
     path, cls, name = ACCEPT_HOOK[release]
     reqs = [Stub(), Stub()]
@@ -641,3 +681,69 @@ def test_auto_is_within_3_percent_of_the_best_fixed_threshold_at_every_level(aut
         best = max(tokens_per_s(Server(auto, accept=accept, seed=5), 40, size_at, decide=lambda bs, n=n: bs <= n)
                    for n in (1, 4, 8, 16, 32, 48, 64))
         assert got >= 0.97 * best, (name, got / best)
+
+
+def test_prefills_under_load_count_against_the_side_they_slow(auto):
+    """At 16 running requests quiet steps favour speculation (gain 1.31) but with a prefill
+    every 6 steps, each making the next speculative step 60 ms dearer, plain is faster: the
+    controller decides on the wall step time, which holds the churn, runs plain, and keeps
+    within 3 % of the better side; the quiet estimate still reads the quiet step."""
+    size = 16
+    server = ChurnServer(auto, accept=2.5, seed=4)
+    server.run(size, 3000)
+    rates = {}
+    for speculate in (True, False):
+        forced = ChurnServer(auto, accept=2.5, seed=4)
+        rates[speculate] = tokens_per_s(forced, 20, lambda t: size, decide=lambda bs, s=speculate: s)
+    assert rates[False] > 1.05 * rates[True]             # plain is the right side here
+    assert true_gain(2.5, size) > 1.25                    # though the quiet steps say speculate
+    b = server.switch.buckets[size]
+    assert b.applied_speculate is False
+    assert b.spec_quiet_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.15)
+    assert b.spec_s.value > 1.3 * b.spec_quiet_s.value
+    got = tokens_per_s(server, 20, lambda t: size)
+    assert got >= 0.97 * rates[False], got / rates[False]
+
+
+def test_the_first_samples_at_a_new_size_are_dropped(auto):
+    """The first steps at a batch size compile kernels (20-29 ms against 3-5 ms on the first GPU
+    run): WARM samples of every step time are dropped, so they do not move the estimate."""
+    server = Server(auto, accept=2.5, seed=2, noise=0.0)
+    compile_s = [0.5, 0.3]
+
+    first = server.step
+
+    def step(bs, decide=None):
+        speculate = first(bs, decide)
+        if compile_s:
+            server.gpu[-1] += compile_s.pop(0)   # the step just launched ran long
+        return speculate
+
+    server.step = step
+    server.run(4, 60)
+    b = server.switch.buckets[4]
+    assert b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * 4, rel=0.01)
+
+
+def test_one_request_with_acceptance_in_stretches_keeps_speculating(auto, monkeypatch):
+    """One request whose text alternates 40 easy steps (3.8 tokens) and 40 hard ones (1.2):
+    speculation is 1.7x faster on average, and the accept length, weighed per request-step,
+    keeps it on. Weighed per step as before (0.1 a step) it stopped drafting three times and ran
+    a third of the steps plain, as the first GPU run did at c=1 (1.47 read against 2.2-2.8)."""
+
+    class Stretchy(Server):
+        def step(self, bs, decide=None):
+            self.accept = 1.2 if (self.steps // 40) % 2 else 3.8
+            return super().step(bs, decide)
+
+    def plain_share(per_request):
+        monkeypatch.setattr(auto, "ACCEPT_ALPHA", per_request)
+        server = Stretchy(auto, accept=2.5, seed=3)
+        server.run(1, 20000)
+        return server.switch.switches_off, server.switch.plain_steps / server.steps
+
+    assert true_gain(2.5, 1) > 1.7
+    off, share = plain_share(auto.ACCEPT_ALPHA)
+    assert off == 0 and share < 0.02, (off, share)          # the probes only
+    off, share = plain_share(0.1)
+    assert off >= 1 and share > 0.2, (off, share)
