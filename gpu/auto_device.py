@@ -1,18 +1,22 @@
 """threshold=auto against the best fixed threshold (issue #29), one workload per call, on the
-trained pair (gpu/train_pair.py), simulation off. NOT RUN YET (no GPU was lent when it was written).
+trained pair (gpu/train_pair.py), simulation off. First run: docs/evidence/auto-threshold/1-first-gpu-run.
 
 Usage (repo root, after gpu/run_auto.sh has prepared /tmp/site and the pair):
   python3 gpu/auto_device.py --out DIR --workload own|random [--budget-s 420]
-      [--fixed 2,4,8,16,32,64] [--levels 1,4,16,32,64] [--rounds 1]
+      [--fixed 2,8,16,64] [--levels 1,4,16,32,64] [--rounds 1] [--min-s 5]
 
 Servers side by side on one GPU (shapes_device.Server, the flags the profiles give), all
 eagle3-v2-dyn on the same pair: `fixed-N` with SGLANG_SPEC_DISABLE_THRESHOLD=N for each N of
 --fixed (64 = the largest batch: never plain, stock speculation) and `auto` with
-SGLANG_SPEC_DISABLE_THRESHOLD=auto. Workloads: `own` = the pair's held-out text (the draft
-accepts 2.5-2.6 tokens per step, docs/evidence/real-acceptance), `random` = random token ids (the
-draft is mostly wrong), so the crossover differs. Per level c of --levels, servers one at a time
-(the order rotates per level): a warm-up of c requests, then 4c requests (at least 8) at
-concurrency c, --in-tokens prompt tokens, --out-tokens generated, ignore_eos; output tok/s. Then
+SGLANG_SPEC_DISABLE_THRESHOLD=auto. Workloads: `own` = the pair's held-out text, greedy (the
+draft accepts 2.5-2.6 tokens per step, docs/evidence/real-acceptance), `random` = random token
+ids sampled at temperature 1 (the first GPU run used greedy decoding there, and a small target's
+greedy continuation of random ids is as predictable as its own text: the draft accepted 2.4-3.6
+tokens per step, so the crossovers did not differ; sampling makes the draft mostly wrong). Per
+level c of --levels, servers one at a time (the order rotates per level): a warm-up of c
+requests, then rounds of 4c requests (at least 8) at concurrency c until --min-s seconds have
+passed (2-s runs scattered by 25-36 % between servers doing identical steps on the first GPU
+run), --in-tokens prompt tokens, --out-tokens generated, ignore_eos; output tok/s. Then
 the bursty trace: a closed loop whose concurrency moves between --burst-low and --burst-high every
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain. After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
@@ -58,8 +62,12 @@ def prompts_for(workload, models, n, in_tokens, seed=0):
     return [[rnd.randrange(3, vocab) for _ in range(in_tokens)] for _ in range(n)]
 
 
+TEMPERATURE = {"own": 0.0, "random": 1.0}
+temperature = 0.0  # the workload's, set in main()
+
+
 async def generate(s, srv, ids, out_tokens):
-    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": out_tokens,
+    body = {"input_ids": ids, "sampling_params": {"temperature": temperature, "max_new_tokens": out_tokens,
                                                   "ignore_eos": True}}
     for attempt in (0, 1):
         try:
@@ -73,7 +81,8 @@ async def generate(s, srv, ids, out_tokens):
                 raise
 
 
-async def fixed_level(s, srv, prompts, c, n, out_tokens):
+async def fixed_level(s, srv, prompts, c, n, out_tokens, min_s=0.0):
+    """Rounds of n requests at concurrency c until min_s seconds have passed (at least one)."""
     sem = asyncio.Semaphore(c)
     toks = []
 
@@ -82,9 +91,12 @@ async def fixed_level(s, srv, prompts, c, n, out_tokens):
             toks.append(await generate(s, srv, ids, out_tokens))
 
     t0 = time.time()
-    await asyncio.gather(*(one(prompts[i % len(prompts)]) for i in range(n)))
+    sent = 0
+    while sent == 0 or time.time() - t0 < min_s:
+        await asyncio.gather(*(one(prompts[(sent + i) % len(prompts)]) for i in range(n)))
+        sent += n
     wall = time.time() - t0
-    return {"requests": n, "out_tokens": sum(toks), "wall_s": round(wall, 3),
+    return {"requests": sent, "out_tokens": sum(toks), "wall_s": round(wall, 3),
             "out_tok_per_s": round(sum(toks) / wall, 1)}
 
 
@@ -142,13 +154,13 @@ def make_servers(fixed, mem):
 
 
 async def main():
-    global BUDGET
+    global BUDGET, temperature
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--workload", choices=("own", "random"), required=True)
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--models", default="/tmp/models")
-    ap.add_argument("--fixed", default="2,4,8,16,32,64")
+    ap.add_argument("--fixed", default="2,8,16,64")
     ap.add_argument("--levels", default="1,4,16,32,64")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--mem", type=float, default=0.08)
@@ -158,8 +170,10 @@ async def main():
     ap.add_argument("--burst-high", type=int, default=48)
     ap.add_argument("--period-s", type=float, default=3.0)
     ap.add_argument("--bursty-s", type=float, default=15.0)
+    ap.add_argument("--min-s", type=float, default=5.0, help="seconds each level's measurement lasts at least")
     a = ap.parse_args()
     BUDGET = a.budget_s
+    temperature = TEMPERATURE[a.workload]
     import accept_device
     import shapes_device
     shapes_device.BUDGET = a.budget_s
@@ -189,9 +203,9 @@ async def main():
                             say("budget: stopping before", srv.label, "c =", c)
                             raise TimeoutError("budget")
                         await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
-                        res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens)
+                        res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens, a.min_s)
                         rec = dict(res, workload=a.workload, level=str(c), server=srv.label,
-                                   threshold=srv.threshold_label, round=rnd)
+                                   threshold=srv.threshold_label, round=rnd, temperature=temperature)
                         keep(records_path, rec)
                         say(a.workload, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
@@ -203,7 +217,7 @@ async def main():
                     res = await bursty(s, srv, prompts, a.burst_low, a.burst_high, a.period_s,
                                        a.bursty_s, a.out_tokens)
                     keep(records_path, dict(res, workload=a.workload, level="bursty", server=srv.label,
-                                            threshold=srv.threshold_label, round=rnd))
+                                            threshold=srv.threshold_label, round=rnd, temperature=temperature))
                     say(a.workload, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
         except TimeoutError:

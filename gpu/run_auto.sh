@@ -1,13 +1,13 @@
 #!/bin/bash
 # threshold=auto against the best fixed threshold of a sweep (issue #29), one workload per call:
 # site setup (unless SKIP_SETUP=1), the trained pair (unless it is already in /tmp/models), then
-# gpu/auto_device.py with what is left. NOT RUN YET: no GPU was lent when it was written.
+# gpu/auto_device.py with what is left. First run on 2026-12-02 (docs/evidence/auto-threshold/1-first-gpu-run).
 # Run from the repo root with the carried .whl1 .whl2 .whl3 (gpu/README.md):
 #   WORKLOAD=own BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
 #   SKIP_SETUP=1 WORKLOAD=random BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
 # Env: WORKLOAD (own | random, default own), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
 #      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
-#      AUTO_FIXED (default 2,4,8,16,32,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (1),
+#      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (1),
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla).
 # $OUT gets part-$WORKLOAD.json, records.jsonl, auto_state.jsonl, train_report.json and
 # evidence.tgz (server logs, driver log, logs_scan.json).
@@ -25,7 +25,9 @@ left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 finish() {
   for f in part-$WORKLOAD.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
   [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
-  tar -C "$LOGS" -czf "$OUT/evidence.tgz" . 2>/dev/null
+  # this call's servers and driver only (a warm machine keeps an earlier call's logs and traces)
+  tar -C "$LOGS" -czf "$OUT/evidence.tgz" --exclude=./traces --exclude='./kimi*' --exclude=./fi_prewarm.log \
+    $(for w in own random; do [ $w = "$WORKLOAD" ] || echo --exclude=./auto-$w; done) . 2>/dev/null
   say "done"
 }
 trap finish EXIT
@@ -49,5 +51,5 @@ else
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD"
 python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --budget-s $(( $(left) - 15 )) \
-  --fixed ${AUTO_FIXED:-2,4,8,16,32,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-1} \
+  --fixed ${AUTO_FIXED:-2,8,16,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-1} \
   ${AUTO_ARGS:-} 2>&1 | tee "$WORK/driver.log"
