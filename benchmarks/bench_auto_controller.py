@@ -1,0 +1,82 @@
+"""threshold=auto's controller against the best fixed threshold on the simulated server, with and
+without prefill churn (issue #29; CPU only, about 10 s).
+
+The controller is the file 0003-dyn-disable-auto.patch adds (read from the 0.5.11 diff, no wheel
+needed); the simulated servers are tests/dyn/test_auto.py's: `Server` (step-time model, noise,
+overlap-scheduler timing) and `ChurnServer` (a prefill joins the running batch every 6 steps and
+makes the next speculative step EXTRA ms dearer, the shape of what the first GPU run showed).
+The protocol is gpu/run_auto.sh's: one auto server through c = 1, 4, 16, 32, 64 and a bursty load
+(48 <-> 2 running every 3 s), each level 10 s to settle and 40 s measured, against a fresh server
+per fixed threshold (speculate while bs <= N, N = 1..64). Prints auto / best fixed per level.
+
+    .venv/bin/python benchmarks/bench_auto_controller.py [--extra-ms 0,20,40] [--accept 2.5,1.8]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATCH = os.path.join(ROOT, "patchsets", "dyn-disable", "0.5.11", "0003-dyn-disable-auto.patch")
+NEW_FILE = "diff --git a/sglang/srt/speculative/dyn_disable_auto.py"
+
+
+def load_controller():
+    """dyn_disable_auto.py as the patch adds it: the '+' lines of its new-file diff."""
+    text = open(PATCH).read()
+    start = text.index(NEW_FILE)
+    end = text.find("\ndiff --git ", start + 1)
+    body = text[start:] if end < 0 else text[start:end]
+    hunk = body[body.index("\n@@ ") + 1:]
+    source = "".join(line[1:] + "\n" for line in hunk.splitlines()[1:])
+    path = os.path.join(tempfile.mkdtemp(), "dyn_disable_auto.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("dyn_disable_auto_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ratios(auto, sim, accept, extra_s):
+    if extra_s:
+        make = lambda: sim.ChurnServer(auto, accept=accept, seed=5, every=6, extra=extra_s)  # noqa: E731
+    else:
+        make = lambda: sim.Server(auto, accept=accept, seed=5)  # noqa: E731
+    server = make()
+    levels = {str(c): (lambda t, c=c: c) for c in (1, 4, 16, 32, 64)}
+    levels["bursty"] = lambda t: 48 if int(t / 3.0) % 2 == 0 else 2
+    out = {}
+    for name, size_at in levels.items():
+        sim.tokens_per_s(server, 10, size_at)
+        got = sim.tokens_per_s(server, 40, size_at)
+        best = max(sim.tokens_per_s(make(), 40, size_at, decide=lambda bs, n=n: bs <= n)
+                   for n in (1, 4, 8, 16, 32, 48, 64))
+        out[name] = got / best
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--extra-ms", default="0,20,40", help="churn: extra ms of the speculative step after a prefill (0: no churn)")
+    ap.add_argument("--accept", default="2.5,1.8", help="simulated accept lengths")
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    from tests.dyn import test_auto as sim
+
+    auto = load_controller()
+    print("| churn (extra ms) | accept | c=1 | c=4 | c=16 | c=32 | c=64 | bursty |")
+    print("|---|---|---|---|---|---|---|---|")
+    for extra in (float(x) for x in a.extra_ms.split(",")):
+        for accept in (float(x) for x in a.accept.split(",")):
+            r = ratios(auto, sim, accept, extra / 1e3)
+            cells = " | ".join(f"{v:.3f}" for v in r.values())
+            print(f"| {extra:g} | {accept:g} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
