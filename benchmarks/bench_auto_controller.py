@@ -44,20 +44,9 @@ def load_controller():
 
 def ratios(auto, sim, accept, extra_s):
     if extra_s:
-        make = lambda: sim.ChurnServer(auto, accept=accept, seed=5, every=6, extra=extra_s)  # noqa: E731
-    else:
-        make = lambda: sim.Server(auto, accept=accept, seed=5)  # noqa: E731
-    server = make()
-    levels = {str(c): (lambda t, c=c: c) for c in (1, 4, 16, 32, 64)}
-    levels["bursty"] = lambda t: 48 if int(t / 3.0) % 2 == 0 else 2
-    out = {}
-    for name, size_at in levels.items():
-        sim.tokens_per_s(server, 10, size_at)
-        got = sim.tokens_per_s(server, 40, size_at)
-        best = max(sim.tokens_per_s(make(), 40, size_at, decide=lambda bs, n=n: bs <= n)
-                   for n in (1, 4, 8, 16, 32, 48, 64))
-        out[name] = got / best
-    return out
+        return sim.auto_over_best_fixed(
+            lambda: sim.ChurnServer(auto, accept=accept, seed=5, every=6, extra=extra_s))
+    return sim.auto_over_best_fixed(lambda: sim.Server(auto, accept=accept, seed=5))
 
 
 def main():

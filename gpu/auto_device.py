@@ -204,8 +204,9 @@ async def main():
                             raise TimeoutError("budget")
                         await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
                         res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens, a.min_s)
-                        rec = dict(res, workload=a.workload, level=str(c), server=srv.label,
-                                   threshold=srv.threshold_label, round=rnd, temperature=temperature)
+                        # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
+                        rec = {**res, **srv.meta(), "workload": a.workload, "level": str(c), "server": srv.label,
+                               "threshold": srv.threshold_label, "round": rnd, "temperature": temperature}
                         keep(records_path, rec)
                         say(a.workload, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
@@ -216,8 +217,9 @@ async def main():
                         continue
                     res = await bursty(s, srv, prompts, a.burst_low, a.burst_high, a.period_s,
                                        a.bursty_s, a.out_tokens)
-                    keep(records_path, dict(res, workload=a.workload, level="bursty", server=srv.label,
-                                            threshold=srv.threshold_label, round=rnd, temperature=temperature))
+                    keep(records_path, {**res, **srv.meta(), "workload": a.workload, "level": "bursty",
+                                        "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
+                                        "temperature": temperature})
                     say(a.workload, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
         except TimeoutError:
