@@ -3,20 +3,25 @@ trained pair (gpu/train_pair.py), simulation off. First run: docs/evidence/auto-
 
 Usage (repo root, after gpu/run_auto.sh has prepared /tmp/site and the pair):
   python3 gpu/auto_device.py --out DIR --workload own|random [--budget-s 420]
-      [--fixed 2,8,16,64] [--levels 1,4,16,32,64] [--rounds 1] [--min-s 5]
+      [--fixed 2,8,16,64] [--levels 1,4,16,32,64] [--rounds 3] [--min-s 1.2] [--no-baseline]
 
-Servers side by side on one GPU (shapes_device.Server, the flags the profiles give), all
-eagle3-v2-dyn on the same pair: `fixed-N` with SGLANG_SPEC_DISABLE_THRESHOLD=N for each N of
---fixed (64 = the largest batch: never plain, stock speculation) and `auto` with
-SGLANG_SPEC_DISABLE_THRESHOLD=auto. Workloads: `own` = the pair's held-out text, greedy (the
+Servers side by side on one GPU (shapes_device.Server, the flags the profiles give), on the same
+pair: eagle3-v2-dyn `fixed-N` with SGLANG_SPEC_DISABLE_THRESHOLD=N for each N of --fixed (64 =
+the largest batch: never plain, stock speculation), eagle3-v2-dyn `auto` with
+SGLANG_SPEC_DISABLE_THRESHOLD=auto, and `baseline` (the target alone, no draft: the fastest
+server a user runs where speculation never pays; no fixed threshold stops drafting at one
+request, so without it the sweep has no plain side at c=1). Workloads: `own` = the pair's held-out text, greedy (the
 draft accepts 2.5-2.6 tokens per step, docs/evidence/real-acceptance), `random` = random token
 ids sampled at temperature 1 (the first GPU run used greedy decoding there, and a small target's
 greedy continuation of random ids is as predictable as its own text: the draft accepted 2.4-3.6
 tokens per step, so the crossovers did not differ; sampling makes the draft mostly wrong). Per
-level c of --levels, servers one at a time (the order rotates per level): a warm-up of c
-requests, then rounds of 4c requests (at least 8) at concurrency c until --min-s seconds have
-passed (2-s runs scattered by 25-36 % between servers doing identical steps on the first GPU
-run), --in-tokens prompt tokens, --out-tokens generated, ignore_eos; output tok/s. Then
+level c of --levels: a warm-up of c requests on every server, then --rounds rounds; in each, the
+servers one at a time, in an order that rotates from round to round, each for batches of 4c
+requests (at least 8) at concurrency c until --min-s seconds have passed; --in-tokens prompt
+tokens, --out-tokens generated, ignore_eos; output tok/s, the median of the rounds. Short
+interleaved runs, not one long run per server: on the second GPU run (5-s runs, one after the
+other) every server of a level drifted together by 8-10 % from one round to the next, and
+servers doing identical steps differed by 19-30 % when measured 10-20 s apart. Then
 the bursty trace: a closed loop whose concurrency moves between --burst-low and --burst-high every
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain. After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
@@ -131,7 +136,7 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
-def make_servers(fixed, mem):
+def make_servers(fixed, mem, baseline=True):
     """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
     core at 100 %), and six idle servers beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
@@ -150,6 +155,12 @@ def make_servers(fixed, mem):
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)
+    if baseline:
+        spec = {"profile": "baseline", "label": "baseline", "pair": "trained",
+                "env": {"TRITON_CACHE_DIR": "/tmp/triton-baseline"}, "flags": ["--sleep-on-idle"]}
+        srv = shapes_device.Server(group, spec, len(servers), 0)
+        srv.threshold_label = "none"
+        servers.insert(0, srv)
     return servers
 
 
@@ -162,15 +173,17 @@ async def main():
     ap.add_argument("--models", default="/tmp/models")
     ap.add_argument("--fixed", default="2,8,16,64")
     ap.add_argument("--levels", default="1,4,16,32,64")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-baseline", action="store_true", help="no target-only server in the sweep")
     ap.add_argument("--mem", type=float, default=0.08)
     ap.add_argument("--in-tokens", type=int, default=128)
     ap.add_argument("--out-tokens", type=int, default=96)
     ap.add_argument("--burst-low", type=int, default=2)
     ap.add_argument("--burst-high", type=int, default=48)
     ap.add_argument("--period-s", type=float, default=3.0)
-    ap.add_argument("--bursty-s", type=float, default=15.0)
-    ap.add_argument("--min-s", type=float, default=5.0, help="seconds each level's measurement lasts at least")
+    ap.add_argument("--bursty-s", type=float, default=10.0)
+    ap.add_argument("--bursty-rounds", type=int, default=1)
+    ap.add_argument("--min-s", type=float, default=1.2, help="seconds each round's measurement lasts at least")
     a = ap.parse_args()
     BUDGET = a.budget_s
     temperature = TEMPERATURE[a.workload]
@@ -180,7 +193,7 @@ async def main():
     os.makedirs(a.out, exist_ok=True)
     levels = [int(c) for c in a.levels.split(",")]
     prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens)
-    servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem)
+    servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
     auto = servers[-1]
@@ -196,13 +209,15 @@ async def main():
             live = [srv for srv in servers if health.get(srv.name) is not None]
             say("live:", [srv.label for srv in live])
             for li, c in enumerate(levels):
+                for srv in live:
+                    await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
                 for rnd in range(a.rounds):
-                    order = live[li % len(live):] + live[:li % len(live)]
+                    k = (li + rnd) % len(live)
+                    order = live[k:] + live[:k]
                     for srv in order:
                         if left() < 30:
                             say("budget: stopping before", srv.label, "c =", c)
                             raise TimeoutError("budget")
-                        await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
                         res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens, a.min_s)
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
                         rec = {**res, **srv.meta(), "workload": a.workload, "level": str(c), "server": srv.label,
@@ -210,8 +225,8 @@ async def main():
                         keep(records_path, rec)
                         say(a.workload, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
-            for rnd in range(a.rounds):
-                for srv in live:
+            for rnd in range(a.bursty_rounds):
+                for srv in live[rnd % len(live):] + live[:rnd % len(live)]:
                     if left() < a.bursty_s + 15:
                         say("budget: no bursty trace for", srv.label)
                         continue

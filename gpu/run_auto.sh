@@ -7,7 +7,7 @@
 #   SKIP_SETUP=1 WORKLOAD=random BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
 # Env: WORKLOAD (own | random, default own), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
 #      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
-#      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (1),
+#      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (3),
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla).
 # $OUT gets part-$WORKLOAD.json, records.jsonl, auto_state.jsonl, train_report.json and
 # evidence.tgz (server logs, driver log, logs_scan.json).
@@ -51,5 +51,5 @@ else
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD"
 python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --budget-s $(( $(left) - 15 )) \
-  --fixed ${AUTO_FIXED:-2,8,16,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-1} \
+  --fixed ${AUTO_FIXED:-2,8,16,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-3} \
   ${AUTO_ARGS:-} 2>&1 | tee "$WORK/driver.log"

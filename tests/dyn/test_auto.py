@@ -305,13 +305,13 @@ def flaps(server):
 def test_it_does_not_flap_under_noise(auto, monkeypatch):
     """25 % log-normal noise on every step's time: at most a switch per 5000 steps (either side
     costs under 3 % there), where the same controller without its hysteresis (no band, no
-    confidence, no votes) switches hundreds of times."""
+    confidence, no votes) switches ten times as often or more."""
     steady = flaps(Server(auto, accept=2.5, noise=0.25, seed=7))
     assert steady <= 8, steady
     monkeypatch.setattr(auto, "CONFIDENCE", 0.0)
     monkeypatch.setattr(auto, "VOTES", 1)
     naive = flaps(Server(auto, accept=2.5, noise=0.25, seed=7, hysteresis=0.0))
-    assert naive >= 100, naive
+    assert naive >= 10 * max(steady, 5), (naive, steady)
 
 
 def test_it_recovers_when_acceptance_drops_and_returns(auto):
@@ -529,7 +529,7 @@ def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_t
     rank0 = Server(auto, tp_rank=0, tp_size=2)
     rank0.run(40, 20)   # rank 0 measured bucket 40's speculative side and proposes its first probe
     r0, r1 = rank0.switch, Server(auto, tp_rank=1, tp_size=2).switch
-    assert r0.buckets[40].probe_left == 0   # proposed, not applied: it waits for the broadcast
+    assert r0.probe_left == 0   # proposed, not applied: it waits for the broadcast
     with stub_modules({"sglang.srt.speculative.dyn_disable_auto": {}}):
         sys.modules["sglang.srt.speculative.dyn_disable_auto"] = auto   # gone with the stubs
 
@@ -542,7 +542,7 @@ def test_the_table_rides_on_the_request_broadcast_and_both_ranks_apply_it(auto_t
 
         assert iteration(["req"]) == (["req"], ["req"])   # the table went and was taken out again
         assert any(isinstance(x, auto.AutoDecision) for x in pickle.loads(wire.sent[-1]))
-        assert r0.buckets[40].probe_left == r1.buckets[40].probe_left > 0
+        assert r0.probe_left == r1.probe_left > 0
         r0.buckets[40].speculate = False   # rank 0's estimates say plain (rank 1's may not)
         r0._version += 1
         assert iteration([]) == ([], [])
@@ -758,3 +758,88 @@ def test_one_request_with_acceptance_in_stretches_keeps_speculating(auto, monkey
     assert off == 0 and share < 0.02, (off, share)          # the probes only
     off, share = plain_share(0.1)
     assert off >= 1 and share > 0.2, (off, share)
+
+
+def test_a_hard_start_at_one_request_does_not_stop_drafting(auto, monkeypatch):
+    """The second GPU run stopped drafting at one request after 17 speculative steps: the start
+    of a text accepted 1.44 tokens a step, the text as a whole 2.0-2.2 (speculation 1.4x faster
+    there). A bucket moves only after MIN_ACCEPT request-steps of accept lengths (and MIN_SAMPLES
+    step times a side); with the four samples a side it needed before, the same start stops it."""
+
+    class HardStart(Server):
+        def step(self, bs, decide=None):
+            self.accept = 0.4 if self.steps < 40 else 2.2   # 0.4: every step accepts 1 token
+            return super().step(bs, decide)
+
+    def run():
+        server = HardStart(auto, accept=2.2, seed=8)
+        server.run(1, 4000)
+        return server.switch
+
+    assert true_gain(2.2, 1) > 1.4 and true_gain(1.0, 1) < 0.8
+    switch = run()
+    assert switch.switches_off == 0 and switch.buckets[1].applied_speculate
+    monkeypatch.setattr(auto, "MIN_ACCEPT", 4)
+    monkeypatch.setattr(auto, "MIN_SAMPLES", 4)
+    assert run().switches_off >= 1
+
+
+def test_a_compile_sample_after_the_dropped_ones_does_not_set_the_estimate(auto, monkeypatch):
+    """The second GPU run: a 20.5 ms sample (a kernel compile) right after the WARM dropped ones
+    became bucket 10's speculative step time (3-4 ms otherwise), and the bucket ran plain for the
+    rest of the run. An estimate starts from the median of its first INIT samples; started from
+    the first one, as before, the same sample stops drafting."""
+    size = 12
+
+    def run():
+        server = Server(auto, accept=2.5, seed=2, noise=0.05)
+        first = server.step
+
+        def step(bs, decide=None):
+            speculate = first(bs, decide)
+            if server.steps == 4:   # its interval is the first sample kept (two are WARM)
+                server.gpu[-1] += 0.1
+            return speculate
+
+        server.step = step
+        server.run(size, 3000)
+        return server.switch.buckets[size]
+
+    assert true_gain(2.5, size) > 1.3
+    b = run()
+    assert b.applied_speculate and b.spec_s.value == pytest.approx(SPEC_A + SPEC_B * size, rel=0.05)
+    monkeypatch.setattr(auto, "INIT", 1)
+    b = run()
+    assert not b.applied_speculate and b.spec_s.value > 1.5 * (SPEC_A + SPEC_B * size)
+
+
+@pytest.mark.parametrize("offset", [-3, 0, 3])
+def test_a_load_that_moves_between_neighbouring_buckets_keeps_auto_at_the_best_fixed(auto, monkeypatch,
+                                                                                      offset):
+    """Under real load the running count moves by a request or two from step to step: here each
+    step's batch falls in the bucket `offset` buckets from the crossover (half the steps) or a
+    neighbour of it (a quarter each). A probe runs its side for PROBE_STEPS steps in a row while
+    the count stays within a bucket of the probed one, an interval counts for chains within
+    neighbouring buckets, and a bucket not yet measured runs its nearest measured neighbour's
+    side: auto is within 2 % of the best fixed threshold under the same load. With chains of
+    one bucket and each bucket on its own (as before), three buckets above the crossover ran at
+    0.90x: the neighbours got a handful of samples each and kept speculating."""
+    center = true_plain_from(2.5) + offset
+
+    def load():
+        rng = random.Random(5)
+        return lambda t: SIZES[center + rng.choice((-1, 0, 0, 1))]
+
+    def ratio(seed=11):
+        server = Server(auto, accept=2.5, seed=seed)
+        tokens_per_s(server, 20, load())
+        got = tokens_per_s(server, 40, load())
+        best = max(tokens_per_s(Server(auto, accept=2.5, seed=seed), 40, load(), decide=lambda bs, n=n: bs <= n)
+                   for n in (0, 1, 8, 16, 32, 40, 48, 56, 64, 80, 96, 128))
+        return got / best
+
+    assert ratio() >= 0.98
+    if offset == 3:
+        monkeypatch.setattr(auto.AutoSwitch, "_near", lambda self, a, b: a is b)
+        monkeypatch.setattr(auto.AutoSwitch, "_inherited", lambda self, bucket: bucket.speculate)
+        assert ratio() < 0.93

@@ -56,3 +56,25 @@ def test_merge_checks_the_goal_per_level_and_keeps_the_issue_shape(summary, tmp_
     assert merged["met"] == {"own/1": True, "own/bursty": False, "random/4": False}
     assert merged["all_met"] is False
     assert summary.main(["nonsense"]) == 2
+
+
+def test_the_baseline_is_kept_apart_from_the_thresholds_and_checked_beside_them(summary):
+    """No fixed threshold stops drafting at one request, so the target-only baseline is the plain
+    side at c=1: it is not a threshold (best_fixed stays the sweep's), and best_static is the
+    faster of the two, with auto's ratio and the goal checked against it too."""
+    base = {"workload": "random", "server": "baseline", "threshold": "none"}
+    records = [rec("random", "1", 8, 100.0), rec("random", "1", 64, 98.0), rec("random", "1", "auto", 112.0),
+               {**base, "level": "1", "out_tok_per_s": 115.0, "round": 0},
+               rec("random", "16", 8, 300.0), rec("random", "16", "auto", 297.0),
+               {**base, "level": "16", "out_tok_per_s": 290.0, "round": 0}]
+    part = summary.workload_summary(records, "random")
+    one = part["levels"]["1"]
+    assert (one["best_fixed"], one["best_fixed_threshold"], one["auto_over_best"]) == (100.0, 8, 1.12)
+    assert (one["baseline"], one["best_static"], one["auto_over_best_static"]) == (115.0, 115.0, 0.9739)
+    assert part["levels"]["16"]["best_static"] == 300.0
+    merged = summary.merge([part])
+    assert merged["met"] == {"random/1": True, "random/16": True}
+    assert merged["met_against_best_static"] == {"random/1": True, "random/16": True}
+    merged = summary.merge([summary.workload_summary(records[:3] + [{**base, "level": "1", "out_tok_per_s": 120.0,
+                                                                      "round": 0}], "random")])
+    assert merged["met_against_best_static"] == {"random/1": False}   # 112 / 120 = 0.933
