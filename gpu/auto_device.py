@@ -16,9 +16,10 @@ ids sampled at temperature 1 (the first GPU run used greedy decoding there, and 
 greedy continuation of random ids is as predictable as its own text: the draft accepted 2.4-3.6
 tokens per step, so the crossovers did not differ; sampling makes the draft mostly wrong). Per
 level c of --levels: a warm-up of c requests on every server, then --rounds rounds; in each, the
-servers one at a time, in an order that rotates from round to round, each for batches of 4c
-requests (at least 8) at concurrency c until --min-s seconds have passed; --in-tokens prompt
-tokens, --out-tokens generated, ignore_eos; output tok/s, the median of the rounds. Short
+servers one at a time, in an order that rotates from round to round, each for
+a closed loop of c requests in flight (each answer followed at once by the next request) for
+--min-s seconds, then its drain; --in-tokens prompt tokens, --out-tokens generated, ignore_eos;
+output tok/s over the whole wall time, the median of the rounds. Short
 interleaved runs, not one long run per server: on the second GPU run (5-s runs, one after the
 other) every server of a level drifted together by 8-10 % from one round to the next, and
 servers doing identical steps differed by 19-30 % when measured 10-20 s apart. Then
@@ -103,6 +104,26 @@ async def fixed_level(s, srv, prompts, c, n, out_tokens, min_s=0.0):
     wall = time.time() - t0
     return {"requests": sent, "out_tokens": sum(toks), "wall_s": round(wall, 3),
             "out_tok_per_s": round(sum(toks) / wall, 1)}
+
+
+async def steady_level(s, srv, prompts, c, min_s, out_tokens):
+    """A closed loop: c requests in flight, each answered one followed at once by the next, for
+    min_s seconds, then the drain; tokens over the whole wall time. (Batches of 4c that each
+    drain, as fixed_level runs them, empty the server several times per measurement: every
+    drain is a tail of small batches and an idle gap that a steady load does not have.)"""
+    toks, sent = [], [0]
+    t0 = time.time()
+
+    async def worker():
+        while time.time() - t0 < min_s:
+            ids = prompts[sent[0] % len(prompts)]
+            sent[0] += 1
+            toks.append(await generate(s, srv, ids, out_tokens))
+
+    await asyncio.gather(*(worker() for _ in range(c)))
+    wall = time.time() - t0
+    return {"requests": sent[0], "out_tokens": sum(toks), "wall_s": round(wall, 3),
+            "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed"}
 
 
 async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
@@ -218,7 +239,7 @@ async def main():
                         if left() < 30:
                             say("budget: stopping before", srv.label, "c =", c)
                             raise TimeoutError("budget")
-                        res = await fixed_level(s, srv, prompts[c:], c, max(4 * c, 8), a.out_tokens, a.min_s)
+                        res = await steady_level(s, srv, prompts[c:], c, a.min_s, a.out_tokens)
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
                         rec = {**res, **srv.meta(), "workload": a.workload, "level": str(c), "server": srv.label,
                                "threshold": srv.threshold_label, "round": rnd, "temperature": temperature}

@@ -843,3 +843,25 @@ def test_a_load_that_moves_between_neighbouring_buckets_keeps_auto_at_the_best_f
         monkeypatch.setattr(auto.AutoSwitch, "_near", lambda self, a, b: a is b)
         monkeypatch.setattr(auto.AutoSwitch, "_inherited", lambda self, bucket: bucket.speculate)
         assert ratio() < 0.93
+
+
+def test_time_accounting_adds_up_to_the_decode_time_and_the_tokens(auto):
+    """/server_info's time_accounting: every interval between decode launches is either counted
+    by the estimates or not, per side, so the two sides' times add up to the time from the first
+    launch to the last; the tokens are those of every result seen; an idle break's time (idle
+    and the prefill after it) is apart. It is what each side delivered, beside the estimates."""
+    server = ChurnServer(auto, accept=2.5, seed=4)
+    for i in range(3000):
+        server.step(SIZES[5 + (i // 200) % 3])
+    last_launch, tokens_seen = server.now, server.tokens
+    server.step(SIZES[5])
+    acc = server.switch.as_dict()["time_accounting"]
+    sides = (acc["spec"], acc["plain"])
+    assert sum(a["counted_s"] + a["uncounted_s"] for a in sides) == pytest.approx(last_launch, abs=0.01)
+    assert sum(a["tokens"] for a in sides) == tokens_seen
+    assert all(a["counted_s"] > 0 and a["uncounted_s"] > 0 and a["steps"] > 0 for a in sides)
+    assert acc["idle_gaps_s"] == 0.0
+    server.switch.note_other_forward(idle_before=True)   # the batch ran empty
+    server.now += 0.5
+    server.step(SIZES[5])
+    assert server.switch.as_dict()["time_accounting"]["idle_gaps_s"] >= 0.5

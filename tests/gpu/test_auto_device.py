@@ -85,3 +85,11 @@ def test_prompts_are_the_held_out_text_or_random_ids_of_the_vocabulary(driver, t
     rnd = driver.prompts_for("random", str(tmp_path), 3, 8)
     assert len(rnd) == 3 and all(len(p) == 8 and all(3 <= t < 50 for t in p) for p in rnd)
     assert rnd != own
+
+
+def test_a_steady_level_keeps_c_requests_in_flight_until_its_time_is_up(driver):
+    stand_in, res = asyncio.run(with_stand_in(
+        lambda s, srv: driver.steady_level(s, srv, [[1, 2], [3]], 3, 0.3, 7)))
+    assert max(stand_in.peaks) == 3            # c in flight, never more
+    assert res["requests"] == len(stand_in.bodies) >= 3 * 5   # 50 ms answers over 0.3 s
+    assert res["out_tokens"] == 7 * res["requests"] and res["wall_s"] >= 0.3
