@@ -20,14 +20,16 @@ LOGS=/tmp/dyn-logs
 WORK=$LOGS/auto-$WORKLOAD
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
+MARK=$(mktemp /tmp/auto-call-start.XXXXXX)
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 finish() {
   for f in part-$WORKLOAD.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
   [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
-  # this call's servers and driver only (a warm machine keeps an earlier call's logs and traces)
-  tar -C "$LOGS" -czf "$OUT/evidence.tgz" --exclude=./traces --exclude='./kimi*' --exclude=./fi_prewarm.log \
-    $(for w in own random; do [ $w = "$WORKLOAD" ] || echo --exclude=./auto-$w; done) . 2>/dev/null
+  # this call's servers and driver only: files written since it began (a machine can keep an
+  # earlier call's logs and traces, even one of an earlier session)
+  (cd "$LOGS" && find . -type f -newer "$MARK" ! -path './traces/*' -print0 \
+    | tar --null -T - -czf "$OUT/evidence.tgz") 2>/dev/null
   say "done"
 }
 trap finish EXIT
