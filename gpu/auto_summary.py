@@ -3,6 +3,7 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
 
   python3 gpu/auto_summary.py part RECORDS.jsonl WORKLOAD OUT.json   # one call's workload
   python3 gpu/auto_summary.py merge OUT.json PART.json [PART.json ...]  # the evidence file
+  python3 gpu/auto_summary.py accounting AUTO_STATE.jsonl  # where auto's decode time went, per level
 
 A record: {"workload", "level" ("1", "4", ..., "bursty"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
@@ -93,6 +94,29 @@ def merge(parts):
     return out
 
 
+def accounting_by_level(states):
+    """Per level, what auto's /server_info time_accounting gained since the state before: per side
+    the seconds in intervals its estimates counted and in those they left out, the seconds above
+    the clip, tokens, steps and tokens per second; and the seconds across idle breaks. States
+    without time_accounting (older patches) are skipped."""
+    rows, before = [], None
+    for entry in states:
+        acc = (entry.get("state") or {}).get("time_accounting")
+        if acc is None:
+            continue
+        row = {"after": entry.get("after"), "idle_gaps_s": acc["idle_gaps_s"] - (before or {}).get("idle_gaps_s", 0.0)}
+        for side in ("spec", "plain"):
+            prev = (before or {}).get(side, {})
+            d = {k: acc[side][k] - prev.get(k, 0) for k in ("counted_s", "uncounted_s", "clipped_s", "tokens", "steps")}
+            total = d["counted_s"] + d["uncounted_s"]
+            d["tokens_per_s"] = round(d["tokens"] / total, 1) if total > 0 else None
+            d["left_out_share"] = round(d["uncounted_s"] / total, 4) if total > 0 else None
+            row[side] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+        rows.append(row)
+        before = acc
+    return rows
+
+
 def read_records(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -105,6 +129,9 @@ def main(argv):
     elif len(argv) >= 3 and argv[0] == "merge":
         out = merge([json.load(open(p)) for p in argv[2:]])
         path = argv[1]
+    elif len(argv) == 2 and argv[0] == "accounting":
+        print(json.dumps(accounting_by_level(read_records(argv[1])), indent=1))
+        return 0
     else:
         print(__doc__, file=sys.stderr)
         return 2

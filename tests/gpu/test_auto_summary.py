@@ -78,3 +78,24 @@ def test_the_baseline_is_kept_apart_from_the_thresholds_and_checked_beside_them(
     merged = summary.merge([summary.workload_summary(records[:3] + [{**base, "level": "1", "out_tok_per_s": 120.0,
                                                                       "round": 0}], "random")])
     assert merged["met_against_best_static"] == {"random/1": False}   # 112 / 120 = 0.933
+
+
+def test_accounting_by_level_is_the_difference_between_consecutive_states(summary, tmp_path, capsys):
+    def state(after, spec, plain, idle):
+        side = lambda c, u, t, n: {"counted_s": c, "uncounted_s": u, "clipped_s": 0.0, "tokens": t, "steps": n}  # noqa: E731
+        return {"after": after, "state": {"time_accounting": {"spec": side(*spec), "plain": side(*plain),
+                                                              "idle_gaps_s": idle}}}
+    states = [{"after": "c=0", "state": {"threshold": "auto"}},          # an older patch: skipped
+              state("c=1", (3.0, 1.0, 800, 400), (0.0, 0.0, 0, 0), 0.5),
+              state("c=4", (4.0, 2.0, 1400, 600), (1.5, 0.5, 1000, 1000), 0.75)]
+    rows = summary.accounting_by_level(states)
+    assert [r["after"] for r in rows] == ["c=1", "c=4"]
+    assert rows[0]["spec"]["tokens_per_s"] == 200.0 and rows[0]["spec"]["left_out_share"] == 0.25
+    assert rows[0]["plain"]["tokens_per_s"] is None
+    assert rows[1]["spec"] == {"counted_s": 1.0, "uncounted_s": 1.0, "clipped_s": 0.0, "tokens": 600, "steps": 200,
+                               "tokens_per_s": 300.0, "left_out_share": 0.5}
+    assert rows[1]["plain"]["tokens_per_s"] == 500.0 and rows[1]["idle_gaps_s"] == 0.25
+    path = tmp_path / "auto_state.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in states))
+    assert summary.main(["accounting", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)[1]["after"] == "c=4"
