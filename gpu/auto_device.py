@@ -57,18 +57,20 @@ def say(*a):
     print(f"[t={el():.1f}s]", *a, flush=True)
 
 
-def prompts_for(workload, models, n, in_tokens, seed=0):
+def prompts_for(workload, models, n, in_tokens, seed=0, pair="trained"):
     """n prompts of in_tokens ids: the pair's held-out text, or random ids of its vocabulary."""
     rnd = random.Random(seed)
     if workload == "own":
         held = json.load(open(os.path.join(models, "heldout.json")))["prompts"]
         held = [p for p in held if len(p) >= in_tokens] or held
         return [list(held[i % len(held)][:in_tokens]) for i in range(n)]
-    vocab = json.load(open(os.path.join(models, "target-trained", "config.json")))["vocab_size"]
+    vocab = json.load(open(os.path.join(models, f"target-{pair}", "config.json")))["vocab_size"]
     return [[rnd.randrange(3, vocab) for _ in range(in_tokens)] for _ in range(n)]
 
 
-TEMPERATURE = {"own": 0.0, "random": 1.0}
+# sim: a config-only pair (dummy weights) whose acceptance SGLANG_SIMULATE_ACC_LEN sets; the
+# prompts are random ids, decoded greedily (what they say does not matter)
+TEMPERATURE = {"own": 0.0, "random": 1.0, "sim": 0.0}
 temperature = 0.0  # the workload's, set in main()
 
 
@@ -157,7 +159,12 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
-def make_servers(fixed, mem, baseline=True):
+def shapes_device_config_only():
+    import shapes_device
+    return shapes_device.CONFIG_ONLY
+
+
+def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768):
     """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
     core at 100 %), and six idle servers beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
@@ -165,19 +172,19 @@ def make_servers(fixed, mem, baseline=True):
     request wakes its poll at once, so a measured server runs as without the flag."""
     import shapes_device
     group = {"name": "auto", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
-             "mem": mem, "kv_tokens": 32768, "max_running": 64}
+             "mem": mem, "kv_tokens": kv_tokens, "max_running": 64, "pair": pair, "acc_len": acc_len}
     servers = []
     for k, threshold in enumerate([*fixed, "auto"]):
         label = "auto" if threshold == "auto" else f"fixed-{threshold}"
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
         # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
-        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": "trained", "env": env,
+        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": pair, "env": env,
                 "flags": ["--sleep-on-idle"]}
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)
     if baseline:
-        spec = {"profile": "baseline", "label": "baseline", "pair": "trained",
+        spec = {"profile": "baseline", "label": "baseline", "pair": pair,
                 "env": {"TRITON_CACHE_DIR": "/tmp/triton-baseline"}, "flags": ["--sleep-on-idle"]}
         srv = shapes_device.Server(group, spec, len(servers), 0)
         srv.threshold_label = "none"
@@ -189,7 +196,12 @@ async def main():
     global BUDGET, temperature
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--workload", choices=("own", "random"), required=True)
+    ap.add_argument("--workload", choices=sorted(TEMPERATURE), required=True)
+    ap.add_argument("--name", help="the workload's name in records and part-NAME.json (default: --workload)")
+    ap.add_argument("--pair", default="trained",
+                    help="the pair in --models: trained, or a config-only one (big, kimi, ...) with --workload sim")
+    ap.add_argument("--acc-len", type=float, default=2.5, help="SGLANG_SIMULATE_ACC_LEN of a config-only pair")
+    ap.add_argument("--kv-tokens", type=int, default=32768)
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--models", default="/tmp/models")
     ap.add_argument("--fixed", default="2,8,16,64")
@@ -208,13 +220,17 @@ async def main():
     a = ap.parse_args()
     BUDGET = a.budget_s
     temperature = TEMPERATURE[a.workload]
+    name = a.name or a.workload
+    if (a.workload == "sim") != (a.pair in shapes_device_config_only()):
+        ap.error("--workload sim goes with a config-only --pair (dummy weights), and only with one")
     import accept_device
     import shapes_device
     shapes_device.BUDGET = a.budget_s
     os.makedirs(a.out, exist_ok=True)
     levels = [int(c) for c in a.levels.split(",")]
-    prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens)
-    servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline)
+    prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens, pair=a.pair)
+    servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline,
+                           pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
     auto = servers[-1]
@@ -241,10 +257,10 @@ async def main():
                             raise TimeoutError("budget")
                         res = await steady_level(s, srv, prompts[c:], c, a.min_s, a.out_tokens)
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
-                        rec = {**res, **srv.meta(), "workload": a.workload, "level": str(c), "server": srv.label,
+                        rec = {**res, **srv.meta(), "workload": name, "level": str(c), "server": srv.label,
                                "threshold": srv.threshold_label, "round": rnd, "temperature": temperature}
                         keep(records_path, rec)
-                        say(a.workload, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
+                        say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
             for rnd in range(a.bursty_rounds):
                 for srv in live[rnd % len(live):] + live[:rnd % len(live)]:
@@ -253,10 +269,10 @@ async def main():
                         continue
                     res = await bursty(s, srv, prompts, a.burst_low, a.burst_high, a.period_s,
                                        a.bursty_s, a.out_tokens)
-                    keep(records_path, {**res, **srv.meta(), "workload": a.workload, "level": "bursty",
+                    keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
                                         "temperature": temperature})
-                    say(a.workload, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
+                    say(name, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
         except TimeoutError:
             pass
@@ -268,11 +284,11 @@ async def main():
             for lab, sc in scans.items():
                 say(f"log {lab}: {sc['error_lines']} error lines; first={sc['first_errors'][:2]}")
             if os.path.exists(records_path):
-                part = auto_summary.workload_summary(auto_summary.read_records(records_path), a.workload)
-                with open(os.path.join(a.out, f"part-{a.workload}.json"), "w") as f:
+                part = auto_summary.workload_summary(auto_summary.read_records(records_path), name)
+                with open(os.path.join(a.out, f"part-{name}.json"), "w") as f:
                     json.dump(part, f, indent=1)
                 for level, e in part["levels"].items():
-                    say("summary", a.workload, level, json.dumps({k: e[k] for k in (
+                    say("summary", name, level, json.dumps({k: e[k] for k in (
                         "auto", "best_fixed", "best_fixed_threshold", "auto_over_best")}))
 
 

@@ -5,27 +5,36 @@
 # Run from the repo root with the carried .whl1 .whl2 .whl3 (gpu/README.md):
 #   WORKLOAD=own BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
 #   SKIP_SETUP=1 WORKLOAD=random BUDGET_S=570 bash gpu/run_auto.sh 2>&1 | tee $OUT/run.log
-# Env: WORKLOAD (own | random, default own), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
+# A pair whose steps are GPU work, with two simulated acceptances as the two workloads (the issue's
+# other option; on the trained pair every step is host work, docs/evidence/auto-threshold/3-interleaved):
+#   PAIR=big BIG_LAYERS=24 WORKLOAD=sim ACC_LEN=2.5 NAME=big24-acc2.5 BUDGET_S=540 \
+#     AUTO_ARGS="--min-s 2.5 --mem 0.12 --kv-tokens 16384" bash gpu/run_auto.sh
+# Env: WORKLOAD (own | random | sim, default own), NAME (the workload's name in the records and
+#      part-NAME.json, default WORKLOAD), PAIR (trained, default, or a config-only pair of
+#      run_dyn.sh's setup, e.g. big with BIG_LAYERS, for WORKLOAD=sim: no training), ACC_LEN
+#      (SGLANG_SIMULATE_ACC_LEN of a config-only pair, default 2.5), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
 #      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
 #      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (3),
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla).
-# $OUT gets part-$WORKLOAD.json, records.jsonl, auto_state.jsonl, train_report.json and
+# $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl, train_report.json (trained pair) and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
 WORKLOAD=${WORKLOAD:-own}
+NAME=${NAME:-$WORKLOAD}
+PAIR=${PAIR:-trained}
 OUT=${OUT:-/tmp/out}
 LOGS=/tmp/dyn-logs
-WORK=$LOGS/auto-$WORKLOAD
+WORK=$LOGS/auto-$NAME
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
 MARK=$(mktemp /tmp/auto-call-start.XXXXXX)
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 finish() {
-  for f in part-$WORKLOAD.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
-  [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
+  for f in part-$NAME.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
+  [ "$PAIR" = trained ] && [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
   # this call's servers and driver only: files written since it began (a machine can keep an
   # earlier call's logs and traces, even one of an earlier session)
   (cd "$LOGS" && find . -type f -newer "$MARK" ! -path './traces/*' -print0 \
@@ -44,14 +53,18 @@ grep -q "dyn_disable_auto" /tmp/site/sglang/srt/managers/scheduler.py \
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
 # PAIR_ARCH (make_trained_pair.sh): a pair of the other architecture is trained again
-if [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ] && python3 -c \
+if [ "$PAIR" != trained ]; then
+  [ -f /tmp/models/target-$PAIR/config.json ] || { say "no /tmp/models/target-$PAIR (run_dyn.sh setup writes it)"; exit 1; }
+  say "config-only pair $PAIR (dummy weights, simulated accept length ${ACC_LEN:-2.5})"
+elif [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/heldout.json ] && python3 -c \
     "import json, sys; sys.exit(json.load(open('/tmp/models/train_report.json')).get('arch', 'llama') != '${PAIR_ARCH:-llama}')"; then
   say "trained ${PAIR_ARCH:-llama} pair already in /tmp/models"
 else
   say "training the pair ($(left) s left)"
   bash gpu/make_trained_pair.sh $(( $(left) - 240 )) "$WORK" || { say "no trained pair"; exit 1; }
 fi
-say "pair ready ($(left) s left); workload $WORKLOAD"
-python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --budget-s $(( $(left) - 15 )) \
+say "pair ready ($(left) s left); workload $WORKLOAD ($NAME)"
+python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --name "$NAME" --pair "$PAIR" \
+  --acc-len "${ACC_LEN:-2.5}" --budget-s $(( $(left) - 15 )) \
   --fixed ${AUTO_FIXED:-2,8,16,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-3} \
   ${AUTO_ARGS:-} 2>&1 | tee "$WORK/driver.log"

@@ -93,3 +93,20 @@ def test_a_steady_level_keeps_c_requests_in_flight_until_its_time_is_up(driver):
     assert max(stand_in.peaks) == 3            # c in flight, never more
     assert res["requests"] == len(stand_in.bodies) >= 3 * 5   # 50 ms answers over 0.3 s
     assert res["out_tokens"] == 7 * res["requests"] and res["wall_s"] >= 0.3
+
+
+@pytest.mark.parametrize("args", [["--workload", "sim"], ["--workload", "own", "--pair", "big"]])
+def test_the_simulated_workload_goes_with_a_config_only_pair_and_only_with_one(driver, monkeypatch, tmp_path, args):
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(tmp_path), *args])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(driver.main())
+    assert stop.value.code == 2 and not any(tmp_path.iterdir())   # refused before anything started
+
+
+def test_a_config_only_pair_simulates_acceptance_on_the_dyn_servers_only(driver):
+    servers = driver.make_servers([2, 64], 0.12, pair="big", acc_len=1.6, kv_tokens=16384)
+    by_label = {srv.label: srv for srv in servers}
+    assert sorted(by_label) == ["auto", "baseline", "fixed-2", "fixed-64"]
+    assert by_label["baseline"].plan.env.get("SGLANG_SIMULATE_ACC_LEN") is None
+    assert all(by_label[k].plan.env["SGLANG_SIMULATE_ACC_LEN"] == "1.6" for k in ("auto", "fixed-2", "fixed-64"))
+    assert all(srv.meta()["pair"] == "big" for srv in servers)
