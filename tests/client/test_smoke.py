@@ -169,7 +169,13 @@ def test_a_burst_that_stalls_for_seconds_fails_and_says_where(fake_server):
     result = run_smoke(normal.base_url, burst=8, chat_max_tokens=SHORT)
     burst = _check(result, "burst")
     assert burst.status == "pass", burst.detail
-    assert "within the bound" in burst.detail and not result.burst_gaps["stalled"]
+    assert not result.burst_gaps["stalled"]
+    # judged within the bound, or not judged when this (test) machine kept the client from running
+    # for half the longest gap or more: a loaded CI machine did, 60 ms against a 76 ms gap
+    if result.burst_gaps["judged"]:
+        assert "within the bound" in burst.detail
+    else:
+        assert "not judged: this machine kept the client from running" in burst.detail
 
 
 def test_accept_length_before_and_after_the_bursts_resume(fake_server):
