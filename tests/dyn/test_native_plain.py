@@ -786,3 +786,107 @@ def test_the_future_map_compiles_the_non_speculative_resolve_at_start(system, mo
         sys.modules["sglang.srt.managers"].overlap_utils = sys.modules["sglang.srt.managers.overlap_utils"]
         native_map = e.native.NativeFutureMap.adopt(e.overlap.FutureMap(16, 0, 128, "cpu", SpeculativeAlgorithm.EAGLE3))
     assert seen == [([0], native_map.token_ids_buf.shape)]
+
+
+def _token_dependent_hidden(e, monkeypatch):
+    """The target stand-in with hidden states that name the step's input token (row = token * 10
+    + column), so a test can tell the last plain step's hidden states from an earlier one's."""
+    def forward(target_worker, state, batch):
+        out = e.models.native_decode_forward(target_worker, state, batch)
+        cols = torch.arange(3 * HIDDEN, dtype=torch.float32)
+        out.logits_output.hidden_states = batch.input_ids.to(torch.float32).unsqueeze(1) * 10 + cols
+        return out
+
+    monkeypatch.setattr(e.native, "native_decode_forward", forward)
+
+
+def test_skip_mode_plain_steps_do_no_draft_work_and_the_resume_takes_the_last_plain_steps_hidden(
+        system, monkeypatch):
+    """SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=skip: a plain step is the target's decode alone (no KV-only
+    update, no fc); at the resume each request that decoded plain gets fc over the target hidden
+    states of its own last plain step, and a request prefilled since keeps its draft extend's."""
+    e = system
+    _token_dependent_hidden(e, monkeypatch)
+    e.worker._dyn_native = path = e.native.NativePlainPath(e.worker, skip_draft_kv=True)
+    e.sched.dyn_native = path
+    a, b, c = Req("a", 0, 10), Req("b", 1, 12), Req("c", 2, 14)
+    batch = step(e, prefill(e, [a, b, c], [10, 12, 14], [1, 2, 3]))
+    for _ in range(3):
+        assert batch.spec_algorithm.is_none()
+        assert [k[0] for k in e.calls] == ["target_decode"]
+        assert_kv_consistent(e, [a, b, c])
+        batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["target_decode"]
+    last_inputs = e.calls[0][1].input_ids.tolist()         # a, b, c's input tokens of the 4th plain step
+    assert path.last_target_hidden.shape == (e.req_to_token.shape[0], 3 * HIDDEN)
+    # b finishes; d joins from a speculative prefill and asks for logprobs: the next step speculates
+    b.done = True
+    release(e, b)
+    batch.filter_batch()
+    d = Req("d", 3, 6)
+    batch.merge_batch(prefill(e, [d], [6], [30]))
+    batch.return_logprob = True
+    batch = step(e, batch)
+    assert not batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["resync", "verify"]
+    hidden = e.calls[0][4]
+    # fc stand-in: the first HIDDEN columns + 100; a (row 0) and c (row 2) from their last plain step
+    assert hidden[0].tolist() == [last_inputs[0] * 10 + 100.0, last_inputs[0] * 10 + 101.0]
+    assert hidden[1].tolist() == [last_inputs[2] * 10 + 100.0, last_inputs[2] * 10 + 101.0]
+    assert hidden[2].tolist() == [5.0] * HIDDEN                # d: its prefill's draft extend
+    finish_previous(e)
+    assert_kv_consistent(e, [a, c, d])
+
+
+def test_skip_and_write_modes_run_the_same_target_steps(system, monkeypatch):
+    """The two modes differ only in the draft's work: the same requests give the same target
+    batches (tokens, lengths, slots) step by step, and the same tokens come out."""
+    e = system
+    seen = {}
+    for skip in (False, True):
+        e.pool.free = list(range(1, SLOTS))
+        e.req_to_token.zero_()
+        e.pending = None
+        e.worker._dyn_native = e.sched.dyn_native = e.native.NativePlainPath(e.worker, skip_draft_kv=skip)
+        reqs = [Req(i, i, 10 + i) for i in range(3)]
+        batch = step(e, prefill(e, reqs, [10, 11, 12], [1, 2, 3]))
+        steps = []
+        for _ in range(4):
+            batch = step(e, batch)
+            mwb = e.calls[0][1]
+            steps.append((mwb.input_ids.tolist(), mwb.seq_lens.tolist(), mwb.out_cache_loc.tolist()))
+            assert [k[0] for k in e.calls] == (["target_decode"] if skip else ["target_decode", "kv_only"])
+        seen[skip] = steps
+    assert seen[True] == seen[False]
+
+
+@pytest.mark.parametrize("raw, expected", [(None, "write"), ("", "write"), (" skip\n", "skip"), ("write", "write")])
+def test_the_draft_kv_setting_reads_write_or_skip(system, raw, expected):
+    environ = {} if raw is None else {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": raw}
+    assert system.native.plain_draft_kv_from_env(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["Skip", "0", "none", "skip,write"])
+def test_a_bad_draft_kv_value_stops_the_server_naming_the_variable(system, raw, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    with pytest.raises(system.policy.DynDisableConfigError,
+                       match=f"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV={raw!r} must be write or skip"):
+        system.native.make_native(worker, types.SimpleNamespace())
+
+
+def test_skip_is_taken_on_the_native_path_and_said_otherwise(system, monkeypatch, caplog):
+    good = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    args = types.SimpleNamespace(page_size=1, disaggregation_mode="null", disable_overlap_schedule=False)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", "skip")
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert system.native.make_native(good, args) is None
+    assert "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=skip needs SGLANG_SPEC_DISABLE_PLAIN_PATH=native" in caplog.text
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        path = system.native.make_native(good, args)
+    assert path.skip_draft_kv and "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=skip" in caplog.text
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV")
+    assert not system.native.make_native(good, args).skip_draft_kv
