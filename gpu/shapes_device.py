@@ -192,6 +192,7 @@ class Server(dyn_device.Server):
                 "threshold": self.threshold if dyn else None,
                 "draft_kv_only": (not self.profile.endswith("-full")) if dyn and "v2" in self.profile else None,
                 "plain_path": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_PATH", "step") if dyn else None,
+                "plain_draft_kv": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", "write") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
                 "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group)}
