@@ -8,7 +8,7 @@
 # A pair whose steps are GPU work, with two simulated acceptances as the two workloads (the issue's
 # other option; on the trained pair every step is host work, docs/evidence/auto-threshold/3-interleaved):
 #   PAIR=big BIG_LAYERS=24 WORKLOAD=sim ACC_LEN=2.5 NAME=big24-acc2.5 BUDGET_S=540 \
-#     AUTO_ARGS="--min-s 2.5 --mem 0.12 --kv-tokens 16384" bash gpu/run_auto.sh
+#     AUTO_ARGS="--min-s 2.5 --mem 0.45 --kv-tokens 16384" bash gpu/run_auto.sh
 # Env: WORKLOAD (own | random | sim, default own), NAME (the workload's name in the records and
 #      part-NAME.json, default WORKLOAD), PAIR (trained, default, or a config-only pair of
 #      run_dyn.sh's setup, e.g. big with BIG_LAYERS, for WORKLOAD=sim: no training), ACC_LEN
