@@ -10,6 +10,7 @@ The protocol is gpu/run_auto.sh's: one auto server through c = 1, 4, 16, 32, 64 
 per fixed threshold (speculate while bs <= N, N = 1..64). Prints auto / best fixed per level.
 
     .venv/bin/python benchmarks/bench_auto_controller.py [--extra-ms 0,20,40] [--accept 2.5,1.8]
+    .venv/bin/python benchmarks/bench_auto_controller.py --host-cost   # host time per step
 """
 from __future__ import annotations
 
@@ -49,11 +50,34 @@ def ratios(auto, sim, accept, extra_s):
     return sim.auto_over_best_fixed(lambda: sim.Server(auto, accept=accept, seed=5))
 
 
+def host_cost(auto, steps=20000):
+    """Host time of the controller per decode step (decide, then the step's accept lengths), by
+    batch size: the scheduler thread pays it every step, speculative or plain."""
+    import time
+    import types
+
+    print("| batch size | controller host time per step |")
+    print("|---|---|")
+    for bs in (1, 4, 16, 64):
+        switch = auto.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0), auto.AutoConfig())
+        spec, plain = [2] * bs, [1] * bs
+        for _ in range(3000):   # past the first estimates and probes
+            switch.observe_accept(bs, spec if switch.decide(bs) else plain)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            switch.observe_accept(bs, spec if switch.decide(bs) else plain)
+        print(f"| {bs} | {(time.perf_counter() - t0) / steps * 1e6:.1f} us |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--extra-ms", default="0,20,40", help="churn: extra ms of the speculative step after a prefill (0: no churn)")
     ap.add_argument("--accept", default="2.5,1.8", help="simulated accept lengths")
+    ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
     a = ap.parse_args()
+    if a.host_cost:
+        host_cost(load_controller())
+        return
     sys.path.insert(0, ROOT)
     from tests.dyn import test_auto as sim
 
