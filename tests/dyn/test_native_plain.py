@@ -593,18 +593,28 @@ def test_spec_then_native_plain_then_spec_with_requests_leaving_and_joining(syst
     assert_kv_consistent(e, [a])
 
 
-@pytest.mark.parametrize("raw, expected", [(None, "step"), ("", "step"), (" ", "step"), ("step", "step"),
-                                           ("native", "native"), (" native\n", "native")])
-def test_the_setting_picks_the_plain_path(system, raw, expected):
-    environ = {} if raw is None else {"SGLANG_SPEC_DISABLE_PLAIN_PATH": raw}
-    assert system.native.plain_path_from_env(environ) == expected
+SETTINGS = {"SGLANG_SPEC_DISABLE_PLAIN_PATH": ("plain_path_from_env", "step or native"),
+            "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": ("plain_draft_kv_from_env", "write or skip")}
 
 
-@pytest.mark.parametrize("raw", ["Native", "1", "auto", "native,step"])
-def test_a_bad_value_stops_the_server_naming_the_variable(system, raw, monkeypatch):
-    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw)
+@pytest.mark.parametrize("name, raw, expected", [
+    *[("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw, value) for raw, value in [
+        (None, "step"), ("", "step"), (" ", "step"), ("step", "step"), ("native", "native"), (" native\n", "native")]],
+    *[("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw, value) for raw, value in [
+        (None, "write"), ("", "write"), (" skip\n", "skip"), ("write", "write")]]])
+def test_each_setting_reads_its_values(system, name, raw, expected):
+    environ = {} if raw is None else {name: raw}
+    assert getattr(system.native, SETTINGS[name][0])(environ) == expected
+
+
+@pytest.mark.parametrize("name, raw", [
+    *[("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw) for raw in ["Native", "1", "auto", "native,step"]],
+    *[("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw) for raw in ["Skip", "0", "none", "skip,write"]]])
+def test_a_bad_value_stops_the_server_naming_the_variable(system, name, raw, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    monkeypatch.setenv(name, raw)
     worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
-    with pytest.raises(system.policy.DynDisableConfigError, match=f"SGLANG_SPEC_DISABLE_PLAIN_PATH={raw!r} must be"):
+    with pytest.raises(system.policy.DynDisableConfigError, match=f"{name}={raw!r} must be {SETTINGS[name][1]}"):
         system.native.make_native(worker, types.SimpleNamespace())
 
 
@@ -857,22 +867,6 @@ def test_skip_and_write_modes_run_the_same_target_steps(system, monkeypatch):
             assert [k[0] for k in e.calls] == (["target_decode"] if skip else ["target_decode", "kv_only"])
         seen[skip] = steps
     assert seen[True] == seen[False]
-
-
-@pytest.mark.parametrize("raw, expected", [(None, "write"), ("", "write"), (" skip\n", "skip"), ("write", "write")])
-def test_the_draft_kv_setting_reads_write_or_skip(system, raw, expected):
-    environ = {} if raw is None else {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": raw}
-    assert system.native.plain_draft_kv_from_env(environ) == expected
-
-
-@pytest.mark.parametrize("raw", ["Skip", "0", "none", "skip,write"])
-def test_a_bad_draft_kv_value_stops_the_server_naming_the_variable(system, raw, monkeypatch):
-    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw)
-    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
-    worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
-    with pytest.raises(system.policy.DynDisableConfigError,
-                       match=f"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV={raw!r} must be write or skip"):
-        system.native.make_native(worker, types.SimpleNamespace())
 
 
 def test_skip_is_taken_on_the_native_path_and_said_otherwise(system, monkeypatch, caplog):
