@@ -128,6 +128,14 @@ async def steady_level(s, srv, prompts, c, min_s, out_tokens):
             "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed"}
 
 
+def bursty_order(live, auto, rnd):
+    """The servers of bursty round `rnd`: auto first (the server the trace judges: when the budget
+    runs out, a fixed server's trace is what goes missing, not auto's), the others rotated by round."""
+    rest = [srv for srv in live if srv is not auto]
+    k = rnd % len(rest) if rest else 0
+    return ([auto] if auto in live else []) + rest[k:] + rest[:k]
+
+
 async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
     """A closed loop: `high` requests in flight in odd periods, `low` in even ones."""
     toks, inflight, started = [], set(), 0
@@ -263,7 +271,7 @@ async def main():
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
             for rnd in range(a.bursty_rounds):
-                for srv in live[rnd % len(live):] + live[:rnd % len(live)]:
+                for srv in bursty_order(live, auto, rnd):
                     if left() < a.bursty_s + 15:
                         say("budget: no bursty trace for", srv.label)
                         continue

@@ -110,3 +110,13 @@ def test_a_config_only_pair_simulates_acceptance_on_the_dyn_servers_only(driver)
     assert by_label["baseline"].plan.env.get("SGLANG_SIMULATE_ACC_LEN") is None
     assert all(by_label[k].plan.env["SGLANG_SIMULATE_ACC_LEN"] == "1.6" for k in ("auto", "fixed-2", "fixed-64"))
     assert all(srv.meta()["pair"] == "big" for srv in servers)
+
+
+def test_the_bursty_rounds_run_auto_first_and_rotate_the_others(driver):
+    """The second acc-1.6 call ran out of budget after the fixed servers' traces and before auto's:
+    auto now goes first in every bursty round."""
+    base, f2, f8, auto = "baseline", "fixed-2", "fixed-8", "auto"
+    live = [base, f2, f8, auto]
+    assert driver.bursty_order(live, auto, 0) == [auto, base, f2, f8]
+    assert driver.bursty_order(live, auto, 1) == [auto, f2, f8, base]
+    assert driver.bursty_order([base, f2], auto, 0) == [base, f2]     # auto died at start: the others still run
