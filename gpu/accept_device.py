@@ -59,10 +59,18 @@ SERVERS = {
     "eagle3-dyn": ("eagle3-dyn", {}),
     "eagle3-v2-dyn-nc": ("eagle3-v2-dyn", NC_ENV),
     "eagle3-dyn-nc": ("eagle3-dyn", NC_ENV),
+    # the native plain path (issue #34), writing the draft's KV and skipping it: opt-in (--servers)
+    "eagle3-v2-dyn-native": ("eagle3-v2-dyn-native", {}),
+    "eagle3-v2-dyn-native-skip": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}),
 }
-# per worker: the dyn server, its stock reference, its negative control
+DEFAULT_SERVERS = ("baseline", "eagle3-v2", "eagle3-v2-dyn", "eagle3", "eagle3-dyn", "eagle3-v2-dyn-nc",
+                   "eagle3-dyn-nc")
+# per worker: the dyn server, its stock reference, its negative control. For v2-native the third
+# server is skip, which leaves the draft's KV in the negative control's state on purpose: its
+# acceptance after a resume is what the negative_control_* keys of that worker report.
 WORKERS = {"v2": ("eagle3-v2-dyn", "eagle3-v2", "eagle3-v2-dyn-nc"),
-           "v1": ("eagle3-dyn", "eagle3", "eagle3-dyn-nc")}
+           "v1": ("eagle3-dyn", "eagle3", "eagle3-dyn-nc"),
+           "v2-native": ("eagle3-v2-dyn-native", "eagle3-v2", "eagle3-v2-dyn-native-skip")}
 
 
 def el():
@@ -540,7 +548,8 @@ async def main():
     ap.add_argument("--threshold", type=int, default=8)
     ap.add_argument("--crossings", type=int, default=10)
     ap.add_argument("--models", default="/tmp/models")
-    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                    help=f"labels, of {', '.join(SERVERS)}")
     ap.add_argument("--mem", type=float, default=0.09)
     ap.add_argument("--span-tokens", type=int, default=384)
     ap.add_argument("--burst-tokens", type=int, default=128)

@@ -10,7 +10,9 @@
 #      PAIR_ARCH (default llama): mla trains a small DeepseekV3 (MLA + MoE) target instead, under
 #        the same name (/tmp/models/*-trained); the servers run it with --attention-backend triton
 #        like every lab server (shapes_device.Server's default), as the tinymla/mlasharp pairs ran.
-#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: all seven),
+#      DYN_THRESHOLD (default 8), CROSSINGS (default 10), ACCEPT_SERVERS (default: the seven above;
+#        the native plain path's acceptance after a resume, writing and skipping the draft's KV:
+#        ACCEPT_SERVERS=baseline,eagle3-v2,eagle3-v2-dyn-native,eagle3-v2-dyn-native-skip),
 #      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
 #      baseline runs again at c=1 and in the burst shape).
 #      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal

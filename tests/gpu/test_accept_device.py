@@ -198,10 +198,11 @@ def test_stop_all_terms_every_server_at_once_and_kills_the_stubborn(tmp_path):
 def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
     import pathlib
     import tomllib
-    profiles = pathlib.Path(__file__).resolve().parents[2] / "profiles"
+    root = pathlib.Path(__file__).resolve().parents[2]
 
-    def profile(name):
-        p = tomllib.loads((profiles / f"{name}.toml").read_text())
+    def profile(name):   # the product's profiles, and the lab's (gpu/profiles: eagle3-v2-dyn-native)
+        path = root / "profiles" / f"{name}.toml"
+        p = tomllib.loads((path if path.exists() else root / "gpu" / "profiles" / f"{name}.toml").read_text())
         base = profile(p["extends"]) if "extends" in p else {"flags": [], "env": {}}
         return {"flags": p.get("flags", base["flags"]), "env": {**base["env"], **p.get("env", {})}}
 
@@ -221,7 +222,12 @@ def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
             elif key != "SGLANG_SPEC_DISABLE_HYSTERESIS":  # left to the patch's default
                 assert srv.env_shown[key] == value, (label, key)
         assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
+        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV") == ("skip" if label.endswith("-skip") else None)
+        assert srv.meta()["plain_path"] == ("native" if "native" in label else "step" if "dyn" in label else None)
         assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
+    # every worker's three servers exist; the default run is the seven servers it always was
+    assert all(label in ad.SERVERS for labels in ad.WORKERS.values() for label in labels)
+    assert len(ad.DEFAULT_SERVERS) == 7 and "eagle3-v2-dyn-native" not in ad.DEFAULT_SERVERS
 
 
 @pytest.mark.parametrize("phase", ["before", "after"])
