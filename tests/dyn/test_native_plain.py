@@ -884,3 +884,49 @@ def test_skip_is_taken_on_the_native_path_and_said_otherwise(system, monkeypatch
     assert path.skip_draft_kv and "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=skip" in caplog.text
     monkeypatch.delenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV")
     assert not system.native.make_native(good, args).skip_draft_kv
+
+
+@pytest.fixture(scope="module")
+def auto_controller(tmp_path_factory):
+    """0003's threshold=auto controller (stdlib only), from 0.5.11's files with 0001-0003 applied."""
+    root = tree_with(tmp_path_factory.mktemp("auto"), [PATCHSET / "0.5.11" / name for name in (
+        "0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch", "0003-dyn-disable-auto.patch")])
+    return load_by_path("dyn_disable_auto_native_test", root / "sglang/srt/speculative/dyn_disable_auto.py")
+
+
+def test_threshold_auto_on_the_native_path_resumes_when_acceptance_rises(system, auto_controller):
+    """threshold=auto pairs each launched step with its result in launch order. A native plain step's
+    result goes through the non-speculative output processing, which reports it to the controller
+    (count_plain_step). Without that, the first speculative probe's accept lengths were paired
+    with a plain step's launch and dropped: after acceptance rose from 1.2 to 3 the controller kept
+    its estimate of 1.2 and never drafted again (a simulated 4 ms plain / 8 ms speculative step)."""
+    e = system
+    now = [0.0]
+    switch = auto_controller.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0),
+                                        auto_controller.AutoConfig(), clock=lambda: now[0])
+    path = e.native.NativePlainPath(types.SimpleNamespace(dyn_disable=switch))
+    sched = types.SimpleNamespace(update_spec_metrics=lambda bs, accepted: None)
+    reqs = [Req("a", 0, 10), Req("b", 1, 10)]
+    plain_batch = e.Batch(reqs, [11, 11], SpeculativeAlgorithm.NONE)
+
+    def run(steps, accept):
+        kinds = []
+        for _ in range(steps):
+            speculate = switch.decide(len(reqs))
+            kinds.append(speculate)
+            now[0] += 0.008 if speculate else 0.004
+            if speculate:   # 0003's hook in the speculative output processing
+                switch.observe_accept(len(reqs), [accept] * len(reqs))
+            else:           # the native plain step's output processing
+                path.count_plain_step(sched, plain_batch)
+        return kinds
+
+    low = run(3000, 1.2)
+    assert low[-1000:].count(False) > 950                      # speculation loses: plain
+    high = run(20000, 3)
+    assert high[-1000:].count(True) > 950                      # it pays again: drafting resumes
+    state = switch.as_dict()
+    assert state["buckets"]["2"]["accept_len"] == pytest.approx(3.0)
+    # every result counted on its own side: plain steps one token per request
+    plain = state["time_accounting"]["plain"]
+    assert plain["tokens"] == plain["steps"] * len(reqs) == (low + high).count(False) * len(reqs)
