@@ -63,8 +63,7 @@ SERVERS = {
     "eagle3-v2-dyn-native": ("eagle3-v2-dyn-native", {}),
     "eagle3-v2-dyn-native-skip": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}),
 }
-DEFAULT_SERVERS = ("baseline", "eagle3-v2", "eagle3-v2-dyn", "eagle3", "eagle3-dyn", "eagle3-v2-dyn-nc",
-                   "eagle3-dyn-nc")
+DEFAULT_SERVERS = tuple(label for label in SERVERS if "-native" not in label)
 # per worker: the dyn server, its stock reference, its negative control. For v2-native the third
 # server is skip, which leaves the draft's KV in the negative control's state on purpose: its
 # acceptance after a resume is what the negative_control_* keys of that worker report.

@@ -167,11 +167,6 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
-def shapes_device_config_only():
-    import shapes_device
-    return shapes_device.CONFIG_ONLY
-
-
 def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768):
     """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
     core at 100 %), and six idle servers beside the measured one put host noise into its
@@ -229,10 +224,10 @@ async def main():
     BUDGET = a.budget_s
     temperature = TEMPERATURE[a.workload]
     name = a.name or a.workload
-    if (a.workload == "sim") != (a.pair in shapes_device_config_only()):
-        ap.error("--workload sim goes with a config-only --pair (dummy weights), and only with one")
     import accept_device
     import shapes_device
+    if (a.workload == "sim") != (a.pair in shapes_device.CONFIG_ONLY):
+        ap.error("--workload sim goes with a config-only --pair (dummy weights), and only with one")
     shapes_device.BUDGET = a.budget_s
     os.makedirs(a.out, exist_ok=True)
     levels = [int(c) for c in a.levels.split(",")]
