@@ -167,7 +167,21 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
-def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768):
+def parse_variants(text):
+    """--auto-variants "probe=0.0001,margin=0.05" -> [("auto-probe0.0001", {env}), ...]: auto
+    servers beside the judged one, each with one controller knob changed (diagnostics)."""
+    knobs = {"probe": "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET", "margin": "SGLANG_SPEC_DISABLE_AUTO_MARGIN",
+             "hysteresis": "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS"}
+    out = []
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        knob, sep, value = item.partition("=")
+        if not sep or knob not in knobs or not value:
+            raise ValueError(f"--auto-variants: {item!r} is not KNOB=VALUE with KNOB one of {sorted(knobs)}")
+        out.append((f"auto-{knob}{value}", {knobs[knob]: value}))
+    return out
+
+
+def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=()):
     """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
     core at 100 %), and six idle servers beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
@@ -186,6 +200,14 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)
+    # the judged auto server stays last (main() takes servers[-1]); variants go before it
+    for label, knob_env in variants:
+        env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env}
+        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": pair, "env": env,
+                "flags": ["--sleep-on-idle"]}
+        srv = shapes_device.Server(group, spec, len(servers), "auto")
+        srv.threshold_label = label
+        servers.insert(len(servers) - 1, srv)
     if baseline:
         spec = {"profile": "baseline", "label": "baseline", "pair": pair,
                 "env": {"TRITON_CACHE_DIR": "/tmp/triton-baseline"}, "flags": ["--sleep-on-idle"]}
@@ -220,7 +242,14 @@ async def main():
     ap.add_argument("--bursty-s", type=float, default=10.0)
     ap.add_argument("--bursty-rounds", type=int, default=1)
     ap.add_argument("--min-s", type=float, default=1.2, help="seconds each round's measurement lasts at least")
+    ap.add_argument("--auto-variants", default="",
+                    help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
+                         "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS)")
     a = ap.parse_args()
+    try:
+        variants = parse_variants(a.auto_variants)
+    except ValueError as exc:
+        ap.error(str(exc))
     BUDGET = a.budget_s
     temperature = TEMPERATURE[a.workload]
     name = a.name or a.workload
@@ -233,7 +262,7 @@ async def main():
     levels = [int(c) for c in a.levels.split(",")]
     prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens, pair=a.pair)
     servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline,
-                           pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens)
+                           pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
     auto = servers[-1]
@@ -265,6 +294,10 @@ async def main():
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
+                for srv in live:
+                    if srv.threshold_label.startswith("auto-"):
+                        keep(os.path.join(a.out, "auto_variant_state.jsonl"),
+                             {"after": f"c={c}", "server": srv.label, "state": await dyn_state(s, srv)})
             for rnd in range(a.bursty_rounds):
                 for srv in bursty_order(live, auto, rnd):
                     if left() < a.bursty_s + 15:

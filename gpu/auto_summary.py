@@ -39,10 +39,14 @@ def workload_summary(records, name):
     levels = {}
     for level in sorted(by, key=_level_key):
         medians = {t: statistics.median(v) for t, v in by[level].items()}
-        fixed = {t: v for t, v in medians.items() if t not in ("auto", "none")}
+        fixed = {t: v for t, v in medians.items() if t.isdigit()}
         entry = {"auto": medians.get("auto"), "best_fixed": None, "best_fixed_threshold": None,
                  "auto_over_best": None,
                  "fixed": {t: fixed[t] for t in sorted(fixed, key=int)}}
+        # diagnostic auto servers with other knobs (auto_device --auto-variants): beside, not judged
+        variants = {t: v for t, v in medians.items() if t.startswith("auto-")}
+        if variants:
+            entry["auto_variants"] = dict(sorted(variants.items()))
         if level != "bursty":
             entry.update(_replicates(fixed, int(level)))
         if fixed:

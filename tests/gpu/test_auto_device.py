@@ -120,3 +120,22 @@ def test_the_bursty_rounds_run_auto_first_and_rotate_the_others(driver):
     assert driver.bursty_order(live, auto, 0) == [auto, base, f2, f8]
     assert driver.bursty_order(live, auto, 1) == [auto, f2, f8, base]
     assert driver.bursty_order([base, f2], auto, 0) == [base, f2]     # auto died at start: the others still run
+
+
+def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(driver):
+    variants = driver.parse_variants("probe=0.0001, margin=0.05")
+    servers = driver.make_servers([16, 64], 0.12, pair="big", variants=variants)
+    labels = [srv.label for srv in servers]
+    assert labels == ["baseline", "fixed-16", "fixed-64", "auto-probe0.0001", "auto-margin0.05", "auto"]
+    by_label = {srv.label: srv for srv in servers}
+    assert by_label["auto-probe0.0001"].plan.env["SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"] == "0.0001"
+    assert "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET" not in by_label["auto"].plan.env
+    assert by_label["auto-margin0.05"].plan.env["SGLANG_SPEC_DISABLE_AUTO_MARGIN"] == "0.05"
+    assert len({srv.port for srv in servers}) == len(servers)          # each its own port
+    assert by_label["auto-probe0.0001"].threshold_label == "auto-probe0.0001"
+
+
+@pytest.mark.parametrize("text", ["probe", "speed=2", "probe="])
+def test_an_auto_variant_that_is_not_knob_equals_value_is_refused(driver, text):
+    with pytest.raises(ValueError, match="--auto-variants"):
+        driver.parse_variants(text)

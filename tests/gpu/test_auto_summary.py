@@ -99,3 +99,11 @@ def test_accounting_by_level_is_the_difference_between_consecutive_states(summar
     path.write_text("".join(json.dumps(s) + "\n" for s in states))
     assert summary.main(["accounting", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)[1]["after"] == "c=4"
+
+
+def test_auto_variants_are_reported_beside_and_never_taken_for_a_fixed_threshold(summary):
+    records = [rec("sim", "1", 64, 600.0), rec("sim", "1", "auto", 540.0),
+               {**rec("sim", "1", "auto", 590.0), "server": "auto-probe0.0001", "threshold": "auto-probe0.0001"}]
+    entry = summary.workload_summary(records, "sim")["levels"]["1"]
+    assert entry["best_fixed_threshold"] == 64 and entry["auto_over_best"] == 0.9
+    assert entry["auto_variants"] == {"auto-probe0.0001": 590.0}
