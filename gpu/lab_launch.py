@@ -75,12 +75,33 @@ def is_dyn(profile: str) -> bool:
         return "dyn_threshold" in profiles.load_profile(profile)
 
 
+# Server flags the lab passes that a later release renamed (found when 0.5.23's argparse refused
+# the first call's servers: "ambiguous option: --cuda-graph-max-bs could match
+# --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"). 0.5.23 split CUDA-graph settings by
+# phase; its prefill graphs ("breakable", on by default on CUDA) replace the piecewise ones the
+# lab turns off on 0.5.11 / 0.5.17, so they are turned off the same way.
+RENAMED_FLAGS = {
+    "0.5.23": {"--cuda-graph-max-bs": ["--cuda-graph-max-bs-decode"],
+               "--disable-piecewise-cuda-graph": ["--cuda-graph-backend-prefill", "disabled"]},
+}
+
+
+def flags_for_release(flags, release: str | None = None) -> list:
+    """The lab's flags as the SGLang release on the device spells them (SGLANG_RELEASE,
+    exported by gpu/device_env.sh; 0.5.11 when unset)."""
+    renamed = RENAMED_FLAGS.get(release or os.environ.get("SGLANG_RELEASE", "0.5.11"), {})
+    out = []
+    for flag in flags:
+        out += renamed.get(flag, [flag])
+    return out
+
+
 def plan(profile: str, *, model: str, port: int, draft: str | None = None, tp: int = 1,
          flags=(), env: dict | None = None, threshold: int | str | None = None,
          hysteresis: int | None = None) -> profiles.LaunchPlan:
     """The launch plan of one lab server: `profile` with the lab's overrides."""
     overrides = {"model": _literal(model), "port": int(port), "tp_size": int(tp),
-                 "flags": [_literal(f) for f in flags],
+                 "flags": [_literal(f) for f in flags_for_release(flags)],
                  "env": {k: _literal(v) for k, v in (env or {}).items()}}
     if draft:
         overrides["draft_model"] = _literal(draft)

@@ -190,3 +190,43 @@ def test_the_records_name_the_threshold_the_server_was_started_with(now):
     for key, srv in plan_servers.items():
         old = BEFORE[key]["env"].get("SGLANG_SPEC_DISABLE_THRESHOLD")
         assert srv.meta()["threshold"] == (None if old is None else int(old)), key
+
+
+def sglang_options(release):
+    """Every --option of a release's `sglang serve`, read from its wheel's argument fields (0.5.23
+    declares them as annotated fields of arg_groups/fields/*.py, the flag being the field's name
+    with dashes, plus each Arg's aliases)."""
+    import re
+
+    from toolkit.patch import wheels
+
+    wheel = wheels.pristine("sglang", release)
+    names = set()
+    for path in wheel.package_files("sglang/srt/arg_groups/fields"):
+        if not path.endswith(".py"):
+            continue
+        text = wheel.read(path).decode()
+        names |= {"--" + m.replace("_", "-") for m in re.findall(r"^    (\w+): A\[", text, re.M)}
+        for aliases in re.findall(r"aliases=\[([^\]]*)\]", text):
+            names |= set(re.findall(r'"(--[\w-]+)"', aliases))
+    return names
+
+
+def test_on_0523_every_flag_of_every_lab_server_is_one_sglang_0523_takes(monkeypatch):
+    """The first 0.5.23 call's eight servers died at argparse ("ambiguous option:
+    --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"):
+    with SGLANG_RELEASE=0.5.23 the lab spells them as 0.5.23 does, and nothing else is missing."""
+    known = sglang_options("0.5.23")
+    assert "--cuda-graph-max-bs" not in known and "--cuda-graph-max-bs-decode" in known
+    monkeypatch.setenv("SGLANG_RELEASE", "0.5.23")
+    sys.path.insert(0, str(ROOT / "gpu"))
+    shapes = load_gpu_script("shapes_device")
+    lab = sys.modules["lab_launch"]
+    group = {"name": "g", "index": 0, "gpus": "0", "pair": "huge", "mem": 0.5}
+    for k, profile in enumerate(["baseline", "eagle3-v2", "eagle3-v2-dyn"]):
+        srv = shapes.Server(group, {"profile": profile}, k, 8)
+        argv, _ = rendered(lab.script(srv.plan))
+        flags = [a for a in argv[3:] if a.startswith("--")]
+        assert [f for f in flags if f not in known] == [], profile
+        opts = options(argv)
+        assert opts["--cuda-graph-max-bs-decode"] == "64" and opts["--cuda-graph-backend-prefill"] == "disabled"
