@@ -15,6 +15,10 @@ if [ -n "$SFX" ]; then
   export SGLANG_ENABLE_JIT_DEEPGEMM=0
   python3 -c "import xgrammar, deep_gemm" 2>/dev/null || STUBS=/tmp/site/_stubs
 fi
+# 0.5.23's site carries sglang-kernel 0.4.5 (0.4.10, its pin, needs torch 2.14; gpu/README.md "SGLang 0.5.23
+# carry"), and 0.5.23 refuses to start below 0.4.9 ("sglang-kernel is installed with version 0.4.5, which is
+# less than the minimum required version 0.4.9", the second 0.5.23 call): upstream's own switch skips that check
+[ "$REL" != 0.5.23 ] || export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export EXTRA_PYTHONPATH=$STUBS
 NUMA_DIR=""; [ -n "$SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}

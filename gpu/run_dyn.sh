@@ -48,7 +48,12 @@ if [ ! -d /tmp/site/sglang ]; then
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
-  python3 gpu/naive_bypass.py /tmp/naive/sglang
+  # the naive bypass is written into the v1 EAGLE worker, which 0.5.23 no longer has
+  if [ -f /tmp/naive/sglang/srt/speculative/eagle_worker.py ]; then
+    python3 gpu/naive_bypass.py /tmp/naive/sglang
+  else
+    say "no v1 EAGLE worker in sglang $SGLANG_RELEASE: no naive-bypass copy"; rm -rf /tmp/naive
+  fi
   if [ "${DYN_APPLY:-1}" = 1 ]; then
   # the diffs of the release installed in /tmp/site (patchsets/NAME/<release>/*.patch)
   REL=$(basename /tmp/site/sglang-*.dist-info .dist-info | sed 's/^sglang-//')
