@@ -45,6 +45,11 @@ if [ ! -d /tmp/site/sglang ]; then
     printf '"""Stand-in for sgl-deep-gemm (gpu/run_dyn.sh): importable, with nothing in it."""\n' \
       > /tmp/site/_stubs/deep_gemm/__init__.py
   fi
+  if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import cutlass" 2>/dev/null; then
+    # 0.5.23 imports its CuTe DSL kernels at module level (nvidia-cutlass-dsl, 193 MB of compiler
+    # library, not carried); those on the lab's path are SM100-only and never run on an H200
+    mkdir -p /tmp/site/_stubs && cp -r gpu/stand_ins/cutlass /tmp/site/_stubs/
+  fi
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/

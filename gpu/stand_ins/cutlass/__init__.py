@@ -1,0 +1,94 @@
+"""Stand-in for nvidia-cutlass-dsl (the CuTe DSL) in the lab's SGLang 0.5.23 site.
+
+gpu/run_dyn.sh puts it in the site's _stubs only where `import cutlass` fails. SGLang 0.5.23
+requires nvidia-cutlass-dsl[cu13] 4.8.0, whose compiler library alone is 193 MB (the
+nvidia-cutlass-dsl-libs-cu13 wheel is 92 MB): far over what a device call carries. Its CuTe DSL
+kernels are imported at module level on every CUDA host (the third 0.5.23 call:
+`layers/dual_gemm.py` imports `kernels/ops/gemm/cutedsl_dual_gemm.py` while the model is built,
+and that module runs `import cutlass`), but those the lab's shapes reach are gated to SM100
+(`can_use_dual_gemm` asks `is_sm100_supported()`), so on an H200 they are imported, never run.
+
+Every `cutlass.*` module imports, and every name in one is a placeholder: attributes, calls,
+indexing and arithmetic give placeholders, and used as a decorator it hands the function back.
+A kernel that is actually called gets a placeholder, not a tensor, and fails at the first torch
+operation on it. A user's 0.5.23 install has the real package.
+"""
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+
+class _Placeholder:
+    __slots__ = ("_name",)
+
+    def __init__(self, name):
+        object.__setattr__(self, "_name", name)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
+            return args[0]  # @cute.jit, @cute.kernel, @dataclass-like decorators
+        return _Placeholder(f"{self._name}(...)")
+
+    def __getitem__(self, key):
+        return _Placeholder(f"{self._name}[...]")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+    def __repr__(self):
+        return f"<cutlass stand-in {self._name}>"
+
+    def _other(self, *args):
+        return _Placeholder(f"{self._name}(op)")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _other
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _other
+    __pow__ = __rpow__ = __neg__ = __or__ = __ror__ = __and__ = __rand__ = __lshift__ = __rshift__ = _other
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self.__name__}.{attr}")
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Any `cutlass.<sub>` module, made on import."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("cutlass."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StandInModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+STAND_IN = True
+__path__ = []
+__version__ = "0+stand-in"
+sys.meta_path.append(_Finder())
+
+
+def __getattr__(attr):
+    if attr.startswith("__") and attr.endswith("__"):
+        raise AttributeError(attr)
+    return _Placeholder(f"cutlass.{attr}")
