@@ -8,10 +8,11 @@ kernels are imported at module level on every CUDA host (the third 0.5.23 call:
 and that module runs `import cutlass`), but those the lab's shapes reach are gated to SM100
 (`can_use_dual_gemm` asks `is_sm100_supported()`), so on an H200 they are imported, never run.
 
-Every `cutlass.*` module imports, and every name in one is a placeholder: attributes, calls,
-indexing and arithmetic give placeholders, and used as a decorator it hands the function back.
-A kernel that is actually called gets a placeholder, not a tensor, and fails at the first torch
-operation on it. A user's 0.5.23 install has the real package.
+Every `cutlass.*` module imports, and every name in one is a placeholder: attributes, indexing
+and, while a module is being imported, calls and operators give placeholders (module-level constants such as
+`cutlass.Int32(128)`), and used as a decorator it hands the function back. Called after the
+imports, as a kernel that actually ran would call it, a placeholder raises, so a kernel never
+leaves an output tensor unwritten without a word. A user's 0.5.23 install has the real package.
 """
 import importlib.abc
 import importlib.machinery
@@ -33,7 +34,10 @@ class _Placeholder:
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
             return args[0]  # @cute.jit, @cute.kernel, @dataclass-like decorators
-        return _Placeholder(f"{self._name}(...)")
+        if _importing():
+            return _Placeholder(f"{self._name}(...)")
+        raise RuntimeError(f"{self._name} called, but this site's cutlass is the lab's stand-in "
+                           "(gpu/stand_ins/cutlass): nvidia-cutlass-dsl is not installed")
 
     def __getitem__(self, key):
         return _Placeholder(f"{self._name}[...]")
@@ -50,12 +54,23 @@ class _Placeholder:
     def __repr__(self):
         return f"<cutlass stand-in {self._name}>"
 
-    def _other(self, *args):
-        return _Placeholder(f"{self._name}(op)")
+    def _operator(self, *other):
+        # module-level arithmetic and `int | cutlass.Int32` annotations; a kernel's, later, raises
+        return self.__call__(*other)
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _other
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _other
-    __pow__ = __rpow__ = __neg__ = __or__ = __ror__ = __and__ = __rand__ = __lshift__ = __rshift__ = _other
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _operator
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _operator
+    __or__ = __ror__ = __and__ = __rand__ = __lshift__ = __rshift__ = __neg__ = _operator
+
+
+def _importing() -> bool:
+    """Whether the caller runs inside an import (a module's top level), read from the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _StandInModule(types.ModuleType):

@@ -1,0 +1,110 @@
+"""gpu/stand_ins/cutlass: the CuTe DSL stand-in of the lab's SGLang 0.5.23 site (gpu/run_dyn.sh).
+
+The third 0.5.23 call's servers died building the model: `layers/dual_gemm.py` imports
+`kernels/ops/gemm/cutedsl_dual_gemm.py`, which runs `import cutlass` at module level, and the carry
+has no nvidia-cutlass-dsl (its compiler library is 193 MB). The stand-in must let that real module
+import, and what the model layer then asks it must be the real answer on a non-SM100 GPU."""
+import sys
+import types
+
+import pytest
+
+from tests.gpu.scripts import ROOT
+
+DUAL_GEMM = "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py"
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """`cutlass` resolved to the stand-in, in a clean import state (put back after the test)."""
+    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(ROOT / "gpu" / "stand_ins"))
+    before = list(sys.meta_path)
+    import cutlass
+
+    yield cutlass
+    sys.meta_path[:] = before
+    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.")]:
+        del sys.modules[name]
+
+
+def fake_module(monkeypatch, name, **attrs):
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_the_real_0523_dual_gemm_module_imports_and_says_no_on_a_gpu_without_sm100(stand_in, monkeypatch):
+    from toolkit.patch import wheels
+
+    source = wheels.pristine("sglang", "0.5.23").read(DUAL_GEMM).decode()
+    registered = []
+    # the module's own sglang and cuda-python imports (the device has them; the dev machine not all)
+    fake_module(monkeypatch, "cuda")
+    fake_module(monkeypatch, "cuda.bindings")
+    fake_module(monkeypatch, "cuda.bindings.driver", CUstream=object)
+    fake_module(monkeypatch, "sglang.kernels.kernel_api_logging", debug_kernel_api=lambda fn: fn)
+    fake_module(monkeypatch, "sglang.srt.utils", is_sm100_supported=lambda: False)
+    fake_module(monkeypatch, "sglang.srt.utils.common",
+                direct_register_custom_op=lambda *a, **k: registered.append(a or k))
+    module = types.ModuleType("cutedsl_dual_gemm")
+    exec(compile(source, DUAL_GEMM, "exec"), module.__dict__)
+
+    assert module.MAX_DUAL_GEMM_DECODE_TOKENS == 16
+    assert module.DualGemmQuantMode.UNQUANT.is_quantized is False
+    # what layers/dual_gemm.py asks while the model is built: no dual GEMM on this GPU
+    assert module.can_use_dual_gemm(16, 4096, 14336, module.DualGemmQuantMode.UNQUANT) is False
+    assert len(registered) == 2   # its two custom ops were registered, as on the device
+
+
+MODULE_TOP_LEVEL = """
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import tcgen05
+from cutlass.utils import blackwell_helpers as sm100_utils
+
+WIDTH = cutlass.Int32(128)                 # a DSL constant, called at import
+TILES = WIDTH * 2 // cutlass.Int32(16)     # arithmetic at import
+Index = int | cutlass.Int32                # a type union evaluated at import (no lazy annotations)
+
+
+@cute.jit
+def launch(x):
+    return x + 1
+
+
+@cute.kernel(preprocess=False)
+def kernel(x):
+    return x * 2
+
+
+class Kernel(cute.Struct):                 # a class on a DSL base
+    mode = tcgen05.OperandMajorMode.K
+    layout = sm100_utils.make_smem_layout_a
+"""
+
+
+def test_a_module_written_against_the_dsl_imports_with_inert_names(stand_in, tmp_path, monkeypatch):
+    (tmp_path / "dsl_user.py").write_text(MODULE_TOP_LEVEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dsl_user
+
+    assert stand_in.STAND_IN is True
+    assert dsl_user.launch(1) == 2 and dsl_user.kernel(2) == 4   # decorators hand the function back
+    assert dsl_user.Kernel.__mro__[-1] is object
+    assert "stand-in" in repr(dsl_user.WIDTH) and "stand-in" in repr(dsl_user.TILES)
+    assert not dsl_user.Kernel.mode
+    assert "stand-in" in repr(dsl_user.Kernel.layout)
+    monkeypatch.delitem(sys.modules, "dsl_user")
+
+
+def test_a_stand_in_called_after_the_imports_raises_instead_of_running_nothing(stand_in):
+    """A kernel that ran on the stand-in would leave its output tensor unwritten: it must stop."""
+    with pytest.raises(RuntimeError, match="stand-in"):
+        stand_in.cute.compile(object(), 2)
+    with pytest.raises(RuntimeError, match="nvidia-cutlass-dsl is not installed"):
+        stand_in.Int32(128)
+    with pytest.raises(RuntimeError, match="stand-in"):
+        stand_in.Int32 * 2
