@@ -30,3 +30,25 @@ def invoke(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), col
         return subprocess.Popen(command, cwd=PROJECT_ROOT, env=full_env, text=True, **options)
     return subprocess.run(command, cwd=PROJECT_ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout, **popen_kwargs)
+
+
+def sglang_options(release: str) -> set[str]:
+    """Every --option a release's server takes, read from its wheel: 0.5.11 spells them as
+    add_argument("--x") strings in srt/server_args.py, 0.5.17 as annotated fields there, 0.5.23 as
+    annotated fields of srt/arg_groups/fields/*.py (the flag is the field's name with dashes, plus
+    each Arg's aliases)."""
+    import re
+
+    from toolkit.patch import wheels
+
+    wheel = wheels.pristine("sglang", release)
+    paths = ["sglang/srt/server_args.py"] + [p for p in wheel.package_files("sglang/srt/arg_groups/fields")
+                                             if p.endswith(".py")]
+    names = set()
+    for path in paths:
+        if not wheel.has(path):
+            continue
+        text = wheel.read(path).decode()
+        names |= {"--" + m.replace("_", "-") for m in re.findall(r"^    (\w+): A\[", text, re.M)}
+        names |= set(re.findall(r'"(--[a-z0-9][\w-]*)"', text))
+    return names

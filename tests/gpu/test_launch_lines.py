@@ -12,6 +12,7 @@ import pytest
 
 from tests.gpu import launch_lines
 from tests.gpu.scripts import ROOT, load_gpu_script
+from tests.helpers import sglang_options
 
 BEFORE = json.loads(launch_lines.DATA.read_text())
 # servers a plan no longer starts: the v1 pair of the TP=2 Kimi group, since five TP=2 servers per
@@ -190,26 +191,6 @@ def test_the_records_name_the_threshold_the_server_was_started_with(now):
     for key, srv in plan_servers.items():
         old = BEFORE[key]["env"].get("SGLANG_SPEC_DISABLE_THRESHOLD")
         assert srv.meta()["threshold"] == (None if old is None else int(old)), key
-
-
-def sglang_options(release):
-    """Every --option of a release's `sglang serve`, read from its wheel's argument fields (0.5.23
-    declares them as annotated fields of arg_groups/fields/*.py, the flag being the field's name
-    with dashes, plus each Arg's aliases)."""
-    import re
-
-    from toolkit.patch import wheels
-
-    wheel = wheels.pristine("sglang", release)
-    names = set()
-    for path in wheel.package_files("sglang/srt/arg_groups/fields"):
-        if not path.endswith(".py"):
-            continue
-        text = wheel.read(path).decode()
-        names |= {"--" + m.replace("_", "-") for m in re.findall(r"^    (\w+): A\[", text, re.M)}
-        for aliases in re.findall(r"aliases=\[([^\]]*)\]", text):
-            names |= set(re.findall(r'"(--[\w-]+)"', aliases))
-    return names
 
 
 def test_on_0523_every_flag_of_every_lab_server_is_one_sglang_0523_takes(monkeypatch):
