@@ -19,13 +19,18 @@ level c of --levels: a warm-up of c requests on every server, then --rounds roun
 servers one at a time, in an order that rotates from round to round, each for
 a closed loop of c requests in flight (each answer followed at once by the next request) for
 --min-s seconds, then its drain; --in-tokens prompt tokens, --out-tokens generated, ignore_eos;
-output tok/s over the whole wall time, the median of the rounds. Short
+output tok/s over the whole wall time, the median of the rounds; beside it each round's
+`server_decode_tok_s`, the median of the server's own 100-step `Decode batch` intervals at c
+running requests in that round (the 4-gpu-bound call's client rounds of identical servers
+differed by 3-5 %; their logs are the steadier measure). Short
 interleaved runs, not one long run per server: on the second GPU run (5-s runs, one after the
 other) every server of a level drifted together by 8-10 % from one round to the next, and
 servers doing identical steps differed by 19-30 % when measured 10-20 s apart. Then
 the bursty trace: a closed loop whose concurrency moves between --burst-low and --burst-high every
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain. After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
+--auto-variants adds auto servers with one controller knob changed (not judged; their state in
+DIR/auto_variant_state.jsonl).
 Writes DIR/records.jsonl, DIR/auto_state.jsonl, DIR/part-WORKLOAD.json (auto_summary's shape).
 """
 import argparse
@@ -33,6 +38,8 @@ import asyncio
 import json
 import os
 import random
+import re
+import statistics
 import sys
 import time
 
@@ -126,6 +133,33 @@ async def steady_level(s, srv, prompts, c, min_s, out_tokens):
     wall = time.time() - t0
     return {"requests": sent[0], "out_tokens": sum(toks), "wall_s": round(wall, 3),
             "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed"}
+
+
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+
+
+def log_size(srv):
+    try:
+        return os.path.getsize(srv.log_path)
+    except OSError:
+        return 0
+
+
+def server_rate(srv, offset, c):
+    """The server's own decode rate over one round: the median of the `Decode batch` intervals
+    (100 steps each) logged since `offset` at exactly c running requests, leaving out the first
+    (it began before the round: idle time in it). Client-side rounds of identical servers
+    disagreed by 3-5 % (docs/evidence/auto-threshold/4-gpu-bound), so the records carry both."""
+    try:
+        with open(srv.log_path, errors="replace") as f:
+            f.seek(offset)
+            text = f.read()
+    except OSError:
+        return {"server_decode_tok_s": None, "server_intervals": 0}
+    lines = [(int(m.group(1)), float(m.group(2))) for m in DECODE_LINE.finditer(text)][1:]
+    at_c = [rate for running, rate in lines if running == c]
+    return {"server_decode_tok_s": round(statistics.median(at_c), 1) if at_c else None,
+            "server_intervals": len(at_c)}
 
 
 def bursty_order(live, auto, rnd):
@@ -287,7 +321,9 @@ async def main():
                         if left() < 30:
                             say("budget: stopping before", srv.label, "c =", c)
                             raise TimeoutError("budget")
+                        offset = log_size(srv)
                         res = await steady_level(s, srv, prompts[c:], c, a.min_s, a.out_tokens)
+                        res.update(server_rate(srv, offset, c))
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
                         rec = {**res, **srv.meta(), "workload": name, "level": str(c), "server": srv.label,
                                "threshold": srv.threshold_label, "round": rnd, "temperature": temperature}

@@ -139,3 +139,19 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
 def test_an_auto_variant_that_is_not_knob_equals_value_is_refused(driver, text):
     with pytest.raises(ValueError, match="--auto-variants"):
         driver.parse_variants(text)
+
+
+def test_a_rounds_server_rate_is_its_own_log_at_c_running_since_the_round_began(driver, tmp_path):
+    log = tmp_path / "server.log"
+    line = "[t] Decode batch, #running-req: {}, #token: 9, gen throughput (token/s): {}, #queue-req: 0\n"
+    log.write_text(line.format(1, 100.0))                         # an earlier round
+    srv = type("Srv", (), {"log_path": str(log)})()
+    offset = driver.log_size(srv)
+    with open(log, "a") as f:
+        f.write(line.format(1, 20.0))                             # began before the round: left out
+        f.write("[t] Prefill batch, #new-seq: 1\n")
+        f.writelines(line.format(n, r) for n, r in [(1, 500.0), (1, 540.0), (2, 900.0), (1, 520.0)])
+    assert driver.server_rate(srv, offset, 1) == {"server_decode_tok_s": 520.0, "server_intervals": 3}
+    assert driver.server_rate(srv, offset, 4) == {"server_decode_tok_s": None, "server_intervals": 0}
+    gone = type("Srv", (), {"log_path": str(tmp_path / "none.log")})()
+    assert driver.server_rate(gone, 0, 1) == {"server_decode_tok_s": None, "server_intervals": 0}
