@@ -38,7 +38,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import auto_summary  # noqa: E402
+import steady_state  # noqa: E402
 
 T0 = time.time()
 BUDGET = 420.0
@@ -135,9 +135,6 @@ async def steady_level(s, srv, prompts, c, min_s, out_tokens):
             "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed"}
 
 
-DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
-
-
 def log_size(srv):
     try:
         return os.path.getsize(srv.log_path)
@@ -156,7 +153,7 @@ def server_rate(srv, offset, c):
             text = f.read()
     except OSError:
         return {"server_decode_tok_s": None, "server_intervals": 0}
-    lines = [(int(m.group(1)), float(m.group(2))) for m in DECODE_LINE.finditer(text)][1:]
+    lines = [(int(m.group(1)), float(m.group(2))) for m in steady_state.LINE.finditer(text)][1:]
     at_c = [rate for running, rate in lines if running == c]
     return {"server_decode_tok_s": round(statistics.median(at_c), 1) if at_c else None,
             "server_intervals": len(at_c)}

@@ -49,8 +49,7 @@ def sweep(package_names, skip=()):
             imported += 1
         except ModuleNotFoundError as exc:
             top = (exc.name or "?").split(".")[0]
-            own = package_names and any(top == p.split(".")[0] for p in package_names)
-            if own:  # a module of the swept package itself that is gone (a trimmed tree)
+            if any(top == p.split(".")[0] for p in package_names):  # the swept package's own (a trimmed tree)
                 failed[name] = f"ModuleNotFoundError: {exc}"
             else:
                 missing.setdefault(top, []).append(name)

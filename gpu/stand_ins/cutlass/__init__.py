@@ -27,17 +27,12 @@ class _Placeholder:
         object.__setattr__(self, "_name", name)
 
     def __getattr__(self, attr):
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        return _Placeholder(f"{self._name}.{attr}")
+        return _attribute(self._name, attr)
 
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
             return args[0]  # @cute.jit, @cute.kernel, @dataclass-like decorators
-        if _importing():
-            return _Placeholder(f"{self._name}(...)")
-        raise RuntimeError(f"{self._name} called, but this site's cutlass is the lab's stand-in "
-                           "(gpu/stand_ins/cutlass): nvidia-cutlass-dsl is not installed")
+        return self._used("called")
 
     def __getitem__(self, key):
         return _Placeholder(f"{self._name}[...]")
@@ -54,18 +49,31 @@ class _Placeholder:
     def __repr__(self):
         return f"<cutlass stand-in {self._name}>"
 
+    def _used(self, how):
+        """A placeholder while a module is being imported (module-level constants, arithmetic,
+        `int | cutlass.Int32` annotations); afterwards, a kernel at work: it raises."""
+        if _importing():
+            return _Placeholder(f"{self._name}({how})")
+        raise RuntimeError(f"{self._name} {how}, but this site's cutlass is the lab's stand-in "
+                           "(gpu/stand_ins/cutlass): nvidia-cutlass-dsl is not installed")
+
     def _operator(self, *other):
-        # module-level arithmetic and `int | cutlass.Int32` annotations; a kernel's, later, raises
-        return self.__call__(*other)
+        return self._used("used in arithmetic")
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _operator
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _operator
     __or__ = __ror__ = __and__ = __rand__ = __lshift__ = __rshift__ = __neg__ = _operator
 
 
+def _attribute(owner: str, attr: str):
+    if attr.startswith("__") and attr.endswith("__"):
+        raise AttributeError(attr)
+    return _Placeholder(f"{owner}.{attr}")
+
+
 def _importing() -> bool:
     """Whether the caller runs inside an import (a module's top level), read from the stack."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
@@ -75,9 +83,7 @@ def _importing() -> bool:
 
 class _StandInModule(types.ModuleType):
     def __getattr__(self, attr):
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        return _Placeholder(f"{self.__name__}.{attr}")
+        return _attribute(self.__name__, attr)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -104,6 +110,4 @@ sys.meta_path.append(_Finder())
 
 
 def __getattr__(attr):
-    if attr.startswith("__") and attr.endswith("__"):
-        raise AttributeError(attr)
-    return _Placeholder(f"cutlass.{attr}")
+    return _attribute("cutlass", attr)
