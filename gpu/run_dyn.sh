@@ -46,9 +46,17 @@ if [ ! -d /tmp/site/sglang ]; then
       > /tmp/site/_stubs/deep_gemm/__init__.py
   fi
   if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import cutlass" 2>/dev/null; then
-    # 0.5.23 imports its CuTe DSL kernels at module level (nvidia-cutlass-dsl, 193 MB of compiler
-    # library, not carried); those on the lab's path are SM100-only and never run on an H200
-    mkdir -p /tmp/site/_stubs && cp -r gpu/stand_ins/cutlass /tmp/site/_stubs/
+    # 0.5.23's Llama layers import a CuTe DSL kernel module at model build (nvidia-cutlass-dsl,
+    # 193 MB of compiler library, not carried; the kernel is SM100-only and never runs on an H200).
+    # That module runs under gpu/stand_ins/cutlass_scoped.py, which lends it the cutlass stand-in
+    # only while it imports: on the whole path the stand-in makes FlashInfer build its own CuTe DSL
+    # kernels and `import flashinfer` fails.
+    for m in ${CUTLASS_SCOPED_MODULES:-sglang/kernels/ops/gemm/cutedsl_dual_gemm.py}; do
+      mv "/tmp/site/$m" "/tmp/site/$m.real" && cp gpu/stand_ins/cutlass_scoped.py "/tmp/site/$m"
+      mkdir -p "$(dirname "/tmp/site/$m")/_cutlass_stand_in"
+      cp -r gpu/stand_ins/cutlass "$(dirname "/tmp/site/$m")/_cutlass_stand_in/"
+    done
+    say "cutlass stand-in scoped to: ${CUTLASS_SCOPED_MODULES:-sglang/kernels/ops/gemm/cutedsl_dual_gemm.py}"
   fi
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive

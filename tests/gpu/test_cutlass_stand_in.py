@@ -1,9 +1,15 @@
-"""gpu/stand_ins/cutlass: the CuTe DSL stand-in of the lab's SGLang 0.5.23 site (gpu/run_dyn.sh).
+"""gpu/stand_ins/cutlass and its shim cutlass_scoped.py: the CuTe DSL stand-in of the lab's SGLang
+0.5.23 site (gpu/run_dyn.sh).
 
 The third 0.5.23 call's servers died building the model: `layers/dual_gemm.py` imports
 `kernels/ops/gemm/cutedsl_dual_gemm.py`, which runs `import cutlass` at module level, and the carry
 has no nvidia-cutlass-dsl (its compiler library is 193 MB). The stand-in must let that real module
-import, and what the model layer then asks it must be the real answer on a non-SM100 GPU."""
+import, and what the model layer then asks it must be the real answer on a non-SM100 GPU. The fourth
+call showed the stand-in must not be visible anywhere else: FlashInfer asks `find_spec("cutlass")`
+and, told yes, builds its own CuTe DSL kernels at `import flashinfer`, which the stand-in cannot."""
+import importlib
+import importlib.util
+import shutil
 import sys
 import types
 
@@ -36,7 +42,33 @@ def fake_module(monkeypatch, name, **attrs):
     return module
 
 
-def test_the_real_0523_dual_gemm_module_imports_and_says_no_on_a_gpu_without_sm100(stand_in, monkeypatch):
+def scoped_site(tmp_path, real_source: str):
+    """A site laid out as gpu/run_dyn.sh lays out 0.5.23's: the shim in the module's place, the real
+    module beside it as .py.real, the stand-in in `_cutlass_stand_in/`."""
+    package = tmp_path / "labsite" / "gemm"
+    package.mkdir(parents=True)
+    (tmp_path / "labsite" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    shutil.copy(ROOT / "gpu" / "stand_ins" / "cutlass_scoped.py", package / "cutedsl_dual_gemm.py")
+    (package / "cutedsl_dual_gemm.py.real").write_text(real_source)
+    shutil.copytree(ROOT / "gpu" / "stand_ins" / "cutlass", package / "_cutlass_stand_in" / "cutlass")
+    return tmp_path
+
+
+@pytest.fixture
+def no_cutlass(monkeypatch):
+    """A clean import state without `cutlass`, as on the device (put back after the test)."""
+    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.") or n.startswith("labsite")]:
+        monkeypatch.delitem(sys.modules, name)
+    before = list(sys.meta_path)
+    yield
+    sys.meta_path[:] = before
+    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.") or n.startswith("labsite")]:
+        del sys.modules[name]
+
+
+def test_the_real_0523_dual_gemm_module_imports_under_the_shim_and_flashinfer_still_sees_no_dsl(
+        no_cutlass, tmp_path, monkeypatch):
     from toolkit.patch import wheels
 
     source = wheels.pristine("sglang", "0.5.23").read(DUAL_GEMM).decode()
@@ -49,14 +81,43 @@ def test_the_real_0523_dual_gemm_module_imports_and_says_no_on_a_gpu_without_sm1
     fake_module(monkeypatch, "sglang.srt.utils", is_sm100_supported=lambda: False)
     fake_module(monkeypatch, "sglang.srt.utils.common",
                 direct_register_custom_op=lambda *a, **k: registered.append(a or k))
-    module = types.ModuleType("cutedsl_dual_gemm")
-    exec(compile(source, DUAL_GEMM, "exec"), module.__dict__)
+    monkeypatch.syspath_prepend(str(scoped_site(tmp_path, source)))
+    meta_path = list(sys.meta_path)
+
+    module = importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
 
     assert module.MAX_DUAL_GEMM_DECODE_TOKENS == 16
     assert module.DualGemmQuantMode.UNQUANT.is_quantized is False
     # what layers/dual_gemm.py asks while the model is built: no dual GEMM on this GPU
     assert module.can_use_dual_gemm(16, 4096, 14336, module.DualGemmQuantMode.UNQUANT) is False
     assert len(registered) == 2   # its two custom ops were registered, as on the device
+    # FlashInfer's probe (flashinfer/cute_dsl/availability.py) answers as without the package
+    assert importlib.util.find_spec("cutlass") is None
+    assert sys.meta_path == meta_path
+    # the module's kernels still hold the stand-in: run, they raise
+    with pytest.raises(RuntimeError, match="stand-in"):
+        module.cutlass.Int32(128)
+
+
+def test_a_real_module_that_fails_leaves_no_cutlass_behind(no_cutlass, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(scoped_site(tmp_path, "import cutlass\nraise ValueError('broken at import')\n")))
+    meta_path, path = list(sys.meta_path), list(sys.path)
+
+    with pytest.raises(ValueError, match="broken at import"):
+        importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
+
+    assert importlib.util.find_spec("cutlass") is None
+    assert sys.meta_path == meta_path and sys.path == path
+
+
+def test_the_shim_without_its_real_module_names_the_missing_file(no_cutlass, tmp_path, monkeypatch):
+    site = scoped_site(tmp_path, "")
+    (site / "labsite" / "gemm" / "cutedsl_dual_gemm.py.real").unlink()
+    monkeypatch.syspath_prepend(str(site))
+
+    with pytest.raises(FileNotFoundError, match=r"cutedsl_dual_gemm\.py\.real"):
+        importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
+    assert importlib.util.find_spec("cutlass") is None
 
 
 MODULE_TOP_LEVEL = """
