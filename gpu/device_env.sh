@@ -19,6 +19,11 @@ fi
 # carry"), and 0.5.23 refuses to start below 0.4.9 ("sglang-kernel is installed with version 0.4.5, which is
 # less than the minimum required version 0.4.9", the second 0.5.23 call): upstream's own switch skips that check
 [ "$REL" != 0.5.23 ] || export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+# 0.5.23's radix tree core is a Rust extension built against its pinned torch 2.14.1; on the image's torch 2.11
+# it reads an int64 tensor's dtype as another ("insert value must be an int64 tensor, got QInt32", the
+# fifth 0.5.23 call, at the first prefill). Upstream's Python tree core (its KV-sharding default) is the
+# other registered backend: every lab 0.5.23 server, baseline included, runs on it
+[ "$REL" != 0.5.23 ] || export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export EXTRA_PYTHONPATH=$STUBS
 NUMA_DIR=""; [ -n "$SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}

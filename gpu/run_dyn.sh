@@ -58,6 +58,12 @@ if [ ! -d /tmp/site/sglang ]; then
     done
     say "cutlass stand-in scoped to: ${CUTLASS_SCOPED_MODULES:-sglang/kernels/ops/gemm/cutedsl_dual_gemm.py}"
   fi
+  if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import flash_mla" 2>/dev/null; then
+    # 0.5.23's v2 EAGLE worker imports the FlashMLA backend while it captures its draft graphs, only
+    # to ask whether the draft's backend is one (the fifth 0.5.23 call); FlashMLA (sgl-flash-mla) is
+    # not carried, and the lab's backends are triton
+    mkdir -p /tmp/site/_stubs && cp -r gpu/stand_ins/flash_mla /tmp/site/_stubs/
+  fi
   # pristine copy (eagle3-stock) and the naive bypass copy, before patching /tmp/site
   mkdir -p /tmp/stock /tmp/naive
   cp -a /tmp/site/sglang /tmp/stock/ && cp -a /tmp/site/sglang /tmp/naive/
