@@ -5,7 +5,9 @@
 `import_sweep.py` imports a site and so needs its Python and compiled modules; this reads the source
 only. A module "needs" NAME when importing it imports NAME: it imports NAME at its top level (outside
 functions and `if TYPE_CHECKING:`), or imports at its top a module of the package that needs it, or
-sits in a package whose `__init__` needs it. Printed:
+sits in a package whose `__init__` needs it. Imports under a module-level `if` or `try` count (`if
+_is_hip: import aiter` too), so this says which modules may import NAME; `--unconditional` counts only
+imports outside any `if` / `try`, which says which modules must. Printed:
 - how many modules need NAME;
 - the modules that import one of those only inside a function (those are reached only when the
   function runs: which of them a server runs is for the reader to say);
@@ -30,8 +32,9 @@ def module_files(site, package):
     return files
 
 
-def imports_of(module, path):
-    """(top-level, inside-a-function) import targets of one file, as dotted names."""
+def imports_of(module, path, unconditional=False):
+    """(top-level, inside-a-function) import targets of one file, as dotted names; with
+    `unconditional`, imports under an `if` or `try` are left out."""
     try:
         tree = ast.parse(open(path, encoding="utf-8").read())
     except (SyntaxError, UnicodeDecodeError):
@@ -51,6 +54,8 @@ def imports_of(module, path):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 walk(child, True)
+            elif unconditional and isinstance(child, (ast.If, ast.Try)):
+                continue
             elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 walk(ast.Module(body=child.orelse, type_ignores=[]), in_function)
             elif isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -63,12 +68,12 @@ def imports_of(module, path):
 
 
 class Reach:
-    def __init__(self, site, package, name):
+    def __init__(self, site, package, name, unconditional=False):
         self.name = name
         self.files = module_files(site, package)
         self.top, self.lazy = {}, {}
         for module, path in self.files.items():
-            self.top[module], self.lazy[module] = imports_of(module, path)
+            self.top[module], self.lazy[module] = imports_of(module, path, unconditional)
         self.needs = self._closure()
 
     def known(self, target):
@@ -136,11 +141,14 @@ def main(argv=None):
     parser.add_argument("name", help="top-level module asked about, e.g. cutlass")
     parser.add_argument("--lazy-under", default="", help="list lazy importers only under this prefix")
     parser.add_argument("--chain", action="append", default=[], help="print how this module reaches NAME")
+    parser.add_argument("--unconditional", action="store_true",
+                        help="count only imports outside any if / try (must import, not may)")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.join(args.site, args.package)):
         parser.error(f"no package {args.package!r} in {args.site}")
-    reach = Reach(args.site, args.package, args.name)
-    print(f"{len(reach.needs)} of {len(reach.files)} modules of {args.package} import {args.name} when imported")
+    reach = Reach(args.site, args.package, args.name, args.unconditional)
+    verb = "import" if args.unconditional else "may import"
+    print(f"{len(reach.needs)} of {len(reach.files)} modules of {args.package} {verb} {args.name} when imported")
     for module, hits in reach.lazily_reached(args.lazy_under).items():
         print(f"inside a function: {module} -> {', '.join(hits)}")
     for module in args.chain:

@@ -22,6 +22,7 @@ FILES = {
     "pkg/models/__init__.py": "",
     "pkg/models/big.py": "from pkg.layers.indexer import *\n",
     "pkg/models/small.py": "from pkg.layers import gemm, typed\n",
+    "pkg/models/guarded.py": "import os\nif os.environ.get('HIP'):\n    from pkg.kernels import dsl_kernel\n",
 }
 
 
@@ -35,10 +36,17 @@ def test_top_level_imports_spread_and_function_imports_do_not(tmp_path):
     make(tmp_path)
     reach = import_reach.Reach(str(tmp_path), "pkg", "dsl")
     assert reach.needs == {"pkg.kernels.dsl_kernel", "pkg.kernels.heavy", "pkg.kernels.heavy.inner",
-                           "pkg.layers.indexer", "pkg.models.big"}
+                           "pkg.layers.indexer", "pkg.models.big", "pkg.models.guarded"}
     assert reach.lazily_reached("pkg") == {"pkg.layers.gemm": ["pkg.kernels.dsl_kernel"]}
     assert reach.chain("pkg.models.big") == ["pkg.models.big", "pkg.layers.indexer", "pkg.kernels.dsl_kernel"]
     assert reach.chain("pkg.models.small") == []
+    assert reach.chain("pkg.models.guarded") == ["pkg.models.guarded", "pkg.kernels.dsl_kernel"]
+
+
+def test_unconditional_leaves_out_imports_under_an_if(tmp_path):
+    make(tmp_path)
+    reach = import_reach.Reach(str(tmp_path), "pkg", "dsl", unconditional=True)
+    assert "pkg.models.guarded" not in reach.needs and "pkg.models.big" in reach.needs
 
 
 def test_the_command_prints_counts_and_chains_and_refuses_a_missing_package(tmp_path):
@@ -47,7 +55,7 @@ def test_the_command_prints_counts_and_chains_and_refuses_a_missing_package(tmp_
     run = subprocess.run([sys.executable, script, str(tmp_path), "pkg", "dsl", "--chain", "pkg.models.big",
                           "--chain", "pkg.models.small"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "5 of 13 modules of pkg import dsl when imported" in run.stdout
+    assert "6 of 14 modules of pkg may import dsl when imported" in run.stdout
     assert "inside a function: pkg.layers.gemm -> pkg.kernels.dsl_kernel" in run.stdout
     assert "chain pkg.models.big: pkg.models.big -> pkg.layers.indexer -> pkg.kernels.dsl_kernel -> dsl" in run.stdout
     assert "chain pkg.models.small: does not import dsl" in run.stdout
