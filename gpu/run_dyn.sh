@@ -46,17 +46,18 @@ if [ ! -d /tmp/site/sglang ]; then
       > /tmp/site/_stubs/deep_gemm/__init__.py
   fi
   if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import cutlass" 2>/dev/null; then
-    # 0.5.23's Llama layers import a CuTe DSL kernel module at model build (nvidia-cutlass-dsl,
-    # 193 MB of compiler library, not carried; the kernel is SM100-only and never runs on an H200).
-    # That module runs under gpu/stand_ins/cutlass_scoped.py, which lends it the cutlass stand-in
-    # only while it imports: on the whole path the stand-in makes FlashInfer build its own CuTe DSL
-    # kernels and `import flashinfer` fails.
-    for m in ${CUTLASS_SCOPED_MODULES:-sglang/kernels/ops/gemm/cutedsl_dual_gemm.py}; do
+    # 0.5.23's models import CuTe DSL kernel modules while they are built (nvidia-cutlass-dsl, 193 MB
+    # of compiler library, not carried; these kernels are SM100-only and never run on an H200). Each
+    # module listed in stand_ins/cutlass_scoped_modules.txt runs under stand_ins/cutlass_scoped.py,
+    # which lends it the cutlass stand-in only while it imports: on the whole path the stand-in makes
+    # FlashInfer build its own CuTe DSL kernels and `import flashinfer` fails.
+    scoped=$(grep -v '^#' gpu/stand_ins/cutlass_scoped_modules.txt)
+    for m in $scoped; do
       mv "/tmp/site/$m" "/tmp/site/$m.real" && cp gpu/stand_ins/cutlass_scoped.py "/tmp/site/$m"
       mkdir -p "$(dirname "/tmp/site/$m")/_cutlass_stand_in"
       cp -r gpu/stand_ins/cutlass "$(dirname "/tmp/site/$m")/_cutlass_stand_in/"
     done
-    say "cutlass stand-in scoped to: ${CUTLASS_SCOPED_MODULES:-sglang/kernels/ops/gemm/cutedsl_dual_gemm.py}"
+    say "cutlass stand-in scoped to: $(echo $scoped)"
   fi
   if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import flash_mla" 2>/dev/null; then
     # 0.5.23's v2 EAGLE worker imports the FlashMLA backend while it captures its draft graphs, only

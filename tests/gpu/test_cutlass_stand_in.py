@@ -99,6 +99,50 @@ def test_the_real_0523_dual_gemm_module_imports_under_the_shim_and_flashinfer_st
         module.cutlass.Int32(128)
 
 
+SCOPED_LIST = ROOT / "gpu" / "stand_ins" / "cutlass_scoped_modules.txt"
+
+
+def scoped_modules():
+    return [line.strip() for line in SCOPED_LIST.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_every_scoped_module_of_the_real_0523_wheel_imports_under_its_shim(no_cutlass, tmp_path, monkeypatch):
+    """The site as gpu/run_dyn.sh lays it out for every module in cutlass_scoped_modules.txt, under
+    their real package paths (the DSA pair imports one another by absolute name)."""
+    from toolkit.patch import wheels
+
+    wheel = wheels.pristine("sglang", "0.5.23")
+    paths = scoped_modules()
+    assert "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py" in paths and len(paths) == 3
+    for path in paths:
+        target = tmp_path / path
+        for folder in list(target.relative_to(tmp_path).parents)[:-1]:
+            (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+            (tmp_path / folder / "__init__.py").touch()
+        shutil.copy(ROOT / "gpu" / "stand_ins" / "cutlass_scoped.py", target)
+        target.with_name(target.name + ".real").write_bytes(wheel.read(path))
+        shutil.copytree(ROOT / "gpu" / "stand_ins" / "cutlass", target.parent / "_cutlass_stand_in" / "cutlass",
+                        dirs_exist_ok=True)
+    fake_module(monkeypatch, "cuda")
+    fake_module(monkeypatch, "cuda.bindings")
+    fake_module(monkeypatch, "cuda.bindings.driver", CUstream=object)
+    fake_module(monkeypatch, "sglang.kernels.kernel_api_logging", debug_kernel_api=lambda fn: fn)
+    fake_module(monkeypatch, "sglang.srt.utils", is_sm100_supported=lambda: False)
+    fake_module(monkeypatch, "sglang.srt.utils.common", direct_register_custom_op=lambda *a, **k: None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = set(sys.modules)
+    meta_path, sys_path = list(sys.meta_path), list(sys.path)
+    try:
+        for path in paths:   # the list's order: the DSA kernel imports its fp8 sibling, a shim inside a shim
+            module = importlib.import_module(path[:-3].replace("/", "."))
+            assert module.__file__ == str(tmp_path / path)
+            assert importlib.util.find_spec("cutlass") is None
+        assert sys.meta_path == meta_path and sys.path == sys_path
+    finally:
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
 def test_a_real_module_that_fails_leaves_no_cutlass_behind(no_cutlass, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(scoped_site(tmp_path, "import cutlass\nraise ValueError('broken at import')\n")))
     meta_path, path = list(sys.meta_path), list(sys.path)
