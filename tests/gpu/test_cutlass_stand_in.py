@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from tests.gpu.scripts import ROOT
+from tests.gpu.scripts import ROOT, modules_named
 
 DUAL_GEMM = "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py"
 
@@ -23,7 +23,7 @@ DUAL_GEMM = "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py"
 @pytest.fixture
 def stand_in(monkeypatch):
     """`cutlass` resolved to the stand-in, in a clean import state (put back after the test)."""
-    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.")]:
+    for name in modules_named("cutlass"):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(ROOT / "gpu" / "stand_ins"))
     before = list(sys.meta_path)
@@ -31,7 +31,7 @@ def stand_in(monkeypatch):
 
     yield cutlass
     sys.meta_path[:] = before
-    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.")]:
+    for name in modules_named("cutlass"):
         del sys.modules[name]
 
 
@@ -58,12 +58,12 @@ def scoped_site(tmp_path, real_source: str):
 @pytest.fixture
 def no_cutlass(monkeypatch):
     """A clean import state without `cutlass`, as on the device (put back after the test)."""
-    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.") or n.startswith("labsite")]:
+    for name in modules_named("cutlass") + modules_named("labsite"):
         monkeypatch.delitem(sys.modules, name)
     before = list(sys.meta_path)
     yield
     sys.meta_path[:] = before
-    for name in [n for n in sys.modules if n == "cutlass" or n.startswith("cutlass.") or n.startswith("labsite")]:
+    for name in modules_named("cutlass") + modules_named("labsite"):
         del sys.modules[name]
 
 

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from tests.gpu.scripts import ROOT
+from tests.gpu.scripts import ROOT, modules_named
 
 INTERFACE = "sglang/kernels/ops/attention/flash_mla_interface.py"
 
@@ -21,14 +21,14 @@ def interface(monkeypatch):
     """The wheel's real flash_mla_interface.py, executed with `flash_mla` resolved to the stand-in."""
     from toolkit.patch import wheels
 
-    for name in [n for n in sys.modules if n == "flash_mla" or n.startswith("flash_mla.")]:
+    for name in modules_named("flash_mla"):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(ROOT / "gpu" / "stand_ins"))
     source = wheels.pristine("sglang", "0.5.23").read(INTERFACE).decode()
     module = types.ModuleType("flash_mla_interface")
     exec(compile(source, INTERFACE, "exec"), module.__dict__)
     yield module
-    for name in [n for n in sys.modules if n == "flash_mla" or n.startswith("flash_mla.")]:
+    for name in modules_named("flash_mla"):
         del sys.modules[name]
 
 
