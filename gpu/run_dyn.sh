@@ -51,13 +51,7 @@ if [ ! -d /tmp/site/sglang ]; then
     # module listed in stand_ins/cutlass_scoped_modules.txt runs under stand_ins/cutlass_scoped.py,
     # which lends it the cutlass stand-in only while it imports: on the whole path the stand-in makes
     # FlashInfer build its own CuTe DSL kernels and `import flashinfer` fails.
-    scoped=$(grep -v '^#' gpu/stand_ins/cutlass_scoped_modules.txt)
-    for m in $scoped; do
-      mv "/tmp/site/$m" "/tmp/site/$m.real" && cp gpu/stand_ins/cutlass_scoped.py "/tmp/site/$m"
-      mkdir -p "$(dirname "/tmp/site/$m")/_cutlass_stand_in"
-      cp -r gpu/stand_ins/cutlass "$(dirname "/tmp/site/$m")/_cutlass_stand_in/"
-    done
-    say "cutlass stand-in scoped to: $(echo $scoped)"
+    bash gpu/stand_ins/scope_cutlass.sh /tmp/site || { say "scoping the cutlass stand-in failed"; exit 1; }
   fi
   if [ "$SGLANG_RELEASE" = 0.5.23 ] && ! python3 -c "import flash_mla" 2>/dev/null; then
     # 0.5.23's v2 EAGLE worker imports the FlashMLA backend while it captures its draft graphs, only

@@ -1,8 +1,8 @@
 """Lab shim for one SGLang 0.5.23 module that imports the CuTe DSL at module level.
 
-gpu/run_dyn.sh puts this file in place of such a module (today only
-`sglang/kernels/ops/gemm/cutedsl_dual_gemm.py`) where the site has no nvidia-cutlass-dsl, and keeps
-the real module beside it as `<name>.py.real`. Importing the shim runs the real module's code, with
+gpu/stand_ins/scope_cutlass.sh (run by gpu/run_dyn.sh where the site has no nvidia-cutlass-dsl) puts
+this file in place of each module of gpu/stand_ins/cutlass_scoped_modules.txt and keeps the real
+module beside it as `<name>.py.real`. Importing the shim runs the real module's code, with
 `cutlass` resolving to the lab's stand-in (`_cutlass_stand_in/cutlass`, copied beside it) only
 while that code runs. Afterwards `cutlass` is unimportable again.
 
@@ -10,9 +10,8 @@ Why only while it runs: FlashInfer 0.7.2 asks `importlib.util.find_spec("cutlass
 CuTe DSL is installed and, if it is, builds its own CuTe DSL kernels when `import flashinfer` runs.
 With the stand-in on the whole path, `import flashinfer` itself failed (the fourth 0.5.23 call:
 `cutlass.CUDA_VERSION.major > 13` in `fused_moe/cute_dsl/blackwell/moe_w4a16_utils.py`). Scoped,
-FlashInfer sees what it sees without the package, and the one module SGLang's Llama layers import
-on every CUDA host (its kernel runs only on SM100: `can_use_dual_gemm` asks
-`is_sm100_supported()`) keeps its real code.
+FlashInfer sees what it sees without the package, and the listed modules (SM100-only kernels that
+SGLang's Llama and DeepseekV3 models import on every CUDA host) keep their real code.
 """
 import importlib
 import os

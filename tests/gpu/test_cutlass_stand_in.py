@@ -9,7 +9,7 @@ call showed the stand-in must not be visible anywhere else: FlashInfer asks `fin
 and, told yes, builds its own CuTe DSL kernels at `import flashinfer`, which the stand-in cannot."""
 import importlib
 import importlib.util
-import shutil
+import subprocess
 import sys
 import types
 
@@ -42,55 +42,68 @@ def fake_module(monkeypatch, name, **attrs):
     return module
 
 
-def scoped_site(tmp_path, real_source: str):
-    """A site laid out as gpu/run_dyn.sh lays out 0.5.23's: the shim in the module's place, the real
-    module beside it as .py.real, the stand-in in `_cutlass_stand_in/`."""
-    package = tmp_path / "labsite" / "gemm"
-    package.mkdir(parents=True)
-    (tmp_path / "labsite" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    shutil.copy(ROOT / "gpu" / "stand_ins" / "cutlass_scoped.py", package / "cutedsl_dual_gemm.py")
-    (package / "cutedsl_dual_gemm.py.real").write_text(real_source)
-    shutil.copytree(ROOT / "gpu" / "stand_ins" / "cutlass", package / "_cutlass_stand_in" / "cutlass")
-    return tmp_path
+def scoped_site(site, sources: dict, *paths):
+    """`site` laid out as gpu/run_dyn.sh lays out 0.5.23's: each module written at its path (with
+    the package __init__s on the way), then gpu/stand_ins/scope_cutlass.sh run on it (for `paths`,
+    or for its own list when none is given)."""
+    for path, source in sources.items():
+        target = site / path
+        for folder in list(target.relative_to(site).parents)[:-1]:
+            (site / folder).mkdir(parents=True, exist_ok=True)
+            (site / folder / "__init__.py").touch()
+        target.write_bytes(source)
+    subprocess.run(["bash", "gpu/stand_ins/scope_cutlass.sh", str(site), *paths], cwd=ROOT, check=True,
+                   capture_output=True, timeout=60)
+    return site
+
+
+def module_name(path):
+    return path[:-3].replace("/", ".")
 
 
 @pytest.fixture
-def no_cutlass(monkeypatch):
-    """A clean import state without `cutlass`, as on the device (put back after the test)."""
-    for name in modules_named("cutlass") + modules_named("labsite"):
+def registered_ops():
+    """The custom ops the modules under test register (SGLang's direct_register_custom_op, faked)."""
+    return []
+
+
+@pytest.fixture
+def site(monkeypatch, tmp_path, registered_ops):
+    """An empty site on sys.path in a clean import state without `cutlass`, as on the device, with
+    the modules the real 0.5.23 CuTe DSL modules import beside `cutlass` faked (the device has them;
+    the dev machine not all); the site's modules are forgotten after the test (torch, imported by
+    the real modules, stays: a second import of it in one process fails)."""
+    for name in modules_named("cutlass"):
         monkeypatch.delitem(sys.modules, name)
-    before = list(sys.meta_path)
-    yield
-    sys.meta_path[:] = before
-    for name in modules_named("cutlass") + modules_named("labsite"):
-        del sys.modules[name]
-
-
-def test_the_real_0523_dual_gemm_module_imports_under_the_shim_and_flashinfer_still_sees_no_dsl(
-        no_cutlass, tmp_path, monkeypatch):
-    from toolkit.patch import wheels
-
-    source = wheels.pristine("sglang", "0.5.23").read(DUAL_GEMM).decode()
-    registered = []
-    # the module's own sglang and cuda-python imports (the device has them; the dev machine not all)
     fake_module(monkeypatch, "cuda")
     fake_module(monkeypatch, "cuda.bindings")
     fake_module(monkeypatch, "cuda.bindings.driver", CUstream=object)
     fake_module(monkeypatch, "sglang.kernels.kernel_api_logging", debug_kernel_api=lambda fn: fn)
     fake_module(monkeypatch, "sglang.srt.utils", is_sm100_supported=lambda: False)
     fake_module(monkeypatch, "sglang.srt.utils.common",
-                direct_register_custom_op=lambda *a, **k: registered.append(a or k))
-    monkeypatch.syspath_prepend(str(scoped_site(tmp_path, source)))
+                direct_register_custom_op=lambda *a, **k: registered_ops.append(a or k))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before, meta_path = set(sys.modules), list(sys.meta_path)
+    yield tmp_path
+    sys.meta_path[:] = meta_path
+    for name in set(modules_named("sglang")) - before:
+        del sys.modules[name]
+
+
+def test_the_real_0523_dual_gemm_module_imports_under_the_shim_and_flashinfer_still_sees_no_dsl(site, registered_ops):
+    from toolkit.patch import wheels
+
+    scoped_site(site, {DUAL_GEMM: wheels.pristine("sglang", "0.5.23").read(DUAL_GEMM)}, DUAL_GEMM)
     meta_path = list(sys.meta_path)
 
-    module = importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
+    module = importlib.import_module(module_name(DUAL_GEMM))
 
+    assert module.__file__ == str(site / DUAL_GEMM)   # the shim, the real code run by it
     assert module.MAX_DUAL_GEMM_DECODE_TOKENS == 16
     assert module.DualGemmQuantMode.UNQUANT.is_quantized is False
     # what layers/dual_gemm.py asks while the model is built: no dual GEMM on this GPU
     assert module.can_use_dual_gemm(16, 4096, 14336, module.DualGemmQuantMode.UNQUANT) is False
-    assert len(registered) == 2   # its two custom ops were registered, as on the device
+    assert len(registered_ops) == 2   # its two custom ops were registered, as on the device
     # FlashInfer's probe (flashinfer/cute_dsl/availability.py) answers as without the package
     assert importlib.util.find_spec("cutlass") is None
     assert sys.meta_path == meta_path
@@ -102,66 +115,49 @@ def test_the_real_0523_dual_gemm_module_imports_under_the_shim_and_flashinfer_st
 SCOPED_LIST = ROOT / "gpu" / "stand_ins" / "cutlass_scoped_modules.txt"
 
 
-def scoped_modules():
-    return [line.strip() for line in SCOPED_LIST.read_text().splitlines() if line.strip() and not line.startswith("#")]
-
-
-def test_every_scoped_module_of_the_real_0523_wheel_imports_under_its_shim(no_cutlass, tmp_path, monkeypatch):
-    """The site as gpu/run_dyn.sh lays it out for every module in cutlass_scoped_modules.txt, under
-    their real package paths (the DSA pair imports one another by absolute name)."""
+def test_every_listed_module_of_the_real_0523_wheel_imports_under_its_shim(site):
+    """The script's own list, from the wheel, under the real package paths (the DSA kernel imports
+    its fp8 sibling by absolute name: a shim inside a shim)."""
     from toolkit.patch import wheels
 
     wheel = wheels.pristine("sglang", "0.5.23")
-    paths = scoped_modules()
-    assert "sglang/kernels/ops/gemm/cutedsl_dual_gemm.py" in paths and len(paths) == 3
-    for path in paths:
-        target = tmp_path / path
-        for folder in list(target.relative_to(tmp_path).parents)[:-1]:
-            (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-            (tmp_path / folder / "__init__.py").touch()
-        shutil.copy(ROOT / "gpu" / "stand_ins" / "cutlass_scoped.py", target)
-        target.with_name(target.name + ".real").write_bytes(wheel.read(path))
-        shutil.copytree(ROOT / "gpu" / "stand_ins" / "cutlass", target.parent / "_cutlass_stand_in" / "cutlass",
-                        dirs_exist_ok=True)
-    fake_module(monkeypatch, "cuda")
-    fake_module(monkeypatch, "cuda.bindings")
-    fake_module(monkeypatch, "cuda.bindings.driver", CUstream=object)
-    fake_module(monkeypatch, "sglang.kernels.kernel_api_logging", debug_kernel_api=lambda fn: fn)
-    fake_module(monkeypatch, "sglang.srt.utils", is_sm100_supported=lambda: False)
-    fake_module(monkeypatch, "sglang.srt.utils.common", direct_register_custom_op=lambda *a, **k: None)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    before = set(sys.modules)
+    paths = [line for line in SCOPED_LIST.read_text().splitlines() if line and not line.startswith("#")]
+    assert DUAL_GEMM in paths and len(paths) == 3
+    scoped_site(site, {path: wheel.read(path) for path in paths})
     meta_path, sys_path = list(sys.meta_path), list(sys.path)
-    try:
-        for path in paths:   # the list's order: the DSA kernel imports its fp8 sibling, a shim inside a shim
-            module = importlib.import_module(path[:-3].replace("/", "."))
-            assert module.__file__ == str(tmp_path / path)
-            assert importlib.util.find_spec("cutlass") is None
-        assert sys.meta_path == meta_path and sys.path == sys_path
-    finally:
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
+
+    for path in paths:
+        module = importlib.import_module(module_name(path))
+        assert module.__file__ == str(site / path)
+        assert importlib.util.find_spec("cutlass") is None
+    assert sys.meta_path == meta_path and sys.path == sys_path
 
 
-def test_a_real_module_that_fails_leaves_no_cutlass_behind(no_cutlass, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(scoped_site(tmp_path, "import cutlass\nraise ValueError('broken at import')\n")))
+def test_a_real_module_that_fails_leaves_no_cutlass_behind(site):
+    scoped_site(site, {DUAL_GEMM: b"import cutlass\nraise ValueError('broken at import')\n"}, DUAL_GEMM)
     meta_path, path = list(sys.meta_path), list(sys.path)
 
     with pytest.raises(ValueError, match="broken at import"):
-        importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
+        importlib.import_module(module_name(DUAL_GEMM))
 
     assert importlib.util.find_spec("cutlass") is None
     assert sys.meta_path == meta_path and sys.path == path
 
 
-def test_the_shim_without_its_real_module_names_the_missing_file(no_cutlass, tmp_path, monkeypatch):
-    site = scoped_site(tmp_path, "")
-    (site / "labsite" / "gemm" / "cutedsl_dual_gemm.py.real").unlink()
-    monkeypatch.syspath_prepend(str(site))
+def test_the_shim_without_its_real_module_names_the_missing_file(site):
+    scoped_site(site, {DUAL_GEMM: b""}, DUAL_GEMM)
+    (site / (DUAL_GEMM + ".real")).unlink()
 
     with pytest.raises(FileNotFoundError, match=r"cutedsl_dual_gemm\.py\.real"):
-        importlib.import_module("labsite.gemm.cutedsl_dual_gemm")
+        importlib.import_module(module_name(DUAL_GEMM))
     assert importlib.util.find_spec("cutlass") is None
+
+
+def test_the_layout_script_refuses_a_module_the_site_lacks(tmp_path):
+    run = subprocess.run(["bash", "gpu/stand_ins/scope_cutlass.sh", str(tmp_path), "sglang/missing.py"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and f"no {tmp_path}/sglang/missing.py" in run.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 MODULE_TOP_LEVEL = """

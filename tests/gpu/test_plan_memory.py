@@ -19,7 +19,6 @@ KNOBS = {
     "gpu-bound-kimi-tp2-speed": {"KIMI_DEEP_LAYERS": "16"},
     "kimi32-tp1-gpu-bound-speed": {"KIMI_DEEP_LAYERS": "32", "KIMI_DEEP_EXPERTS": "16"},
     "sglang-0517-serves-and-vs-adaptive": {"HUGE_LAYERS": "16"},
-    "sglang-0523-serves-and-vs-peers": {"HUGE_LAYERS": "16"},
     "sglang-0523-peers": {"HUGE_LAYERS": "16"},
     "kimi16-tp1-why-dyn-prefills-faster": {"KIMI_DEEP_LAYERS": "16"},
     "kimi16-prefill-and-kimi6-at-measured-acceptance": {"KIMI_DEEP_LAYERS": "16"},
