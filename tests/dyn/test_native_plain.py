@@ -117,6 +117,7 @@ class Req:
         self.return_hidden_states = False
         self.spec_verify_ct = self.spec_accepted_drafts = 0
         self.extend_input_len = self.extend_logprob_start_len = 0
+        self.multimodal_inputs = None
 
     def finished(self):
         return self.done
@@ -194,6 +195,7 @@ class WorkerBatch:
     has_grammar: bool
     reqs: list
     capture_hidden_mode: int = Capture.NULL
+    extend_seq_lens: object = None
 
 
 @pytest.fixture()
@@ -280,7 +282,8 @@ def env(tree, monkeypatch):
                 out_cache_loc=self.out_cache_loc, seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens_cpu,
                 seq_lens_sum=self.seq_lens_sum, req_pool_indices=self.req_pool_indices, spec_info=self.spec_info,
                 spec_algorithm=self.spec_algorithm, sampling_info=self.sampling_info, is_extend_in_batch=False,
-                return_logprob=False, has_grammar=False, reqs=self.reqs)
+                return_logprob=False, has_grammar=False, reqs=self.reqs,
+                extend_seq_lens=getattr(self, "extend_lens", None))
 
     for name in sb_names:
         setattr(Batch, name, sb_ns[name])
@@ -302,6 +305,16 @@ class Models:
         hidden = torch.arange(bs * 3 * HIDDEN, dtype=torch.float32).view(bs, 3 * HIDDEN)
         return Result(logits_output=types.SimpleNamespace(next_token_logits=torch.zeros(bs, 50), hidden_states=hidden),
                       next_token_ids=tokens, can_run_cuda_graph=True)
+
+    def target_prefill(self, batch):
+        """The target's prefill (EAGLE-3 hidden states of every prompt position: row = position in
+        the flattened batch * 10 + column); samples (last prompt token + 1) % 50 per request."""
+        self.e.calls.append(("target_prefill", batch.capture_hidden_mode, batch.input_ids.tolist()))
+        cols = torch.arange(3 * HIDDEN, dtype=torch.float32)
+        hidden = torch.arange(len(batch.input_ids), dtype=torch.float32).unsqueeze(1) * 10 + cols
+        ends = torch.tensor(batch.extend_seq_lens).cumsum(0) - 1
+        return Result(logits_output=types.SimpleNamespace(hidden_states=hidden, mm_input_embeds=None),
+                      next_token_ids=(batch.input_ids[ends] + 1) % 50)
 
     def kv_only(self, tokens, hidden, positions, locs):
         self.e.calls.append(("kv_only", tokens.tolist(), positions.tolist(), locs.tolist()))
@@ -408,9 +421,18 @@ def system(env, tree, monkeypatch):
             def _draft_extend_for_decode(self, batch, output):
                 pass
 
+            def _draft_extend_for_prefill(self, batch, hidden, tokens, mm_input_embeds):
+                e.calls.append(("draft_prefill", batch.capture_hidden_mode))
+                bs = len(tokens)
+                return e.DraftInput(verified_id=tokens.to(torch.int32), new_seq_lens=batch.seq_lens,
+                                    topk_p=torch.full((bs, 1), 0.8), topk_index=torch.full((bs, 1), 4),
+                                    hidden_states=torch.full((bs, HIDDEN), 5.0))
+
         worker = types.SimpleNamespace(
             device="cpu", topk=1, speculative_num_draft_tokens=STRIDE, plan_stream=None,
-            draft_worker=Draft(), target_worker="target", _dyn_plain_state="plain-state",
+            draft_worker=Draft(), target_worker=types.SimpleNamespace(
+                forward_batch_generation=models.target_prefill,
+                model_config=types.SimpleNamespace(spec_hidden_size=HIDDEN, dtype=torch.float32)), _dyn_plain_state="plain-state",
             _dyn_draft_kv_only=True, _dyn_debug_skip_draft_kv=False, _dyn_resync_pending=False,
             _dyn_kv_only_graphs=types.SimpleNamespace(run=models.kv_only),
             req_to_token_pool=types.SimpleNamespace(req_to_token=e.req_to_token),
@@ -594,14 +616,14 @@ def test_spec_then_native_plain_then_spec_with_requests_leaving_and_joining(syst
 
 
 SETTINGS = {"SGLANG_SPEC_DISABLE_PLAIN_PATH": ("plain_path_from_env", "step or native"),
-            "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": ("plain_draft_kv_from_env", "write or skip")}
+            "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": ("plain_draft_kv_from_env", "write or skip or defer")}
 
 
 @pytest.mark.parametrize("name, raw, expected", [
     *[("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw, value) for raw, value in [
         (None, "step"), ("", "step"), (" ", "step"), ("step", "step"), ("native", "native"), (" native\n", "native")]],
     *[("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw, value) for raw, value in [
-        (None, "write"), ("", "write"), (" skip\n", "skip"), ("write", "write")]]])
+        (None, "write"), ("", "write"), (" skip\n", "skip"), ("write", "write"), ("defer", "defer")]]])
 def test_each_setting_reads_its_values(system, name, raw, expected):
     environ = {} if raw is None else {name: raw}
     assert getattr(system.native, SETTINGS[name][0])(environ) == expected
@@ -609,7 +631,7 @@ def test_each_setting_reads_its_values(system, name, raw, expected):
 
 @pytest.mark.parametrize("name, raw", [
     *[("SGLANG_SPEC_DISABLE_PLAIN_PATH", raw) for raw in ["Native", "1", "auto", "native,step"]],
-    *[("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw) for raw in ["Skip", "0", "none", "skip,write"]]])
+    *[("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", raw) for raw in ["Skip", "0", "none", "skip,write", "deferred"]]])
 def test_a_bad_value_stops_the_server_naming_the_variable(system, name, raw, monkeypatch):
     monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
     monkeypatch.setenv(name, raw)
@@ -930,3 +952,183 @@ def test_threshold_auto_on_the_native_path_resumes_when_acceptance_rises(system,
     # every result counted on its own side: plain steps one token per request
     plain = state["time_accounting"]["plain"]
     assert plain["tokens"] == plain["steps"] * len(reqs) == (low + high).count(False) * len(reqs)
+
+
+def arriving_prefill(e, reqs, prompt_lens):
+    """A new prefill batch as get_new_batch_prefill hands it to run_batch: the prompts' KV slots
+    allocated, input ids 10 * (request's index) + position, no spec_info yet."""
+    for req, n in zip(reqs, prompt_lens):
+        e.req_to_token[req.req_pool_idx, :n] = e.pool.alloc(n).to(torch.int32)
+    batch = e.Batch(reqs, prompt_lens, SpeculativeAlgorithm.EAGLE3, forward_mode=Mode.EXTEND)
+    batch.extend_lens = list(prompt_lens)
+    batch.input_ids = torch.cat([torch.arange(n) + 10 * i for i, n in enumerate(prompt_lens)])
+    batch.out_cache_loc = torch.cat([e.req_to_token[r.req_pool_idx, :n].to(torch.int64)
+                                     for r, n in zip(reqs, prompt_lens)])
+    return batch
+
+
+def run_prefill(e, batch, running):
+    """get_next_batch_to_run's hook (the real before_prefill) and the real run_batch of a prefill;
+    the batch then waits, as a decode batch, to be merged."""
+    deferred = e.sched.dyn_native.before_prefill(batch, running)
+    e.calls.clear()
+    e.sched.run_batch(batch)
+    batch.forward_mode = Mode.DECODE
+    return deferred
+
+
+def defer_mode(e, monkeypatch):
+    _token_dependent_hidden(e, monkeypatch)
+    e.worker._dyn_native = path = e.native.NativePlainPath(e.worker, skip_draft_kv=True, defer_draft_prefill=True)
+    e.sched.dyn_native = path
+    return path
+
+
+def test_defer_mode_prefills_an_arrival_beside_plain_steps_without_the_draft(system, monkeypatch):
+    """SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer: a request that arrives while the running batch is plain
+    gets the target's prefill alone (no draft extend over its prompt); it decodes plain with the
+    others, and at the resume its draft state is rebuilt from the target hidden states of its own
+    last position, as for the requests that decoded plain."""
+    e = system
+    path = defer_mode(e, monkeypatch)
+    a, b, c = Req("a", 0, 10), Req("b", 1, 12), Req("c", 2, 14)
+    batch = step(e, prefill(e, [a, b, c], [10, 12, 14], [1, 2, 3]))
+    assert batch.spec_algorithm.is_none()
+
+    d = Req("d", 3, 5)
+    arrival = arriving_prefill(e, [d], [5])
+    assert run_prefill(e, arrival, batch) and d.dyn_draft_deferred
+    (kind, capture, inputs), = e.calls                    # no draft_prefill
+    assert kind == "target_prefill" and capture == Capture.FULL and inputs == [0, 1, 2, 3, 4]
+    assert path.last_target_hidden[3].tolist() == [40.0 + col for col in range(3 * HIDDEN)]  # its last position
+    future = arrival.spec_info.future_indices.indices
+    fmap = e.sched.future_map
+    assert fmap.topk_p_buf[future].tolist() == [[-1.0]]   # the mark: rebuild at the resume
+    assert fmap.token_ids_buf[future].tolist() == fmap.verified_id_buf[future].tolist() == [5]
+    assert arrival.seq_lens.tolist() == [5] and arrival.output_ids.tolist() == (-future).tolist()
+
+    batch.merge_batch(arrival)
+    batch = step(e, batch)
+    assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
+    assert e.calls[0][1].input_ids.tolist()[3] == 5      # d's first plain input: its prefill's token
+    assert_kv_consistent(e, [a, b, c, d])
+
+    # a, b and c finish: d alone resumes; its draft hidden state is fc of its last plain step's
+    for r in (a, b, c):
+        r.done = True
+        release(e, r)
+    batch.filter_batch()
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["resync", "verify"]
+    assert e.calls[0][4].tolist() == [[50 + 100.0, 50 + 101.0]]   # input token 5 of that step, * 10, + fc's 100
+    assert not d.dyn_draft_deferred
+    finish_previous(e)
+    assert_kv_consistent(e, [d])
+
+
+def test_a_deferred_arrival_that_finds_the_running_batch_gone_is_rebuilt_before_it_drafts(system, monkeypatch):
+    """The plain running batch empties between the deferred prefill and its merge, so the arrival
+    becomes the running batch on its own, a speculative batch: its first step must still rebuild
+    the draft state (a stale one would draft from the -1 mark), and later steps are stock."""
+    e = system
+    path = defer_mode(e, monkeypatch)
+    reqs = [Req(i, i, 10) for i in range(3)]
+    batch = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
+    d = Req("d", 3, 4)
+    arrival = arriving_prefill(e, [d], [4])
+    assert run_prefill(e, arrival, batch)
+    for r in reqs:
+        r.done = True
+        release(e, r)
+    finish_previous(e)
+    batch = step(e, arrival)                               # what get_next_batch_to_run does when empty
+    assert not batch.spec_algorithm.is_none()
+    assert [k[0] for k in e.calls] == ["resync", "verify"]
+    assert e.calls[0][4].tolist() == [[30 + 100.0, 31 + 100.0]]   # the prefill's last position (row 3)
+    assert e.calls[1][4].tolist() == [4]                  # verified id: the prefill's token (last input 3, + 1)
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["verify"]
+    assert path.defer_draft_prefill
+
+
+@pytest.mark.parametrize("case", ["beside speculative steps", "under the threshold", "multimodal", "skip mode"])
+def test_a_prefill_that_will_not_decode_plain_first_drafts_as_stock(system, monkeypatch, case):
+    """Beside speculative steps (even when the arrivals take the batch over the threshold: a resume
+    there would need the verify's lengths), with too few requests to go plain, for a multimodal
+    request or in skip mode the prefill drafts as stock (target prefill, then the draft's extend)
+    and leaves no mark."""
+    e = system
+    path = defer_mode(e, monkeypatch)
+    reqs = [Req(i, i, 10) for i in range(3)]
+    running = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
+    assert running.spec_algorithm.is_none()
+    arrivals = [Req("d", 3, 4), Req("e", 4, 4)]
+    if case == "beside speculative steps":
+        for r in reqs[1:]:
+            r.done = True
+            release(e, r)
+        running.filter_batch()
+        running = step(e, running)                        # 1 running: drafting resumed
+        assert not running.spec_algorithm.is_none()
+    if case == "under the threshold":
+        running, arrivals = e.Batch([], [], SpeculativeAlgorithm.NONE), arrivals[:1]   # 1 <= threshold 2
+    if case == "multimodal":
+        arrivals[0].multimodal_inputs = object()
+    if case == "skip mode":
+        e.sched.dyn_native = e.worker._dyn_native = e.native.NativePlainPath(e.worker, skip_draft_kv=True)
+    arrival = arriving_prefill(e, arrivals, [4] * len(arrivals))
+    assert not run_prefill(e, arrival, running)
+    assert not any(getattr(r, "dyn_draft_deferred", False) for r in arrivals)
+    assert [k[0] for k in e.calls] == ["target_prefill", "draft_prefill"]
+    future = arrival.spec_info.future_indices.indices
+    assert e.sched.future_map.topk_p_buf[future].view(-1).tolist() == pytest.approx([0.8] * len(arrivals))
+    assert path.defer_draft_prefill
+
+
+def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, monkeypatch):
+    """Nothing running, and a wave of arrivals above the threshold in two prefill batches: its first
+    decode step will be plain, so neither batch runs the draft's extend (the second finds the first,
+    not decoded yet, as the running batch); the wave decodes plain, and when it thins out the
+    request left resumes with its draft state rebuilt from its own last plain step."""
+    e = system
+    defer_mode(e, monkeypatch)
+    idle = e.Batch([], [], SpeculativeAlgorithm.NONE)
+    first = [Req("a", 0, 4), Req("b", 1, 4), Req("c", 2, 4)]
+    wave = arriving_prefill(e, first, [4, 4, 4])
+    assert run_prefill(e, wave, idle)                      # 3 > threshold 2
+    second = [Req("d", 3, 5)]
+    more = arriving_prefill(e, second, [5])
+    assert run_prefill(e, more, wave)                      # beside the first, which has not decoded
+    assert [k[0] for k in e.calls] == ["target_prefill"]
+    wave.merge_batch(more)
+    batch = step(e, wave)
+    assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
+    assert e.calls[0][1].input_ids.tolist() == [4, 14, 24, 5]  # each prompt's last token + 1
+    batch = step(e, batch)
+    last_inputs = e.calls[0][1].input_ids.tolist()
+    for r in first:
+        r.done = True
+        release(e, r)
+    batch.filter_batch()
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["resync", "verify"]
+    assert e.calls[0][4].tolist() == [[last_inputs[3] * 10 + 100.0, last_inputs[3] * 10 + 101.0]]
+    assert not second[0].dyn_draft_deferred
+    finish_previous(e)
+    assert_kv_consistent(e, second)
+
+
+def test_defer_is_taken_on_the_native_path_and_logged(system, monkeypatch, caplog):
+    good = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    args = types.SimpleNamespace(page_size=1, disaggregation_mode="null", disable_overlap_schedule=False)
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", "defer")
+    monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+    with caplog.at_level(logging.INFO):
+        path = system.native.make_native(good, args)
+    assert path.skip_draft_kv and path.defer_draft_prefill
+    assert "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer" in caplog.text
+    monkeypatch.delenv("SGLANG_SPEC_DISABLE_PLAIN_PATH")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert system.native.make_native(good, args) is None
+    assert "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer needs SGLANG_SPEC_DISABLE_PLAIN_PATH=native" in caplog.text
