@@ -280,19 +280,20 @@ def range_accept(counts, start_tok):
     return toks, ev
 
 
-def stale_draft(dyn_recs, stock_recs, windows):
+def stale_draft(dyn_recs, stock_recs, windows, span_phase="span"):
     """Per crossing, the accept length (tokens per streamed event) of the requests that spanned
     it, over their tail: the tokens after the burst drained (window "burst_t1": drafting has
     resumed), on the dyn server and on the stock server for the same prompts over the same token
     range (greedy: the same tokens). A draft whose KV was not written while plain collapses here;
-    a request prefilled after the resume cannot show it."""
-    stock = {(r["crossing"], r["idx"]): r for r in ok(stock_recs) if r["phase"] == "span"}
+    a request prefilled after the resume cannot show it. span_phase "late_span": the requests
+    that arrived while the burst held drafting off (prefilled while plain)."""
+    stock = {(r["crossing"], r["idx"]): r for r in ok(stock_recs) if r["phase"] == span_phase}
     out = []
     for w in crossing_windows(windows):
         c = w["crossing"]
         dt = de = st = se = 0
         starts = []
-        for r in ok(phase(dyn_recs, "span", c)):
+        for r in ok(phase(dyn_recs, span_phase, c)):
             s = stock.get((c, r["idx"]))
             start = tokens_at(r, w["burst_t1"])
             if s is None or not start or start >= r["completion_tokens"]:
@@ -435,6 +436,16 @@ def tail_figures(stale):
     return tails, ratios, median_or_none(ratios)
 
 
+def late_span_figures(recs, stock_recs, windows):
+    """The tails of the requests that arrived while drafting was off (--late-spans): {} when the
+    protocol had none."""
+    if not phase(recs, "late_span"):
+        return {}
+    late = stale_draft(recs, stock_recs, windows or [], span_phase="late_span")
+    _, ratios, med = tail_figures(late)
+    return {"late_stale_draft": late, "late_tail_over_stock": ratios, "late_tail_over_stock_median": med}
+
+
 def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None, windows=None,
                    nc_windows=None, stock_recs=None, stock_log=None):
     """Issue #24's per-worker figures for one dyn server (recs, its log lines, its crossing
@@ -460,6 +471,7 @@ def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log
                accept_len_after_resume=tails, after_over_before=ratio(median_or_none(tails), before),
                min_after_over_before=ratio(min([x for x in tails if x is not None], default=None), before),
                stale_draft=stale, tail_over_stock=ratios, tail_over_stock_median=med)
+    res.update(late_span_figures(recs, stock_recs, windows))
     if log is not None:
         la = log_accept(log)
         res.update(log_accept_len_steady=la["steady"], log_accept_len_after_resume=la["after_resume"],
@@ -501,6 +513,7 @@ def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log
                    negative_control_after_over_before=ratio(median_or_none(ntails), nb),
                    negative_control_stale_draft=nstale, negative_control_tail_over_stock=nratios,
                    negative_control_tail_over_stock_median=nmed)
+        res.update({"negative_control_" + k: v for k, v in late_span_figures(nc_recs, stock_recs, nc_windows).items()})
         if nc_log is not None:
             nl = log_accept(nc_log)
             res["negative_control_log_after_over_before"] = ratio(median_or_none(nl["after_resume"]), nl["steady"])

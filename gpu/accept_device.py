@@ -19,7 +19,10 @@ A/B rounds, below), `spec_eq`
 2*threshold+4 streamed requests (`burst`, 128 tokens) that holds the server above the threshold
 for ~128 plain steps while the spanning requests keep decoding; after the burst drains they run
 their tail speculatively, and their tail's tokens per step against the stock server's over the
-same tokens is the stale-draft measure (accept_analysis.stale_draft). Then `ab_after`, `after` (the
+same tokens is the stale-draft measure (accept_analysis.stale_draft). With --late-spans N, N more
+spanning requests (`late_span`) start once every burst request has streamed 16 tokens, so they
+are prefilled while drafting is off (what SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer leaves without
+the draft's prefill), and their tails are measured the same way (late_tail_over_stock). Then `ab_after`, `after` (the
 `before` prompts again) and, on the baseline only, the equality control: the first crossings' burst prompts
 in the same burst shape again (`burst_again`) and one by one at c=1 (`burst_c1`). Then the baseline
 is asked for the top-2 logprobs at every mismatch's first differing position.
@@ -62,14 +65,18 @@ SERVERS = {
     # the native plain path (issue #34), writing the draft's KV and skipping it: opt-in (--servers)
     "eagle3-v2-dyn-native": ("eagle3-v2-dyn-native", {}),
     "eagle3-v2-dyn-native-skip": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}),
+    "eagle3-v2-dyn-native-defer": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "defer"}),
 }
 DEFAULT_SERVERS = tuple(label for label in SERVERS if "-native" not in label)
 # per worker: the dyn server, its stock reference, its negative control. For v2-native the third
 # server is skip, which leaves the draft's KV in the negative control's state on purpose: its
-# acceptance after a resume is what the negative_control_* keys of that worker report.
+# acceptance after a resume is what the negative_control_* keys of that worker report. For
+# v2-defer the third is skip too: the same plain steps, but the late spanning requests' prompts
+# prefilled for the draft, so negative_control_late_* is defer's reference with the prompt's draft KV.
 WORKERS = {"v2": ("eagle3-v2-dyn", "eagle3-v2", "eagle3-v2-dyn-nc"),
            "v1": ("eagle3-dyn", "eagle3", "eagle3-dyn-nc"),
-           "v2-native": ("eagle3-v2-dyn-native", "eagle3-v2", "eagle3-v2-dyn-native-skip")}
+           "v2-native": ("eagle3-v2-dyn-native", "eagle3-v2", "eagle3-v2-dyn-native-skip"),
+           "v2-defer": ("eagle3-v2-dyn-native-defer", "eagle3-v2", "eagle3-v2-dyn-native-skip")}
 
 
 def el():
@@ -89,13 +96,15 @@ class Plan:
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
                  eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=128, span_n=4, span_tokens=384,
-                 span_lead=16, control_n=64, ab_rounds=8, ab_prompts=1, ab_tokens=192):
+                 span_lead=16, control_n=64, ab_rounds=8, ab_prompts=1, ab_tokens=192, late_n=0):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
         self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
         self.burst = 2 * threshold + burst_extra
         self.burst_tokens, self.span_tokens, self.span_lead = burst_tokens, span_tokens, span_lead
         self.span_n = span_n
+        # spanning requests started once the burst holds drafting off (--late-spans)
+        self.late_n = late_n
         # burst prompts the baseline runs again (same shape, then c=1): >= 64 for the equality
         self.control_n = control_n
         # the A/B c=1 rounds (ab_before / ab_after). Time, per phase: 2 workers x 3 servers x 2 visits
@@ -105,8 +114,9 @@ class Plan:
         self.ab_rounds, self.ab_prompts, self.ab_tokens = ab_rounds, ab_prompts, ab_tokens
 
     def burst_base(self, c):
-        """The prompt index of crossing c's first burst request (its spanning ones come before)."""
-        return self.before_n + self.eq_n + (c - 1) * (self.span_n + self.burst) + self.span_n
+        """The prompt index of crossing c's first burst request (its spanning ones come before,
+        its late spanning ones after)."""
+        return self.before_n + self.eq_n + (c - 1) * (self.span_n + self.burst + self.late_n) + self.span_n
 
 
 # ---------------------------------------------------------------- requests
@@ -243,16 +253,34 @@ class Run:
         except asyncio.TimeoutError:
             pass
         w = {"crossing": c, "burst_t0": time.time()}
-        await self.burst(srv, "burst", c)
+        if p.late_n:
+            streaming = [asyncio.Event() for _ in range(p.burst)]
+            burst = asyncio.ensure_future(self.burst(srv, "burst", c, streaming))
+            try:
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 30)
+            except asyncio.TimeoutError:
+                pass
+            w["late_t0"] = time.time()
+            for k in range(p.late_n):
+                i = first + p.burst + k
+                rec = self.rec(srv, "late_span", i, c)
+                tasks.append(asyncio.ensure_future(request(self.s, srv, rec, self.prompt(i), p.span_tokens,
+                                                           stream=True)))
+            await burst
+        else:
+            await self.burst(srv, "burst", c)
         w["burst_t1"] = time.time()
         await asyncio.gather(*tasks)
         w["resume_t1"] = time.time()
         self.windows[srv.label].append(w)
 
-    async def burst(self, srv, phase, c):
+    async def burst(self, srv, phase, c, streaming=None):
+        """streaming: one event per request, set once it has streamed span_lead tokens."""
         p, first = self.plan, self.plan.burst_base(c)
-        await asyncio.gather(*(request(self.s, srv, self.rec(srv, phase, first + k, c), self.prompt(first + k),
-                                       p.burst_tokens, stream=True) for k in range(p.burst)))
+        lead = {"lead": p.span_lead} if streaming else {}
+        await asyncio.gather(*(request(self.s, srv, self.rec(srv, phase, first + k, c, **lead), self.prompt(first + k),
+                                       p.burst_tokens, stream=True, progress=streaming[k] if streaming else None)
+                               for k in range(p.burst)))
 
     async def control(self, baseline, reserve_s):
         """The baseline's burst prompts of the first crossings again: one by one at c=1, then
@@ -413,7 +441,9 @@ def summarize(run, pair_report, threshold, tp=1):
                            for k, x in d.items()} for w, d in per.items()},
         "stale_draft": {w: {k: d.get(k) for k in (
             "tail_over_stock", "tail_over_stock_median", "negative_control_tail_over_stock",
-            "negative_control_tail_over_stock_median", "verdict")} for w, d in per.items()},
+            "negative_control_tail_over_stock_median", "verdict", "late_tail_over_stock",
+            "late_tail_over_stock_median", "negative_control_late_tail_over_stock",
+            "negative_control_late_tail_over_stock_median")} for w, d in per.items()},
         "equality_control": {n: {"equal": e["equal"], "of": e["of"], "fraction": e["fraction"],
                                  "mismatches": [an.strip_mismatch(m) for m in e["mismatches"]]}
                              for n, e in an.baseline_control(base).items()},
@@ -553,12 +583,20 @@ async def main():
     ap.add_argument("--span-tokens", type=int, default=384)
     ap.add_argument("--burst-tokens", type=int, default=128)
     ap.add_argument("--control-n", type=int, default=64)
+    ap.add_argument("--late-spans", type=int, default=0,
+                    help="spanning requests per crossing that arrive while drafting is off (default 0)")
     # the A/B c=1 rounds: Plan's defaults (~67 s, Plan's comment)
     ab = {k: v.default for k, v in inspect.signature(Plan).parameters.items() if k.startswith("ab_")}
     ap.add_argument("--c1-rounds", type=int, default=ab["ab_rounds"])
     ap.add_argument("--c1-prompts", type=int, default=ab["ab_prompts"])
     ap.add_argument("--c1-tokens", type=int, default=ab["ab_tokens"])
     a = ap.parse_args()
+    span_n = inspect.signature(Plan).parameters["span_n"].default
+    resume_at = a.threshold - max(1, a.threshold // 4)   # the patch's default hysteresis
+    if a.late_spans and span_n + a.late_spans > resume_at:
+        ap.error(f"--late-spans {a.late_spans}: {span_n} spanning + {a.late_spans} late requests stay above the "
+                 f"resume point {resume_at} (threshold {a.threshold}) after the burst, so their tails would "
+                 f"be plain steps; at most {max(0, resume_at - span_n)}")
     BUDGET = a.budget_s
     import shapes_device
     shapes_device.BUDGET = a.budget_s
@@ -572,7 +610,8 @@ async def main():
             health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
             plan = Plan(a.threshold, a.crossings, span_tokens=a.span_tokens, burst_tokens=a.burst_tokens,
-                        control_n=a.control_n, ab_rounds=a.c1_rounds, ab_prompts=a.c1_prompts, ab_tokens=a.c1_tokens)
+                        control_n=a.control_n, ab_rounds=a.c1_rounds, ab_prompts=a.c1_prompts, ab_tokens=a.c1_tokens,
+                        late_n=a.late_spans)
             summary, first = await measure(s, live, heldout["prompts"], plan, a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",

@@ -15,6 +15,11 @@
 #        ACCEPT_SERVERS=baseline,eagle3-v2,eagle3-v2-dyn-native,eagle3-v2-dyn-native-skip),
 #      SPAN_TOKENS / BURST_TOKENS (default 384 / 128), CONTROL_N (default 64: burst prompts the
 #      baseline runs again at c=1 and in the burst shape).
+#      LATE_SPANS (default 0): spanning requests per crossing that arrive once the burst holds
+#        drafting off (prefilled while plain: what SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer leaves
+#        without the draft's prefill); summary.json's late_tail_over_stock; at most
+#        threshold - hysteresis - 4 (the driver says so). For defer against skip:
+#        LATE_SPANS=2 ACCEPT_SERVERS=baseline,eagle3-v2,eagle3-v2-dyn-native-skip,eagle3-v2-dyn-native-defer
 #      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
@@ -53,6 +58,6 @@ bash gpu/make_trained_pair.sh $(( $(left) - 120 )) "$WORK" || { say "no trained 
 say "pair trained ($(left) s left)"
 python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
   --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \
-  --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} \
+  --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} --late-spans ${LATE_SPANS:-0} \
   --c1-rounds ${C1_ROUNDS:-8} --c1-prompts ${C1_PROMPTS:-1} --c1-tokens ${C1_TOKENS:-192} \
   ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} 2>&1 | tee "$WORK/driver.log"

@@ -7,7 +7,8 @@ log lines (switch lines and the Decode batch counters). Streamed events carry me
 cumulative completion_tokens, one event per step; spec_verify_ct only comes in the last one, as in
 SGLang 0.5.11. Knobs model what the harness must see: a stale draft (the negative control: a
 request that decoded through plain steps accepts nothing for its next `collapse_steps` steps after
-the resume; a request prefilled after it is not hurt), a one-off stall at the first crossing,
+the resume; a request prefilled after it is not hurt; with `arrival_collapse_steps`, one that
+arrives while drafting is off, as SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer leaves it), a one-off stall at the first crossing,
 plain steps that flip a near-tie token, a server whose steps are slower once it has crossed
 (slow_after_cross_s) and noise common to several stand-ins (Noise: their steps slow down alike).
 Decode batch lines carry SGLang's stamp ("[%Y-%m-%d %H:%M:%S TP0]", local time) and gen throughput
@@ -39,9 +40,12 @@ class Noise:
 class StandIn:
     def __init__(self, log_path, accept=None, threshold=None, hysteresis=2, step_s=0.002,
                  collapse_steps=0, first_off_stall_s=0.0, plain_flip=False, margin=0.004, batch_flip=None,
-                 slow_after_cross_s=0.0, noise=None):
+                 slow_after_cross_s=0.0, noise=None, arrival_collapse_steps=0):
         self.log_path, self.accept, self.threshold, self.hyst = log_path, accept, threshold, hysteresis
         self.step_s, self.collapse_steps, self.first_off_stall_s = step_s, collapse_steps, first_off_stall_s
+        # a request that arrives while drafting is off accepts nothing for this many steps after the
+        # resume (defer: the draft's KV of its prompt never written)
+        self.arrival_collapse_steps = arrival_collapse_steps
         self.plain_flip, self.margin, self.batch_flip = plain_flip, margin, batch_flip
         self.running, self.off, self.switches, self.stalled = 0, False, [0, 0], False
         self.stall_until = 0.0
@@ -93,7 +97,7 @@ class StandIn:
             return 1, False
         if self.off:
             n = 1
-            req["stale"] = self.collapse_steps
+            req["stale"] = max(req.get("stale", 0), self.collapse_steps)
         elif req.get("stale", 0) > 0:
             req["stale"] -= 1
             n = 1
@@ -116,7 +120,8 @@ class StandIn:
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-        out, ctx, verify, state = [], list(ids), 0, {}
+        out, ctx, verify = [], list(ids), 0
+        state = {"stale": self.arrival_collapse_steps} if self.off else {}
         self.running += 1
         try:
             while len(out) < sp["max_new_tokens"]:

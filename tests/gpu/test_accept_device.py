@@ -222,7 +222,8 @@ def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
             elif key != "SGLANG_SPEC_DISABLE_HYSTERESIS":  # left to the patch's default
                 assert srv.env_shown[key] == value, (label, key)
         assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
-        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV") == ("skip" if label.endswith("-skip") else None)
+        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV") == (
+            label.rsplit("-", 1)[1] if label.endswith(("-skip", "-defer")) else None)
         assert srv.meta()["plain_path"] == ("native" if "native" in label else "step" if "dyn" in label else None)
         assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
     # every worker's three servers exist; the default run is the seven servers it always was
@@ -314,3 +315,63 @@ def test_c1_ab_does_not_flag_noise_common_to_the_pair(c1_result):
     assert v2["c1_after_over_before"] == pytest.approx(1.0, abs=0.1)
     assert v2["c1_step_after_over_before"] == pytest.approx(1.0, abs=0.2)
     assert v2["c1_step_ms"]["stock"]["ab_after"]["median_step_ms"] > 13  # the noise is in the logs too
+
+
+# the late spanning requests (--late-spans): a defer server whose requests prefilled while plain
+# accept nothing for their first 400 steps after the resume (the draft's KV of their prompts never
+# written), against skip (prompt prefilled for the draft, healthy) and stock
+LATE_STANDINS = {
+    "baseline": {},
+    "eagle3-v2": {"accept": 2.5},
+    "eagle3-v2-dyn-native-skip": {"accept": 2.5, "threshold": THRESHOLD},
+    "eagle3-v2-dyn-native-defer": {"accept": 2.5, "threshold": THRESHOLD, "arrival_collapse_steps": 400},
+}
+
+
+@pytest.fixture(scope="module")
+def late_result(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("late")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        # 2 spanning + 1 late = 3 running after the burst: drafting resumes (at <= 5 - 2)
+        summary, _ = asyncio.run(run_all(tmp, crossings=2, standins=LATE_STANDINS, late_n=1))
+    return tmp, summary
+
+
+def test_late_spanning_requests_arrive_while_plain_and_their_tails_tell_defer_from_skip(late_result):
+    tmp, summary = late_result
+    recs = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
+    late = [r for r in recs if r["phase"] == "late_span"]
+    assert len(late) == 4 * 2 * 1 and not any(r["error"] for r in late)   # servers x crossings x late_n
+    # each started after every burst request of its crossing had streamed the lead: drafting was off
+    for r in late:
+        burst = [b for b in recs if b["phase"] == "burst" and b["server"] == r["server"]
+                 and b["crossing"] == r["crossing"]]
+        assert all(len([t for t in b["arrivals"] if t <= r["t_start"]]) >= 1 for b in burst)
+        assert r["completion_tokens"] == 48
+    # the prompt indices of the next crossing follow the late ones: no prompt runs twice per server
+    idx = [(r["server"], r["idx"]) for r in recs if r["phase"] in ("span", "burst", "late_span")]
+    assert len(idx) == len(set(idx))
+    w = summary["per_worker"]["v2-defer"]
+    assert w["late_tail_over_stock_median"] < 0.7                       # defer's prompts: stale draft
+    assert w["negative_control_late_tail_over_stock_median"] == pytest.approx(1.0, abs=0.15)   # skip's
+    assert w["tail_over_stock_median"] == pytest.approx(1.0, abs=0.15)  # the early spanners: healthy
+    assert summary["stale_draft"]["v2-defer"]["late_tail_over_stock_median"] == w["late_tail_over_stock_median"]
+    assert "late_tail_over_stock" not in summary["per_worker"].get("v2", {})
+
+
+def test_without_late_spans_the_protocol_and_summary_are_as_before(result):
+    tmp, summary, _ = result
+    recs = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
+    assert not [r for r in recs if r["phase"] == "late_span"]
+    assert all(summary["stale_draft"][w]["late_tail_over_stock"] is None for w in summary["stale_draft"])
+
+
+def test_late_spans_that_would_keep_drafting_off_after_the_burst_are_refused(monkeypatch, capsys):
+    """Spanning and late spanning requests together above the resume point would keep drafting off
+    after the burst drains, so their 'tails' would be plain steps: the driver refuses to start."""
+    monkeypatch.setattr("sys.argv", ["accept_device.py", "--out", "/nonexistent", "--late-spans", "3"])
+    with pytest.raises(SystemExit) as e:
+        asyncio.run(ad.main())
+    assert e.value.code == 2
+    assert "--late-spans 3: 4 spanning + 3 late requests stay above the resume point 6" in capsys.readouterr().err
