@@ -29,6 +29,9 @@ pack() {
 }
 trap pack EXIT
 KIMI_LAYERS=${KIMI_LAYERS:-6} TINY_MLA=1 OUT=/tmp/dyn-setup bash gpu/run_dyn.sh setup 2>&1 | tail -n 5
+# a failed setup (e.g. a warm machine's /tmp/site of another release) would start every server on
+# the wrong site and wait for them to die: stop here (the 2026-12-03 eleventh session lost a call so)
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "[t=$(( $(date +%s) - T0 ))s] setup failed: nothing started"; exit 4; }
 . gpu/device_env.sh
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 PYTHONPATH=/tmp/site${STUBS:+:$STUBS} python3 gpu/shapes_device.py "$PLAN" --out "$OUT" \

@@ -236,3 +236,29 @@ def test_a_request_cap_given_as_a_flag_is_read_from_its_value(pm):
     # the lab's profiles that extend eagle3-v2-dyn inherit its flags, the cap with them
     assert pm.profile_cap("eagle3-v2-dyn-native") == pm.profile_cap("eagle3-dyn") == 4096
     assert pm.profile_cap("eagle3-v2") is None and pm.profile_cap("baseline") is None
+
+
+def test_run_shapes_stops_when_its_setup_fails(tmp_path):
+    """A failed setup (a warm machine's /tmp/site of another release, the eleventh session's lost
+    call) ends run_shapes.sh with status 4 before any server starts. The real run_shapes.sh,
+    plan_memory.py and device_env.sh run from a copy of gpu/ whose run_dyn.sh fails and whose
+    shapes_device.py would leave a mark."""
+    import shutil
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    for name in ("run_shapes.sh", "plan_memory.py", "device_env.sh", "release.sh"):
+        shutil.copy(ROOT / "gpu" / name, gpu / name)
+    (gpu / "run_dyn.sh").write_text('echo "/tmp/site holds another sglang"; exit 1\n')
+    (gpu / "shapes_device.py").write_text(f'open({str(tmp_path / "started")!r}, "w").close()\n')
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", "gpu/run_shapes.sh", str(PLANS / "native-plain-kimi6-tp1-at-baseline-cost.json")],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=dict(os.environ, OUT=str(out)))
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "holds another sglang" in done.stdout and "setup failed: nothing started" in done.stdout
+    assert not (tmp_path / "started").exists()
+    (gpu / "run_dyn.sh").write_text("exit 0\n")
+    done = subprocess.run(["bash", "gpu/run_shapes.sh", str(PLANS / "native-plain-kimi6-tp1-at-baseline-cost.json")],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=dict(os.environ, OUT=str(out)))
+    assert (tmp_path / "started").exists(), done.stdout + done.stderr
