@@ -1085,12 +1085,13 @@ def test_a_prefill_that_will_not_decode_plain_first_drafts_as_stock(system, monk
     assert path.defer_draft_prefill
 
 
-def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, monkeypatch):
+def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, monkeypatch, caplog):
     """Nothing running, and a wave of arrivals above the threshold in two prefill batches: its first
     decode step will be plain, so neither batch runs the draft's extend (the second finds the first,
     not decoded yet, as the running batch); the wave decodes plain, and when it thins out the
     request left resumes with its draft state rebuilt from its own last plain step."""
     e = system
+    caplog.set_level(logging.INFO)
     defer_mode(e, monkeypatch)
     idle = e.Batch([], [], SpeculativeAlgorithm.NONE)
     first = [Req("a", 0, 4), Req("b", 1, 4), Req("c", 2, 4)]
@@ -1113,6 +1114,8 @@ def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, m
     batch = step(e, batch)
     assert [k[0] for k in e.calls] == ["resync", "verify"]
     assert e.calls[0][4].tolist() == [[last_inputs[3] * 10 + 100.0, last_inputs[3] * 10 + 101.0]]
+    assert ("resume rebuilds the draft state of 1 of 1 requests that were prefilled without the draft "
+            "(SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer; since start 2 prefills, 4 requests deferred)") in caplog.text
     assert not second[0].dyn_draft_deferred
     finish_previous(e)
     assert_kv_consistent(e, second)
