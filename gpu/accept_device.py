@@ -175,6 +175,14 @@ async def request(s, srv, rec, ids, max_tokens, stream=False, progress=None):
     return rec
 
 
+async def all_set(events, timeout_s=30):
+    """Wait until every event is set, at most timeout_s."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), timeout_s)
+    except asyncio.TimeoutError:
+        pass
+
+
 class Run:
     def __init__(self, s, servers, prompts, plan, out):
         self.s, self.servers, self.prompts, self.plan, self.out = s, servers, prompts, plan, out
@@ -238,34 +246,29 @@ class Run:
 
         await asyncio.gather(*(one(i) for i in idxs))
 
+    def start_spans(self, srv, phase, idxs, c):
+        """Streamed spanning requests (span_tokens each), started now: their tasks and, per request,
+        an event set once it has streamed span_lead tokens (or ended)."""
+        p, tasks, started = self.plan, [], []
+        for i in idxs:
+            started.append(asyncio.Event())
+            rec = self.rec(srv, phase, i, c, lead=p.span_lead)
+            tasks.append(asyncio.ensure_future(request(self.s, srv, rec, self.prompt(i), p.span_tokens,
+                                                       stream=True, progress=started[-1])))
+        return tasks, started
+
     async def crossing(self, srv, c):
         p = self.plan
         first = p.burst_base(c)
-        spans, started, tasks = [], [], []
-        for k in range(p.span_n):
-            i = first - p.span_n + k
-            spans.append(self.rec(srv, "span", i, c, lead=p.span_lead))
-            started.append(asyncio.Event())
-            tasks.append(asyncio.ensure_future(request(self.s, srv, spans[k], self.prompt(i), p.span_tokens,
-                                                       stream=True, progress=started[k])))
-        try:
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
-        except asyncio.TimeoutError:
-            pass
+        tasks, started = self.start_spans(srv, "span", range(first - p.span_n, first), c)
+        await all_set(started)
         w = {"crossing": c, "burst_t0": time.time()}
         if p.late_n:
             streaming = [asyncio.Event() for _ in range(p.burst)]
             burst = asyncio.ensure_future(self.burst(srv, "burst", c, streaming))
-            try:
-                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 30)
-            except asyncio.TimeoutError:
-                pass
-            w["late_t0"] = time.time()
-            for k in range(p.late_n):
-                i = first + p.burst + k
-                rec = self.rec(srv, "late_span", i, c)
-                tasks.append(asyncio.ensure_future(request(self.s, srv, rec, self.prompt(i), p.span_tokens,
-                                                           stream=True)))
+            await all_set(streaming)   # the burst holds drafting off: the late ones are prefilled plain
+            late = range(first + p.burst, first + p.burst + p.late_n)
+            tasks += self.start_spans(srv, "late_span", late, c)[0]
             await burst
         else:
             await self.burst(srv, "burst", c)
