@@ -76,20 +76,23 @@ def summary(path, events):
 
 
 def blocking_calls(events):
-    """Host-blocking CUDA calls, grouped by the innermost three SGLang frames around them."""
+    """Host-blocking CUDA calls, grouped by the innermost three SGLang frames around them (a trace
+    taken with Python stacks), else by the innermost three torch ops (cpu_op: a trace without
+    stacks still tells an `aten::to` that waits for the GPU from the scheduler's own waits)."""
     python = [e for e in events if e.get("cat") == "python_function" and "sglang" in e["name"]]
+    ops = python or [e for e in events if e.get("cat") == "cpu_op"]
     calls = [e for e in events if e.get("cat") == "cuda_runtime"
              and ("Synchronize" in e["name"] or e["name"] == "cudaMemcpyAsync")]
     grouped, time_us = collections.Counter(), collections.Counter()
     for call in calls:
-        frames = sorted((p for p in python if p["tid"] == call["tid"] and p["ts"] <= call["ts"]
+        frames = sorted((p for p in ops if p["tid"] == call["tid"] and p["ts"] <= call["ts"]
                          and p["ts"] + p["dur"] >= call["ts"] + call["dur"]), key=lambda p: p["ts"])
         where = " <- ".join(p["name"].split("sglang/srt/")[-1][:60] for p in reversed(frames[-3:]))
         grouped[(call["name"], where)] += 1
         time_us[(call["name"], where)] += call["dur"]
-    print("host-blocking / copy calls (count, host time, where):")
-    for key, n in grouped.most_common(12):
-        print(f"  x{n:3d} {time_us[key] / 1e3:6.2f} ms {key[0]}: {key[1]}")
+    print("host-blocking / copy calls (count, host time, where; the longest first):")
+    for key, us in time_us.most_common(12):
+        print(f"  x{grouped[key]:3d} {us / 1e3:6.2f} ms {key[0]}: {key[1]}")
 
 
 SAME_GRAPH_KERNELS = 0.1  # replays within 10 % of the main graph's kernel count are that graph

@@ -308,11 +308,14 @@ class Models:
 
     def target_prefill(self, batch):
         """The target's prefill (EAGLE-3 hidden states of every prompt position: row = position in
-        the flattened batch * 10 + column); samples (last prompt token + 1) % 50 per request."""
+        the flattened batch * 10 + column; with CaptureHiddenMode.LAST each request's last position's
+        only, as the logits processor prunes them); samples (last prompt token + 1) % 50 per request."""
         self.e.calls.append(("target_prefill", batch.capture_hidden_mode, batch.input_ids.tolist()))
         cols = torch.arange(3 * HIDDEN, dtype=torch.float32)
         hidden = torch.arange(len(batch.input_ids), dtype=torch.float32).unsqueeze(1) * 10 + cols
         ends = torch.tensor(batch.extend_seq_lens).cumsum(0) - 1
+        if batch.capture_hidden_mode == Capture.LAST:
+            hidden = hidden[ends]
         return Result(logits_output=types.SimpleNamespace(hidden_states=hidden, mm_input_embeds=None),
                       next_token_ids=(batch.input_ids[ends] + 1) % 50)
 
@@ -999,7 +1002,7 @@ def test_defer_mode_prefills_an_arrival_beside_plain_steps_without_the_draft(sys
     arrival = arriving_prefill(e, [d], [5])
     assert run_prefill(e, arrival, batch) and d.dyn_draft_deferred
     (kind, capture, inputs), = e.calls                    # no draft_prefill
-    assert kind == "target_prefill" and capture == Capture.FULL and inputs == [0, 1, 2, 3, 4]
+    assert kind == "target_prefill" and capture == Capture.LAST and inputs == [0, 1, 2, 3, 4]
     assert path.last_target_hidden[3].tolist() == [40.0 + col for col in range(3 * HIDDEN)]  # its last position
     future = arrival.spec_info.future_indices.indices
     fmap = e.sched.future_map
@@ -1051,25 +1054,20 @@ def test_a_deferred_arrival_that_finds_the_running_batch_gone_is_rebuilt_before_
     assert path.defer_draft_prefill
 
 
-@pytest.mark.parametrize("case", ["beside speculative steps", "under the threshold", "multimodal", "skip mode"])
+@pytest.mark.parametrize("case", ["logprobs arriving", "logprobs running", "under the threshold", "multimodal",
+                                  "skip mode"])
 def test_a_prefill_that_will_not_decode_plain_first_drafts_as_stock(system, monkeypatch, case):
-    """Beside speculative steps (even when the arrivals take the batch over the threshold: a resume
-    there would need the verify's lengths), with too few requests to go plain, for a multimodal
-    request or in skip mode the prefill drafts as stock (target prefill, then the draft's extend)
-    and leaves no mark."""
+    """With requests that keep speculating at any load (arriving or running: the switch's count does
+    not say the next step), with too few requests to go plain, for a multimodal request or in skip
+    mode the prefill drafts as stock (target prefill, then the draft's extend) and leaves no mark."""
     e = system
     path = defer_mode(e, monkeypatch)
     reqs = [Req(i, i, 10) for i in range(3)]
     running = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
     assert running.spec_algorithm.is_none()
     arrivals = [Req("d", 3, 4), Req("e", 4, 4)]
-    if case == "beside speculative steps":
-        for r in reqs[1:]:
-            r.done = True
-            release(e, r)
-        running.filter_batch()
-        running = step(e, running)                        # 1 running: drafting resumed
-        assert not running.spec_algorithm.is_none()
+    if case == "logprobs running":
+        running.return_logprob = True
     if case == "under the threshold":
         running, arrivals = e.Batch([], [], SpeculativeAlgorithm.NONE), arrivals[:1]   # 1 <= threshold 2
     if case == "multimodal":
@@ -1077,6 +1075,7 @@ def test_a_prefill_that_will_not_decode_plain_first_drafts_as_stock(system, monk
     if case == "skip mode":
         e.sched.dyn_native = e.worker._dyn_native = e.native.NativePlainPath(e.worker, skip_draft_kv=True)
     arrival = arriving_prefill(e, arrivals, [4] * len(arrivals))
+    arrival.return_logprob = case == "logprobs arriving"
     assert not run_prefill(e, arrival, running)
     assert not any(getattr(r, "dyn_draft_deferred", False) for r in arrivals)
     assert [k[0] for k in e.calls] == ["target_prefill", "draft_prefill"]
@@ -1119,6 +1118,138 @@ def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, m
     assert not second[0].dyn_draft_deferred
     finish_previous(e)
     assert_kv_consistent(e, second)
+
+
+def _first_arrival_alone_then_a_wave(e):
+    """A wave on an idle server whose first request comes alone: under the resume point, so it is
+    prefilled with the draft (stock), and it is the running batch, not decoded yet, when the rest of
+    the wave arrives and takes the count over the threshold."""
+    idle = e.Batch([], [], SpeculativeAlgorithm.NONE)
+    a = Req("a", 0, 6)
+    first = arriving_prefill(e, [a], [6])
+    assert not run_prefill(e, first, idle)                 # 1 <= threshold 2
+    assert [k[0] for k in e.calls] == ["target_prefill", "draft_prefill"]
+    rest = [Req("d", 1, 4), Req("e", 2, 4)]
+    more = arriving_prefill(e, rest, [4, 4])
+    deferred = run_prefill(e, more, first)
+    return first, more, a, rest, deferred
+
+
+def test_the_rest_of_a_wave_whose_first_request_came_alone_is_deferred(system, monkeypatch, caplog):
+    """The wave's first request ran the draft's prefill, but no speculative step yet: its host lengths
+    are the prefill's, and with the rest of the wave its first step goes plain, so the rest is
+    prefilled by the target alone; the wave decodes plain, and when it thins out the deferred request
+    left resumes with its draft state rebuilt from its own last plain step."""
+    e = system
+    caplog.set_level(logging.INFO)
+    defer_mode(e, monkeypatch)
+    first, more, a, rest, deferred = _first_arrival_alone_then_a_wave(e)
+    assert deferred and all(r.dyn_draft_deferred for r in rest) and not a.dyn_draft_deferred
+    assert [k[0] for k in e.calls] == ["target_prefill"]
+    first.merge_batch(more)
+    # its first step goes plain on the lengths the host has: reading the device's would wait for
+    # the prefill still running (the deferred one, launched just before)
+    device_lens, host_lens, read = first.seq_lens, first.seq_lens_cpu.tolist(), []
+    real_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: (read.append(t is device_lens), real_cpu(t, *a, **k))[1])
+    batch = step(e, first)
+    monkeypatch.setattr(torch.Tensor, "cpu", real_cpu)
+    assert not any(read) and batch.seq_lens_cpu.tolist() == [n + 1 for n in host_lens]
+    assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
+    batch = step(e, batch)
+    last_inputs = e.calls[0][1].input_ids.tolist()
+    for r in (a, rest[1]):
+        r.done = True
+        release(e, r)
+    batch.filter_batch()
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["resync", "verify"]
+    assert e.calls[0][4].tolist() == [[last_inputs[1] * 10 + 100.0, last_inputs[1] * 10 + 101.0]]
+    assert ("resume rebuilds the draft state of 1 of 1 requests that were prefilled without the draft "
+            "(SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer; since start 1 prefills, 2 requests deferred)") in caplog.text
+    finish_previous(e)
+    assert_kv_consistent(e, [rest[0]])
+
+
+def test_a_wave_that_thins_out_before_its_first_step_rebuilds_the_deferred_before_drafting(system, monkeypatch):
+    """As above, but a deferred request is gone before the wave's first decode step, so that step
+    speculates after all: the batch the rest merged into carries the mark, and its first step
+    rebuilds the draft state (the first request from its draft extend's hidden state, the deferred
+    one from its prefill's last position) instead of drafting from the -1 mark."""
+    e = system
+    defer_mode(e, monkeypatch)
+    first, more, a, rest, deferred = _first_arrival_alone_then_a_wave(e)
+    assert deferred
+    first.merge_batch(more)
+    rest[1].done = True
+    release(e, rest[1])
+    first.filter_batch()
+    finish_previous(e)
+    batch = step(e, first)                                 # 2 <= threshold 2: speculate
+    assert not batch.spec_algorithm.is_none()
+    assert [k[0] for k in e.calls] == ["resync", "verify"]
+    assert e.calls[0][4].tolist() == [[5.0, 5.0], [30 + 100.0, 31 + 100.0]]
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["verify"]
+
+
+def _arrivals_beside_a_batch_that_speculated(e):
+    """Three requests decode plain, two finish, the one left resumes and speculates; then two
+    arrivals take the count over the threshold again."""
+    reqs = [Req(i, i, 10) for i in range(3)]
+    running = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
+    for r in reqs[1:]:
+        r.done = True
+        release(e, r)
+    running.filter_batch()
+    running = step(e, running)                            # 1 running: drafting resumed
+    assert not running.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["resync", "verify"]
+    verified = int(e.calls[1][4][0])                       # the stand-in verify accepts v + 1, v + 2
+    arrivals = [Req("d", 3, 4), Req("e", 4, 4)]
+    arrival = arriving_prefill(e, arrivals, [4, 4])
+    deferred = run_prefill(e, arrival, running)
+    return running, arrival, reqs[0], arrivals, deferred, (verified + 2) % 50
+
+
+def test_arrivals_beside_a_batch_that_speculated_are_deferred_and_its_next_step_goes_plain(system, monkeypatch):
+    """The arrivals take a batch that has speculated over the threshold: they are prefilled by the
+    target alone, and the merged batch's next step goes plain (the step that reads the last
+    verify's lengths to the host): the speculated request's input is its verified token, the
+    arrivals' their prefill's; no KV slot leaked or shared."""
+    e = system
+    defer_mode(e, monkeypatch)
+    running, arrival, old, arrivals, deferred, last_token = _arrivals_beside_a_batch_that_speculated(e)
+    assert deferred and [k[0] for k in e.calls] == ["target_prefill"]
+    running.merge_batch(arrival)
+    batch = step(e, running)
+    assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
+    inputs = e.calls[0][1].input_ids.tolist()
+    assert inputs[1:] == [4, 14]                          # each arrival's last prompt token + 1
+    assert inputs[0] == last_token                        # the speculated request's last accepted token
+    finish_previous(e)
+    assert_kv_consistent(e, [old] + arrivals)
+
+
+def test_a_speculated_batch_whose_arrivals_thin_out_takes_one_plain_step_before_it_resumes(system, monkeypatch):
+    """As above, but an arrival is gone before the next step, so the switch wants to speculate:
+    the batch has speculated (its lengths are the verify's, on the device) and holds a deferred
+    request, so that step goes plain and the one after resumes with the draft state rebuilt."""
+    e = system
+    defer_mode(e, monkeypatch)
+    running, arrival, old, arrivals, deferred, last_token = _arrivals_beside_a_batch_that_speculated(e)
+    assert deferred
+    running.merge_batch(arrival)
+    arrivals[1].done = True
+    release(e, arrivals[1])
+    running.filter_batch()
+    batch = step(e, running)                               # 2 <= threshold 2, but one plain step first
+    assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
+    batch = step(e, batch)
+    assert not batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["resync", "verify"]
+    batch = step(e, batch)
+    assert [k[0] for k in e.calls] == ["verify"]
+    finish_previous(e)
+    assert_kv_consistent(e, [old, arrivals[0]])
 
 
 def test_defer_is_taken_on_the_native_path_and_logged(system, monkeypatch, caplog):

@@ -172,6 +172,21 @@ def test_prefill_cost_per_token_counts_the_targets_tokens_once_and_adds_the_draf
     assert "prefill forwards 2" in out and "(draft)" in out and "0.73 us per token" in out
 
 
+def test_a_host_wait_in_a_trace_without_stacks_is_named_by_the_torch_ops_around_it(trace_steps, capsys):
+    """Without Python stacks, a cudaStreamSynchronize inside `aten::to` (a device tensor read on the
+    host while a prefill runs) is told from the scheduler's own cudaEventSynchronize, and the
+    groups come longest first."""
+    def op(name, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 7, "ts": ts, "dur": dur}
+    events = [op("aten::to", 100, 30000), op("aten::_to_copy", 105, 29990), op("aten::copy_", 110, 29980),
+              dict(launch(0, 120, name="cudaStreamSynchronize"), dur=29900)]
+    events += [dict(launch(0, 40000 + 100 * i, name="cudaEventSynchronize"), dur=50) for i in range(5)]
+    trace_steps.blocking_calls(events)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  x  1  29.90 ms cudaStreamSynchronize: aten::copy_ <- aten::_to_copy <- aten::to"
+    assert lines[2] == "  x  5   0.25 ms cudaEventSynchronize: "
+
+
 def test_two_traces_compare_prefill_time_per_token(trace_steps, capsys):
     ours = trace_steps.forwards(prefill_trace())
     # a baseline: the same target EXTEND without a draft, each kernel twice as long
