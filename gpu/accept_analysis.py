@@ -447,12 +447,15 @@ def late_span_figures(recs, stock_recs, windows):
 
 
 def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log=None, windows=None,
-                   nc_windows=None, stock_recs=None, stock_log=None):
+                   nc_windows=None, stock_recs=None, stock_log=None, third="control"):
     """Issue #24's per-worker figures for one dyn server (recs, its log lines, its crossing
     windows), against the baseline's and the stock speculative server's records of the same
     protocol (stock_recs: the stock records whose spanning requests are the tail reference;
-    ref_stock by default), and its negative control. The headline after-resume figures are the
-    spanning requests' tails (stale_draft); the server log's figures stay beside them."""
+    ref_stock by default), and its third server (nc_recs; its figures under negative_control_*):
+    a negative control (third="control": the verdict asks whether it collapses) or a healthy
+    reference (third="reference": the verdict compares the two). The headline after-resume
+    figures are the spanning requests' tails (stale_draft); the server log's figures stay beside
+    them."""
     stock_recs = ref_stock if stock_recs is None else stock_recs
     before = accept_len(phase(recs, "before"))
     res = {
@@ -523,8 +526,21 @@ def worker_summary(recs, ref_baseline, ref_stock, nc_recs=None, log=None, nc_log
                                                              nab["c1_nc_over_stock_before"])
         res["negative_control_greedy_equal_plain_vs_baseline"] = greedy_equality(
             nc_recs, ref_baseline, {"burst"})["fraction"]
-        res["verdict"] = verdict(med, nmed)
+        res["verdict"] = verdict(med, nmed) if third == "control" else reference_verdict(
+            med, nmed, res.get("late_tail_over_stock_median"),
+            res.get("negative_control_late_tail_over_stock_median"))
     return res
+
+
+def reference_verdict(dyn, ref, dyn_late=None, ref_late=None):
+    """A sentence comparing a dyn server's tails with a healthy reference's (not a negative
+    control, so there is no collapse to test): the late spanning requests' first, if any."""
+    parts = [f"{what}: tail / stock {d:.3f} against the reference's {r:.3f} ({d / r:.3f}x)"
+             for what, d, r in (("late spanning requests", dyn_late, ref_late), ("spanning requests", dyn, ref))
+             if d is not None and r]
+    if not parts:
+        return "no tail figures (no spanning requests with a stock reference)"
+    return "against a healthy reference, not a negative control (no collapse to test): " + "; ".join(parts)
 
 
 def verdict(dyn, nc, collapse=0.9):

@@ -77,6 +77,8 @@ WORKERS = {"v2": ("eagle3-v2-dyn", "eagle3-v2", "eagle3-v2-dyn-nc"),
            "v1": ("eagle3-dyn", "eagle3", "eagle3-dyn-nc"),
            "v2-native": ("eagle3-v2-dyn-native", "eagle3-v2", "eagle3-v2-dyn-native-skip"),
            "v2-defer": ("eagle3-v2-dyn-native-defer", "eagle3-v2", "eagle3-v2-dyn-native-skip")}
+# the workers whose third server is a healthy reference, not a negative control (their verdict compares)
+THIRD_IS_REFERENCE = {"v2-defer"}
 
 
 def el():
@@ -407,7 +409,8 @@ def per_worker(run, by, logs):
     return {w: an.worker_summary(by[d], by.get("baseline", []), by.get(st, []), by.get(nc),
                                  log=logs.get(d), nc_log=logs.get(nc) if nc in by else None,
                                  windows=run.windows.get(d), nc_windows=run.windows.get(nc),
-                                 stock_log=logs.get(st))
+                                 stock_log=logs.get(st),
+                                 third="reference" if w in THIRD_IS_REFERENCE else "control")
             for w, (d, st, nc) in WORKERS.items() if d in by}
 
 

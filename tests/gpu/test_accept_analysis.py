@@ -78,6 +78,17 @@ def test_worker_summary_headline_is_the_tail_and_the_verdict_needs_a_collapsing_
     nc_ok = [dict(r, server="n") for r in dyn]
     s2 = an.worker_summary(dyn, [], stock, nc_ok, windows=WINDOW, nc_windows=WINDOW)
     assert s2["verdict"].startswith("the negative control shows no collapse")
+    # a third server that is a healthy reference (defer's skip): compared, not tested for a collapse
+    s3 = an.worker_summary(dyn, [], stock, nc, windows=WINDOW, nc_windows=WINDOW, third="reference")
+    assert s3["verdict"] == ("against a healthy reference, not a negative control (no collapse to test): "
+                             "spanning requests: tail / stock 1.000 against the reference's 0.625 (1.600x)")
+
+
+def test_the_reference_verdict_puts_the_late_requests_first_and_skips_missing_figures():
+    assert an.reference_verdict(1.01, 0.996, 0.991, 0.996).startswith(
+        "against a healthy reference, not a negative control (no collapse to test): late spanning requests: "
+        "tail / stock 0.991 against the reference's 0.996 (0.995x); spanning requests: tail / stock 1.010")
+    assert an.reference_verdict(None, 0.9, None, None) == "no tail figures (no spanning requests with a stock reference)"
 
 
 def test_margin_classes_and_the_counter_take_an_exact_tie_as_a_tie():
