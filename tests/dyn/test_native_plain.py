@@ -515,6 +515,15 @@ def release(e, req):
     e.req_to_token[req.req_pool_idx].zero_()
 
 
+def leave(e, batch, reqs):
+    """Requests that finish between steps: their slots released, the batch filtered (as the
+    scheduler's filter_batch after the output processing)."""
+    for r in reqs:
+        r.done = True
+        release(e, r)
+    batch.filter_batch()
+
+
 def assert_kv_consistent(e, reqs):
     """Every slot is either free or held by exactly one position of a live request, and each
     request holds exactly its kv_allocated_len positions."""
@@ -855,9 +864,7 @@ def test_skip_mode_plain_steps_do_no_draft_work_and_the_resume_takes_the_last_pl
     last_inputs = e.calls[0][1].input_ids.tolist()         # a, b, c's input tokens of the 4th plain step
     assert path.last_target_hidden.shape == (e.req_to_token.shape[0], 3 * HIDDEN)
     # b finishes; d joins from a speculative prefill and asks for logprobs: the next step speculates
-    b.done = True
-    release(e, b)
-    batch.filter_batch()
+    leave(e, batch, [b])
     d = Req("d", 3, 6)
     batch.merge_batch(prefill(e, [d], [6], [30]))
     batch.return_logprob = True
@@ -1017,10 +1024,7 @@ def test_defer_mode_prefills_an_arrival_beside_plain_steps_without_the_draft(sys
     assert_kv_consistent(e, [a, b, c, d])
 
     # a, b and c finish: d alone resumes; its draft hidden state is fc of its last plain step's
-    for r in (a, b, c):
-        r.done = True
-        release(e, r)
-    batch.filter_batch()
+    leave(e, batch, (a, b, c))
     batch = step(e, batch)
     assert [k[0] for k in e.calls] == ["resync", "verify"]
     assert e.calls[0][4].tolist() == [[50 + 100.0, 50 + 101.0]]   # input token 5 of that step, * 10, + fc's 100
@@ -1106,10 +1110,7 @@ def test_a_wave_over_the_threshold_on_an_idle_server_is_deferred_whole(system, m
     assert e.calls[0][1].input_ids.tolist() == [4, 14, 24, 5]  # each prompt's last token + 1
     batch = step(e, batch)
     last_inputs = e.calls[0][1].input_ids.tolist()
-    for r in first:
-        r.done = True
-        release(e, r)
-    batch.filter_batch()
+    leave(e, batch, first)
     batch = step(e, batch)
     assert [k[0] for k in e.calls] == ["resync", "verify"]
     assert e.calls[0][4].tolist() == [[last_inputs[3] * 10 + 100.0, last_inputs[3] * 10 + 101.0]]
@@ -1158,10 +1159,7 @@ def test_the_rest_of_a_wave_whose_first_request_came_alone_is_deferred(system, m
     assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
     batch = step(e, batch)
     last_inputs = e.calls[0][1].input_ids.tolist()
-    for r in (a, rest[1]):
-        r.done = True
-        release(e, r)
-    batch.filter_batch()
+    leave(e, batch, (a, rest[1]))
     batch = step(e, batch)
     assert [k[0] for k in e.calls] == ["resync", "verify"]
     assert e.calls[0][4].tolist() == [[last_inputs[1] * 10 + 100.0, last_inputs[1] * 10 + 101.0]]
@@ -1181,9 +1179,7 @@ def test_a_wave_that_thins_out_before_its_first_step_rebuilds_the_deferred_befor
     first, more, a, rest, deferred = _first_arrival_alone_then_a_wave(e)
     assert deferred
     first.merge_batch(more)
-    rest[1].done = True
-    release(e, rest[1])
-    first.filter_batch()
+    leave(e, first, [rest[1]])
     finish_previous(e)
     batch = step(e, first)                                 # 2 <= threshold 2: speculate
     assert not batch.spec_algorithm.is_none()
@@ -1198,10 +1194,7 @@ def _arrivals_beside_a_batch_that_speculated(e):
     arrivals take the count over the threshold again."""
     reqs = [Req(i, i, 10) for i in range(3)]
     running = step(e, prefill(e, reqs, [10, 10, 10], [1, 2, 3]))
-    for r in reqs[1:]:
-        r.done = True
-        release(e, r)
-    running.filter_batch()
+    leave(e, running, reqs[1:])
     running = step(e, running)                            # 1 running: drafting resumed
     assert not running.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["resync", "verify"]
     verified = int(e.calls[1][4][0])                       # the stand-in verify accepts v + 1, v + 2
@@ -1239,9 +1232,7 @@ def test_a_speculated_batch_whose_arrivals_thin_out_takes_one_plain_step_before_
     running, arrival, old, arrivals, deferred, last_token = _arrivals_beside_a_batch_that_speculated(e)
     assert deferred
     running.merge_batch(arrival)
-    arrivals[1].done = True
-    release(e, arrivals[1])
-    running.filter_batch()
+    leave(e, running, [arrivals[1]])
     batch = step(e, running)                               # 2 <= threshold 2, but one plain step first
     assert batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["target_decode"]
     batch = step(e, batch)
