@@ -248,6 +248,12 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
     return servers
 
 
+def auto_variants(servers):
+    """The --auto-variants servers among the others (fixed-N have an int threshold label, the
+    baseline "none", the judged auto server "auto")."""
+    return [s for s in servers if isinstance(s.threshold_label, str) and s.threshold_label.startswith("auto-")]
+
+
 async def main():
     global BUDGET, temperature
     ap = argparse.ArgumentParser()
@@ -327,10 +333,9 @@ async def main():
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
-                for srv in live:
-                    if srv.threshold_label.startswith("auto-"):
-                        keep(os.path.join(a.out, "auto_variant_state.jsonl"),
-                             {"after": f"c={c}", "server": srv.label, "state": await dyn_state(s, srv)})
+                for srv in auto_variants(live):
+                    keep(os.path.join(a.out, "auto_variant_state.jsonl"),
+                         {"after": f"c={c}", "server": srv.label, "state": await dyn_state(s, srv)})
             for rnd in range(a.bursty_rounds):
                 for srv in bursty_order(live, auto, rnd):
                     if left() < a.bursty_s + 15:

@@ -21,16 +21,19 @@ def name(r):
     return label if r["attention_backend"] == "triton" else f"{label}@{r['attention_backend']}"
 
 
-def stock_of(n):
-    label, _, backend = n.partition("@")
-    stock = "eagle3-v2" if "v2" in label else "eagle3"
-    return stock + ("@" + backend if backend else "")
+def stock_of(n, profiles):
+    """The stock worker beside dyn server n: the server of profile eagle3-v2 (eagle3 for a v1 dyn)
+    on n's backend, whatever its label."""
+    stock = "eagle3-v2" if "v2" in profiles[n] else "eagle3"
+    backend = n.partition("@")[2]
+    return next((m for m, p in sorted(profiles.items()) if p == stock and m.partition("@")[2] == backend), None)
 
 
 def tables(records):
     by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     profiled = defaultdict(set)   # (key, c, name) -> the profiled_before values seen
     meta = {}
+    profiles = {}   # name -> profile: a baseline or a stock worker may carry any label
     for r in records:
         if "out_tok_per_s" not in r:
             continue
@@ -38,6 +41,7 @@ def tables(records):
         by[key][r["conc"]][name(r)].append(r["out_tok_per_s"])
         profiled[key, r["conc"], name(r)].add(r.get("profiled_before"))
         meta[key] = (r["arch"], r["tp_size"], r.get("threshold"))
+        profiles[name(r)] = r["profile"]
 
     def mark(key, c, a, b):
         seen = profiled[key, c, a] | profiled[key, c, b]
@@ -46,9 +50,11 @@ def tables(records):
     out = []
     for key in sorted(by):
         levels = by[key]
-        names = sorted({n for c in levels.values() for n in c}, key=lambda n: (not n.startswith("baseline"), n))
+        names = sorted({n for c in levels.values() for n in c}, key=lambda n: (profiles[n] != "baseline", n))
         arch, tp, _ = meta[key]
-        thresholds = sorted({r.get("threshold") for r in records if r.get("group") == key[0] and r.get("threshold")})
+        # a plan may mix fixed thresholds and "auto"
+        thresholds = sorted({r.get("threshold") for r in records if r.get("group") == key[0] and r.get("threshold")},
+                            key=str)
         out.append(f"### {key[0]}: {arch}, TP={tp}, input {key[1]} / output {key[2]}, "
                    f"dyn threshold {thresholds or '-'}\n")
         out.append("| c | " + " | ".join(names) + " | dyn / faster baseline | dyn / own stock |")
@@ -64,13 +70,14 @@ def tables(records):
                     continue
                 spread = f" ±{(max(v) - min(v)) / min(v) * 100:.0f}%" if len(v) > 1 else ""
                 cells.append(f"{med[n]:.0f}{spread}")
-            bases = [n for n in med if n.split("@")[0] == "baseline"]
+            bases = [n for n in med if profiles[n] == "baseline"]
             best = max(bases, key=med.get) if bases else None
-            dyn = [n for n in names if "-dyn" in n and n in med]
+            dyn = [n for n in names if "-dyn" in profiles[n] and n in med]
             vs_base = ", ".join(f"{n}: {med[n] / med[best]:.3f}{mark(key, c, n, best)}"
                                 for n in dyn) if best else "-"
-            vs_stock = ", ".join(f"{n}: {med[n] / med[stock_of(n)]:.3f}{mark(key, c, n, stock_of(n))}"
-                                 for n in dyn if stock_of(n) in med)
+            stocks = {n: stock_of(n, profiles) for n in dyn}
+            vs_stock = ", ".join(f"{n}: {med[n] / med[stocks[n]]:.3f}{mark(key, c, n, stocks[n])}"
+                                 for n in dyn if stocks[n] in med)
             out.append(f"| {c} | " + " | ".join(cells) + f" | {vs_base} | {vs_stock or '-'} |")
             daggers = daggers or "†" in vs_base + vs_stock
         if daggers:

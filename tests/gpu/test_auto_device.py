@@ -133,6 +133,9 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
     assert by_label["auto-margin0.05"].plan.env["SGLANG_SPEC_DISABLE_AUTO_MARGIN"] == "0.05"
     assert len({srv.port for srv in servers}) == len(servers)          # each its own port
     assert by_label["auto-probe0.0001"].threshold_label == "auto-probe0.0001"
+    # the servers whose state is kept after each level: the variants only, among fixed-N's int labels
+    # (2026-12-04: the first call with variants stopped after c=1 on `int.startswith`)
+    assert [srv.label for srv in driver.auto_variants(servers)] == ["auto-probe0.0001", "auto-margin0.05"]
 
 
 @pytest.mark.parametrize("text", ["probe", "speed=2", "probe="])

@@ -44,3 +44,28 @@ def test_a_ratio_between_a_profiled_and_an_unprofiled_server_is_marked(summarize
     # c=64: all three profiled, nothing marked
     assert "| 64 | 12000 | 9000 | 13000 | eagle3-v2-dyn: 1.083 | eagle3-v2-dyn: 1.444 |" in table
     assert "† the two servers of this ratio differ" in table
+
+
+def test_baselines_and_stock_workers_are_known_by_profile_whatever_their_label(summarize):
+    """A plan labels servers by backend ("baseline-fi", "eagle3-v2-fi"): they are still the
+    baseline and the stock worker of the ratios (2026-12-04: both columns read "-")."""
+    def labelled(label, profile, tok_s, backend):
+        return dict(rec(label, 64, tok_s, 1, backend=backend), profile=profile)
+
+    records = [labelled("baseline-fi", "baseline", 100.0, "flashinfer"),
+               labelled("baseline-triton", "baseline", 104.0, "triton"),
+               labelled("eagle3-v2-fi", "eagle3-v2", 80.0, "flashinfer"),
+               labelled("eagle3-v2-dyn-native-defer-fi", "eagle3-v2-dyn-native", 99.0, "flashinfer")]
+    table = summarize.tables(records)
+    row = next(line for line in table.splitlines() if line.startswith("| 64 |"))
+    assert row.endswith("| eagle3-v2-dyn-native-defer-fi@flashinfer: 0.952 "
+                        "| eagle3-v2-dyn-native-defer-fi@flashinfer: 1.238 |")
+    assert table.index("baseline-fi@flashinfer") < table.index("eagle3-v2-dyn")
+
+
+def test_a_group_mixing_fixed_thresholds_and_auto_gets_its_table(summarize):
+    records = [dict(rec("eagle3-v2-dyn", 16, 100.0, 1), label="fixed-64", threshold=64),
+               dict(rec("eagle3-v2-dyn", 16, 97.0, 1), label="auto-a", threshold="auto")]
+    table = summarize.tables(records)
+    assert "dyn threshold [64, 'auto']" in table
+    assert "| 16 | 97 | 100 |" in table
