@@ -23,6 +23,7 @@ KNOBS = {
     "kimi16-tp1-why-dyn-prefills-faster": {"KIMI_DEEP_LAYERS": "16"},
     "kimi16-prefill-and-kimi6-at-measured-acceptance": {"KIMI_DEEP_LAYERS": "16"},
     "native-plain-dense-flashinfer-tp1-at-baseline-cost": {"HUGE_LAYERS": "16"},
+    "native-plain-dense-triton-tp1-at-baseline-cost": {"HUGE_LAYERS": "16"},
     "native-plain-kimi32-tp1-at-baseline-cost": {"KIMI_DEEP_LAYERS": "32", "KIMI_DEEP_EXPERTS": "16"},
     "native-plain-kimi16-tp2-at-baseline-cost": {"KIMI_DEEP_LAYERS": "16"},
 }
@@ -31,7 +32,8 @@ RAN = ["equal-outputs-and-kimi-tp1-speed", "kimi-and-dense-tp1-speed-by-backend"
        "kimi-tp1-plain-step-traces-and-v1-speed", "kimi-tp1-speed-after-plain-step-fix", "kimi-tp1-plain-step-host-cost",
        "gpu-bound-kimi-tp2-speed", "kimi-tp2-speed", "kimi-tp1-why-dyn-is-slower-at-c1",
        "sglang-0517-serves-and-vs-adaptive", "sglang-0517-sm120-under-dyn-tp1", "sglang-0517-sm120-under-dyn-tp2",
-       "kimi32-tp1-gpu-bound-speed", "kimi-tp2-c1-do-two-stock-servers-agree", "tiny-tp1-does-a-torch-profile-slow-a-server"]
+       "kimi32-tp1-gpu-bound-speed", "kimi-tp2-c1-do-two-stock-servers-agree", "tiny-tp1-does-a-torch-profile-slow-a-server",
+       "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost"]
 
 
 @pytest.fixture(scope="module")
