@@ -160,7 +160,8 @@ def test_a_profiled_server_says_so_in_its_records_and_gets_answers_its_context_a
     assert [cmd[cmd.index("--max-tokens") + 1] for cmd in calls] == ["3072", "3072"]
 
 
-@pytest.mark.parametrize("plan", ["native-plain-kimi6-tp1-at-baseline-cost", "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost",
+@pytest.mark.parametrize("plan", ["native-plain-kimi6-tp1-at-baseline-cost", "native-plain-dense-flashinfer-tp1-at-baseline-cost",
+                                  "native-plain-dense-triton-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost",
                                   "native-plain-kimi6-tp2-at-baseline-cost", "native-plain-kimi16-tp2-at-baseline-cost"])
 def test_the_native_plans_put_the_native_server_beside_a_baseline_and_profile_existing_servers(shapes, plan):
     """The issue #34 plans (gpu/README.md): the native-path servers run beside a baseline of the
@@ -184,10 +185,30 @@ def test_the_native_plans_put_the_native_server_beside_a_baseline_and_profile_ex
         assert max(group["levels"]) > 4 * spec["threshold"]
         assert set(group.get("torch_profile", [])) <= {s.label for s in servers}
         assert len({s.port for s in servers}) == len(servers)
-    # the first plan (ran 2026-12-02) has the native path that writes the draft's KV; the others, not
-    # run yet, the two lean settings side by side (SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer and skip)
+    # the first plan (ran 2026-12-02) has the native path that writes the draft's KV; the others the
+    # two lean settings side by side (SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer and skip)
     expected = ["write"] if plan == "native-plain-kimi6-tp1-at-baseline-cost" else ["defer", "skip"]
     assert sorted(s.meta()["plain_draft_kv"] for s in natives) == expected
+
+
+def test_the_auto_trace_plan_alternates_auto_and_fixed_servers_that_start_as_the_product_starts_them(shapes):
+    """gpu/plans/auto-vs-fixed64-big16-traces.json (issue #29): two auto and two fixed-64 servers,
+    started alternately, each rendered with the threshold the product's `--threshold` gives it (auto
+    takes no hysteresis), and one of each profiled."""
+    import json
+    from pathlib import Path
+
+    spec = json.loads((Path(__file__).resolve().parents[2] / "gpu" / "plans" / "auto-vs-fixed64-big16-traces.json").read_text())
+    group = dict(spec["groups"][0], index=0)
+    servers = [shapes.Server(group, shapes.profile_spec(p), k, spec["threshold"]) for k, p in enumerate(group["profiles"])]
+    assert [s.meta()["threshold"] for s in servers] == [64, "auto", 64, "auto"]
+    env = [s.plan.env for s in servers]
+    assert [e["SGLANG_SPEC_DISABLE_THRESHOLD"] for e in env] == ["64", "auto", "64", "auto"]
+    # empty is unset to the patch (auto refuses a hysteresis); the fixed ones get the profile's own
+    assert env[1].get("SGLANG_SPEC_DISABLE_HYSTERESIS", "") == "" and env[0]["SGLANG_SPEC_DISABLE_HYSTERESIS"] == "16"
+    assert all(e["SGLANG_SIMULATE_ACC_LEN"] == "2.5" for e in env)
+    assert set(group["torch_profile"]) == {"fixed-64-a", "auto-a"}
+    assert len({s.port for s in servers}) == 4
 
 
 def test_prefill_profiles_run_profile_load_in_its_prefill_mode_at_each_concurrency(shapes, monkeypatch, tmp_path):
