@@ -138,6 +138,17 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
     assert [srv.label for srv in driver.auto_variants(servers)] == ["auto-probe0.0001", "auto-margin0.05"]
 
 
+def test_the_auto_servers_start_between_the_others_not_after_them(driver):
+    variants = driver.parse_variants("probe=0.0001, margin=0.02")
+    servers = driver.make_servers([2, 8, 16, 64], 0.7, pair="big", variants=variants)
+    order = [srv.label for srv in driver.start_order(servers)]
+    assert order == ["baseline", "auto-probe0.0001", "fixed-2", "auto-margin0.02", "fixed-8", "auto",
+                     "fixed-16", "fixed-64"]
+    # without variants or baseline: still every server once, auto not last
+    plain = [srv.label for srv in driver.start_order(driver.make_servers([2, 64], 0.7, baseline=False))]
+    assert plain == ["fixed-2", "auto", "fixed-64"]
+
+
 @pytest.mark.parametrize("text", ["probe", "speed=2", "probe="])
 def test_an_auto_variant_that_is_not_knob_equals_value_is_refused(driver, text):
     with pytest.raises(ValueError, match="--auto-variants"):
