@@ -1,6 +1,6 @@
 """Summarise torch-profiler traces of SGLang decode steps (from gpu/profile_load.py).
 
-Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz]
+Usage: python3 trace_steps.py TRACE.json.gz [BASE_TRACE.json.gz] [--log SERVER.log] [--base-log SERVER.log]
 
 For one trace: the window, GPU busy time, CUDA-graph launches, the heaviest kernels, every
 host-blocking CUDA call (stream/event synchronize, memcpy) with the SGLang functions it was
@@ -21,14 +21,22 @@ decode's `_fwd_grouped_kernel_stage1` / `_fwd_kernel_stage2`); a speculative ser
 own EXTEND of the same tokens right after the target's, told apart by its far smaller kernel count.
 With two traces: the prefill GPU time per token of each (`profile_load.py --prompt-tokens` puts
 prefills into the profiled window).
+
+Context length: a decode step's attention time grows with the KV tokens it reads, which a trace
+does not hold, so two traces taken at different places in a wave differ in attention time for no
+reason of the servers'. With `--log` (and `--base-log` for the second trace) the server's own
+`Decode batch` lines just before and after the `Profiling starts` line of the trace's profile id
+(the trace file's name) are printed: the running requests and KV tokens that bracket the traced
+steps.
 """
+import argparse
 import bisect
 import collections
 import gzip
 import json
+import os
 import re
 import statistics
-import sys
 
 
 def load(path):
@@ -249,17 +257,60 @@ def compare_prefill(rows, base_rows):
     print(f"prefill GPU time per token: {ours:.2f} us vs the baseline trace's {base:.2f} us ({ours / base:.2f}x)")
 
 
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+)")
+
+
+def profile_id(trace_path):
+    """SGLang names a trace `{profile id}-TP-{rank}.trace.json.gz`."""
+    return os.path.basename(trace_path).split("-TP-")[0]
+
+
+def kv_around_profile(log_text, pid):
+    """The decode lines just before and after the profile `pid` started, each as (running
+    requests, KV tokens), or None where there is none; None when the log has no such profile."""
+    lines = log_text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Profiling starts" in line and pid in line), None)
+    if start is None:
+        return None
+
+    def first(seq):
+        return next(((int(m[1]), int(m[2])) for line in seq if (m := DECODE_LINE.search(line))), None)
+
+    return {"before": first(reversed(lines[:start])), "after": first(lines[start + 1:])}
+
+
+def print_kv(label, trace_path, log_path):
+    with open(log_path, errors="replace") as f:
+        around = kv_around_profile(f.read(), profile_id(trace_path))
+    if around is None:
+        print(f"{label}: no 'Profiling starts' line with profile id {profile_id(trace_path)} in {log_path}")
+        return
+    said = {k: f"{v[1]} KV tokens at {v[0]} running" if v else "no decode line" for k, v in around.items()}
+    print(f"{label}: the server's decode lines around the profile: before {said['before']}, "
+          f"after {said['after']}")
+
+
 def main():
-    events = load(sys.argv[1])
-    summary(sys.argv[1], events)
+    ap = argparse.ArgumentParser(description="Where a decode step's time goes in a torch-profiler trace.")
+    ap.add_argument("trace")
+    ap.add_argument("base_trace", nargs="?")
+    ap.add_argument("--log", help="the traced server's log: the KV tokens around the traced steps")
+    ap.add_argument("--base-log", help="the same for the baseline trace's server")
+    a = ap.parse_args()
+    events = load(a.trace)
+    summary(a.trace, events)
     blocking_calls(events)
     print_steps(steps(events))
     rows = forwards(events)
     print_forwards(rows)
-    if len(sys.argv) > 2:
-        base_events = load(sys.argv[2])
+    if a.log:
+        print_kv("context", a.trace, a.log)
+    if a.base_trace:
+        base_events = load(a.base_trace)
         extra_per_step(events, base_events)
         compare_prefill(rows, forwards(base_events))
+        if a.base_log:
+            print_kv("baseline's context", a.base_trace, a.base_log)
 
 
 if __name__ == "__main__":

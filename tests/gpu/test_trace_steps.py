@@ -225,3 +225,46 @@ def test_the_devices_decode_only_window_holds_no_prefill_forward(trace_steps, ca
     trace_steps.compare_prefill(rows, rows)
     out = capsys.readouterr().out
     assert "prefill forwards 0" in out and "no comparison" in out
+
+
+# the lines around a profile in a 0.5.11 server's log (2026-12-04, the dense FlashInfer defer server)
+PROFILED_LOG = """\
+[2026-12-04 19:23:53] Prefill batch, #new-seq: 2, #new-token: 19, #cached-token: 0, token usage: 0.01, #running-req: 34
+[2026-12-04 19:23:54] Decode batch, #running-req: 36, #token: 3800, token usage: 0.12, accept len: 1.00, cuda graph: True
+[2026-12-04 19:23:54] Profiling starts. Traces will be saved to: /tmp/t/nostack (with profile id: 1796412234.684371)
+[2026-12-04 19:23:54] INFO:     127.0.0.1:50054 - "POST /start_profile HTTP/1.1" 200 OK
+[2026-12-04 19:23:54] Stop profiling...
+[2026-12-04 19:23:55] Decode batch, #running-req: 36, #token: 7400, token usage: 0.23, accept len: 1.00, cuda graph: True
+[2026-12-04 19:24:40] Profiling starts. Traces will be saved to: /tmp/t/stack (with profile id: 1796412247.537607)
+"""
+
+
+def test_the_decode_lines_around_a_profile_bracket_the_traced_steps_context(trace_steps):
+    pid = trace_steps.profile_id("/x/nostack/1796412234.684371-TP-0.trace.json.gz")
+    assert pid == "1796412234.684371"
+    assert trace_steps.kv_around_profile(PROFILED_LOG, pid) == {"before": (36, 3800), "after": (36, 7400)}
+    # the later profile has no decode line after it; a profile id the log lacks gives None
+    assert trace_steps.kv_around_profile(PROFILED_LOG, "1796412247.537607") == {"before": (36, 7400), "after": None}
+    assert trace_steps.kv_around_profile(PROFILED_LOG, "1796412999.1") is None
+
+
+def test_the_command_line_prints_both_servers_context_beside_the_comparison(trace_steps, tmp_path, capsys, monkeypatch):
+    import gzip
+    import json
+
+    trace = tmp_path / "1796412234.684371-TP-0.trace.json.gz"
+    base = tmp_path / "1796412208.2019176-TP-0.trace.json.gz"
+    for path in (trace, base):
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": graph(1, 0) + graph(2, 1050)}, f)
+    log = tmp_path / "dyn.log"
+    log.write_text(PROFILED_LOG)
+    base_log = tmp_path / "base.log"
+    base_log.write_text(PROFILED_LOG.replace("3800", "701").replace("7400", "4301")
+                        .replace("1796412234.684371", "1796412208.2019176"))
+    monkeypatch.setattr("sys.argv", ["trace_steps.py", str(trace), str(base), "--log", str(log), "--base-log", str(base_log)])
+    trace_steps.main()
+    out = capsys.readouterr().out
+    assert "context: the server's decode lines around the profile: before 3800 KV tokens at 36 running, " \
+           "after 7400 KV tokens at 36 running" in out
+    assert "baseline's context: the server's decode lines around the profile: before 701 KV tokens" in out
