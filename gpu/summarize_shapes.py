@@ -21,12 +21,17 @@ def name(r):
     return label if r["attention_backend"] == "triton" else f"{label}@{r['attention_backend']}"
 
 
-def stock_of(n, profiles):
-    """The stock worker beside dyn server n: the server of profile eagle3-v2 (eagle3 for a v1 dyn)
-    on n's backend, whatever its label."""
+def stock_of(n, profiles, flagged, present):
+    """The stock worker beside dyn server n among the servers `present` at the level: of profile
+    eagle3-v2 (eagle3 for a v1 dyn) on n's backend, started without extra server flags (upstream's
+    adaptive mode runs as profile eagle3-v2 with a flag: not the stock worker), whatever its label;
+    of several, the one labelled as its profile; None where there is none or no telling which."""
     stock = "eagle3-v2" if "v2" in profiles[n] else "eagle3"
     backend = n.partition("@")[2]
-    return next((m for m, p in sorted(profiles.items()) if p == stock and m.partition("@")[2] == backend), None)
+    same = [m for m in present if profiles[m] == stock and m.partition("@")[2] == backend and m not in flagged]
+    if len(same) > 1:
+        same = [m for m in same if m.partition("@")[0] == stock]
+    return same[0] if len(same) == 1 else None
 
 
 def tables(records):
@@ -34,6 +39,7 @@ def tables(records):
     profiled = defaultdict(set)   # (key, c, name) -> the profiled_before values seen
     meta = {}
     profiles = {}   # name -> profile: a baseline or a stock worker may carry any label
+    flagged = set()  # names of servers started with extra flags
     for r in records:
         if "out_tok_per_s" not in r:
             continue
@@ -42,6 +48,8 @@ def tables(records):
         profiled[key, r["conc"], name(r)].add(r.get("profiled_before"))
         meta[key] = (r["arch"], r["tp_size"], r.get("threshold"))
         profiles[name(r)] = r["profile"]
+        if r.get("extra_flags"):
+            flagged.add(name(r))
 
     def mark(key, c, a, b):
         seen = profiled[key, c, a] | profiled[key, c, b]
@@ -75,7 +83,7 @@ def tables(records):
             dyn = [n for n in names if "-dyn" in profiles[n] and n in med]
             vs_base = ", ".join(f"{n}: {med[n] / med[best]:.3f}{mark(key, c, n, best)}"
                                 for n in dyn) if best else "-"
-            stocks = {n: stock_of(n, profiles) for n in dyn}
+            stocks = {n: stock_of(n, profiles, flagged, med) for n in dyn}
             vs_stock = ", ".join(f"{n}: {med[n] / med[stocks[n]]:.3f}{mark(key, c, n, stocks[n])}"
                                  for n in dyn if stocks[n] in med)
             out.append(f"| {c} | " + " | ".join(cells) + f" | {vs_base} | {vs_stock or '-'} |")

@@ -69,3 +69,17 @@ def test_a_group_mixing_fixed_thresholds_and_auto_gets_its_table(summarize):
     table = summarize.tables(records)
     assert "dyn threshold [64, 'auto']" in table
     assert "| 16 | 97 | 100 |" in table
+
+
+def test_a_stock_profile_with_extra_flags_is_not_the_own_stock_when_the_plain_one_runs(summarize):
+    """0.5.17's plans run upstream's adaptive mode as profile eagle3-v2 labelled eagle3-v2-adaptive
+    beside plain stock: dyn is compared with the plain one; alone, the adaptive one is no stock."""
+    def server(label, profile, tok_s, flags=()):
+        return dict(rec(label, 64, tok_s, 1), profile=profile, extra_flags=list(flags))
+
+    both = [server("baseline", "baseline", 100.0), server("eagle3-v2", "eagle3-v2", 50.0),
+            server("eagle3-v2-adaptive", "eagle3-v2", 80.0, ["--speculative-adaptive"]),
+            server("eagle3-v2-dyn", "eagle3-v2-dyn", 99.0)]
+    assert "| eagle3-v2-dyn: 1.980 |" in summarize.tables(both)
+    alone = [both[0], both[2], both[3]]
+    assert summarize.tables(alone).splitlines()[-1].endswith("| eagle3-v2-dyn: 0.990 | - |")
