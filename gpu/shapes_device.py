@@ -560,7 +560,10 @@ def profile_answer_tokens(srv, concurrency):
     """How long the profiled requests' answers are. At low load the steps are short, so longer
     answers keep the load up until the profiled steps have run; never longer than the target's
     context leaves after a prompt (the tiny pairs have 4,096 positions: a 6,000-token answer
-    is refused with 400 and no trace is taken)."""
+    is refused with 400 and no trace is taken). SGLang admits a request only while the KV pool can
+    hold its whole answer, so a group's kv_tokens caps the traced batch: with 32768 tokens and
+    900-token answers the c=64 profiles ran 35-36 requests, 28 waiting (plain-at-baseline section 8);
+    shorter answers would end before the profiled steps on a 5 ms step."""
     wanted = 900 if concurrency >= 16 else 6000
     return max(64, min(wanted, target_context(srv, wanted + 1024) - 1024))
 
