@@ -259,7 +259,7 @@ def start_order(servers):
     the others, not after them. In the two calls of docs/evidence/auto-threshold/4-gpu-bound and
     5-low-load-spread every auto server started last and ran 3-5 % under the fixed servers at the
     same side, so the start order was a confound; alternating takes it out."""
-    autos = [srv for srv in servers if str(srv.threshold_label).startswith("auto")]
+    autos = [srv for srv in servers if srv.threshold_label == "auto" or srv in auto_variants(servers)]
     others = [srv for srv in servers if srv not in autos]
     order = []
     for k in range(max(len(autos), len(others))):
@@ -323,8 +323,9 @@ async def main():
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
         try:
-            say("start order:", [srv.label for srv in start_order(servers)])
-            await shapes_device.start_servers(start_order(servers), False, 2)
+            starts = start_order(servers)
+            say("start order:", [srv.label for srv in starts])
+            await shapes_device.start_servers(starts, False, 2)
             health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
             say("live:", [srv.label for srv in live])
