@@ -162,6 +162,7 @@ def _render(host_spec, profile, overrides, for_start: bool, check_patches: bool 
                       f"no process holds GPU memory ({launch.nvidia_smi}; skipped if absent)"]
             if launch.requires_patchsets and check_patches:
                 checks.append(f"patchset(s) applied: {', '.join(launch.requires_patchsets)}")
+                checks += [f"{path} written by them" for path in launch.requires_patched_files]
             checks += [f"{need['what']} {need['path']} exists" for need in server.required_paths(host, launch)]
             report.note(f"# dry run: would check {'; '.join(checks)}; then start and wait for "
                         f"{launch.health_endpoint} + {len(launch.expected_log_lines())} log line(s). Nothing started.")

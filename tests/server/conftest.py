@@ -91,6 +91,11 @@ def test_profiles(tmp_path_factory):
         "fake-print": ('tp_size = 2\nflags = ["--tp", "{tp_size}", "--rank-line", "print-lines fixture: on every rank", '
                        '"--rank-line", "Load weight end", "--line-of-rank", "1", "print-lines fixture: only rank 1"]\n',
                        'rank_log_lines = ["Load weight end"]\n'),
+        # A feature that only some releases' diffs carry: the file print-lines writes, and one it does not
+        "fake-needs-file": ('requires_patchsets = ["print-lines"]\n'
+                            'requires_patched_files = ["sglang/srt/utils/auth.py"]\n', ""),
+        "fake-needs-other-file": ('requires_patchsets = ["print-lines"]\n'
+                                  'requires_patched_files = ["sglang/srt/speculative/dyn_disable_native.py"]\n', ""),
         # A server that turns the patch's feature down: the line the profile waits for never comes
         "fake-refused": ('tp_size = 2\nflags = ["--tp", "{tp_size}", "--rank-line", '
                          '"print-lines fixture: refused (a stand-in reason); the feature stays off"]\n',

@@ -121,3 +121,22 @@ def test_a_server_that_turns_the_patch_down_fails_fast_with_its_reason(patched_c
     assert ("the server runs without what the profile needs, it logged: "
             "print-lines fixture: refused (a stand-in reason); the feature stays off") in " ".join(out.split())
     assert "not ready after 120s" not in out
+
+
+def test_a_profile_needing_a_file_the_applied_diffs_do_not_write_is_refused_before_it_starts(patched_cli):
+    """`requires_patched_files` (eagle3-v2-dyn-native: the module only dyn-disable's 0.5.11 diffs add):
+    checked against what the applied patchsets wrote on the host, before anything runs."""
+    cli = patched_cli
+    assert cli("patch", "apply", "print-lines", "--host", "pl").returncode == 0
+    refused = cli("server", "start", "fake-needs-other-file", "--host", "pl", "--timeout", "60")
+    out = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode != 0
+    assert ("profile fake-needs-other-file needs sglang/srt/speculative/dyn_disable_native.py, which the "
+            "patchset(s) applied for sglang 0.5.11 (print-lines) do not write") in out, out
+    assert "Traceback" not in out
+    status = cli("server", "status", "--host", "pl", "--json")
+    assert '"pid"' not in status.stdout, status.stdout          # nothing was started
+    planned = cli("server", "start", "fake-needs-other-file", "--host", "pl", "-n")
+    assert planned.returncode == 0 and "sglang/srt/speculative/dyn_disable_native.py written by them" in planned.stderr
+    started = cli("server", "start", "fake-needs-file", "--host", "pl", "--timeout", "60")
+    assert started.returncode == 0, started.stdout + started.stderr

@@ -30,7 +30,8 @@ from toolkit.core.inventory import Host
 KINDS = ("sglang", "transformers-serve", "command")
 TOP_LEVEL_KEYS = {
     "summary", "extends", "kind", "model", "draft_model", "draft_model_required", "tp_size", "port",
-    "bind", "flags", "env", "ready", "requires_patchsets", "dyn_threshold", "dyn_hysteresis", "command",
+    "bind", "flags", "env", "ready", "requires_patchsets", "requires_patched_files", "dyn_threshold",
+    "dyn_hysteresis", "command",
 }
 READY_KEYS = {"endpoint", "log_lines", "rank_log_lines"}
 HOST_SERVER_KEYS = {"model", "draft_model", "bind", "port", "tp_size", "env_file", "flags", "env",
@@ -64,6 +65,7 @@ class LaunchPlan:
     log_lines: list[str]
     rank_log_lines: list[str]
     requires_patchsets: list[str]
+    requires_patched_files: list[str]   # package files the applied patchsets must have written
     dyn_threshold: int | str | None   # "auto": the patch's controller finds it
     dyn_hysteresis: int | None
     venv: str | None
@@ -324,6 +326,9 @@ def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = N
                                    f"that file as `env_file` in the host's [server] table (it is sourced, never copied)")
             env[key] = _fill(value, values, f"env {key}")
 
+    if profile.get("requires_patched_files") and not profile.get("requires_patchsets"):
+        raise ProfileError(f"profile {name}: requires_patched_files needs requires_patchsets (the patchsets "
+                           f"that write them, whose verify checks them)")
     ready = profile.get("ready", {})
     notes = []
     if not LOOPBACK.match(bind):
@@ -335,6 +340,7 @@ def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = N
         log_lines=[_fill(t, values, "ready.log_lines") for t in ready.get("log_lines", [])],
         rank_log_lines=[_fill(t, values, "ready.rank_log_lines") for t in ready.get("rank_log_lines", [])],
         requires_patchsets=list(profile.get("requires_patchsets", [])),
+        requires_patched_files=list(profile.get("requires_patched_files", [])),
         dyn_threshold=threshold, dyn_hysteresis=hysteresis, venv=venv,
         server_dir=posixpath.join(host.toolkit_state_dir, "server", name),
         summary=profile.get("summary", ""), nvidia_smi=str(server.get("nvidia_smi", "nvidia-smi")),

@@ -304,6 +304,14 @@ def _check_patchsets(host: Host, launch: profiles.LaunchPlan, note: Callable[[st
     if not result.ok:
         raise ServerRefused(f"{host.name}: the installed package has drifted from its patch state; "
                             f"see: invoke patch verify --host {host.name}")
+    patched = {row.path for row in result.files if row.status == "patched"}
+    absent = [path for path in launch.requires_patched_files if path not in patched]
+    if absent:
+        # a feature that only some releases' diffs carry (e.g. dyn-disable's native plain path, 0.5.11)
+        raise ServerRefused(
+            f"{host.name}: profile {launch.profile} needs {', '.join(absent)}, which the patchset(s) applied for "
+            f"{result.package} {result.version} ({', '.join(result.stack)}) do not write; `invoke patch list` shows "
+            f"each release's diffs; pick a profile without it (invoke server profiles)")
     note(f"{host.name}: patchset(s) {', '.join(launch.requires_patchsets)} applied and verified")
     return []
 
