@@ -62,8 +62,9 @@ SERVERS = {
     "eagle3-dyn": ("eagle3-dyn", {}),
     "eagle3-v2-dyn-nc": ("eagle3-v2-dyn", NC_ENV),
     "eagle3-dyn-nc": ("eagle3-dyn", NC_ENV),
-    # the native plain path (issue #34), writing the draft's KV and skipping it: opt-in (--servers)
-    "eagle3-v2-dyn-native": ("eagle3-v2-dyn-native", {}),
+    # the native plain path (issue #34), writing the draft's KV, skipping it, deferring it (the
+    # product profile's own setting): opt-in (--servers)
+    "eagle3-v2-dyn-native": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "write"}),
     "eagle3-v2-dyn-native-skip": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}),
     "eagle3-v2-dyn-native-defer": ("eagle3-v2-dyn-native", {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "defer"}),
 }

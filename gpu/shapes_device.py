@@ -56,9 +56,10 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   A server runs in its own folder (its launch script's), so a file of this checkout is named
   "{checkout}/gpu/plans/..." in a flag or env value.
 Profiles: the product's (profiles/*.toml: baseline; eagle3, the v1 tree; eagle3-dyn; eagle3-v2;
-eagle3-v2-dyn) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, the same with
-SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0; eagle3-v2-dyn-native, the same with
-SGLANG_SPEC_DISABLE_PLAIN_PATH=native: plain steps as a non-speculative batch, 0004, issue #34), launched through gpu/lab_launch.py as `invoke server start`
+eagle3-v2-dyn; eagle3-v2-dyn-native, plain steps as a non-speculative batch with
+SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer, 0004, issue #34: a plan server sets write or skip in its
+env) and the lab's (gpu/profiles/: eagle3-v2-dyn-full, eagle3-v2-dyn with
+SGLANG_SPEC_DISABLE_DRAFT_KV_ONLY=0), launched through gpu/lab_launch.py as `invoke server start`
 launches them, with the plan's settings as overrides. Config-only pairs (big, huge, kimi, kimideep, tinymla)
 load with --load-format dummy; on them the speculative servers run SGLANG_SIMULATE_ACC_LEN
 (default 2.6) so acceptance is that of a trained draft.

@@ -1257,3 +1257,61 @@ def test_defer_is_taken_on_the_native_path_and_logged(system, monkeypatch, caplo
     with caplog.at_level(logging.WARNING):
         assert system.native.make_native(good, args) is None
     assert "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer needs SGLANG_SPEC_DISABLE_PLAIN_PATH=native" in caplog.text
+
+
+def test_the_native_profile_waits_for_what_the_native_path_logs_and_fails_fast_when_it_is_turned_down(
+        system, monkeypatch, caplog, tmp_path):
+    """`invoke server start eagle3-v2-dyn-native` at TP=8: its environment is one the patched code
+    takes (native, defer), every rank's start-up lines satisfy the readiness rule, and a server that
+    turns the native path down (here: the overlap scheduler off) logs a line that the host side's
+    `[logs] refuse` matching finds, so the start fails at once with the reason instead of waiting
+    for a line that never comes. The log lines are the patched modules' own."""
+    from toolkit.core.inventory import Host
+    from toolkit.hostside import server_ctl
+    from toolkit.server import server
+
+    host = Host(name="gpu", address="gpu.example", venv="/opt/venv", gpus=8,
+                server={"model": "/m/target", "draft_model": "/m/draft", "tp_size": 8})
+    plan = server.plan(host, "eagle3-v2-dyn-native", {"dyn_threshold": 12})
+    assert plan.requires_patched_files == [NATIVE]
+    assert system.native.plain_path_from_env(plan.env) == "native"
+    assert system.native.plain_draft_kv_from_env(plan.env) == "defer"
+    for key, value in plan.env.items():
+        monkeypatch.setenv(key, value)
+    switch = system.policy.SpecSwitch(system.policy.config_from_env(plan.env))
+    worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    serving = types.SimpleNamespace(page_size=1, disaggregation_mode="null", disable_overlap_schedule=False)
+
+    def logged(server_args):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            path = system.native.make_native(worker, server_args)
+        return path, [switch.startup_message(), *(r.getMessage() for r in caplog.records)]
+
+    def log_of(lines):
+        rows = [f"[2026-12-04 10:00:0{rank} TP{rank}] {text}" for rank in range(8)
+                for text in ["Load weight end", *lines]]
+        rows += [f"[2026-12-04 10:00:09] {text}" for text in plan.log_lines]   # SGLang's own, once
+        path = tmp_path / "server.log"
+        path.write_text("\n".join(rows) + "\n")
+        return path
+
+    prefixes = server.log_prefixes()
+    record = {"log_lines": plan.log_lines, "rank_log_lines": plan.rank_log_lines, "tp_size": 8,
+              "patch_stack": ["dyn-disable"], **prefixes}
+    path, lines = logged(serving)
+    assert isinstance(path, system.native.NativePlainPath) and path.defer_draft_prefill
+    assert server_ctl._missing_lines(log_of(lines), record) == []
+
+    turned_down, lines = logged(types.SimpleNamespace(**{**vars(serving), "disable_overlap_schedule": True}))
+    assert turned_down is None
+    log = log_of(lines)
+    missing = server_ctl._missing_lines(log, record)
+    assert missing == [f"TP{rank}: Dynamic speculation disable: native plain path "
+                       f"(SGLANG_SPEC_DISABLE_PLAIN_PATH=native)" for rank in range(8)]
+    refused = server_ctl._print_lines(log, record, kind="refuse_prefixes")
+    assert [rank for rank, _ in refused] == list(range(8))
+    assert all("native not supported with the overlap scheduler off" in text for _, text in refused)
+    # the step-path profile is not held to it: the same log is ready for eagle3-v2-dyn
+    step = server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": 12})
+    assert server_ctl._missing_lines(log, {**record, "rank_log_lines": step.rank_log_lines}) == []

@@ -200,7 +200,7 @@ def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
     import tomllib
     root = pathlib.Path(__file__).resolve().parents[2]
 
-    def profile(name):   # the product's profiles, and the lab's (gpu/profiles: eagle3-v2-dyn-native)
+    def profile(name):   # the product's profiles, and the lab's (gpu/profiles)
         path = root / "profiles" / f"{name}.toml"
         p = tomllib.loads((path if path.exists() else root / "gpu" / "profiles" / f"{name}.toml").read_text())
         base = profile(p["extends"]) if "extends" in p else {"flags": [], "env": {}}
@@ -216,14 +216,15 @@ def test_servers_carry_the_flags_and_env_of_the_toolkits_profiles():
             i = cmd.index(flags[k])
             assert cmd[i + 1] == flags[k + 1], (label, flags[k])
         assert cmd[len(cmd) - cmd[::-1].index("--decode-log-interval")] == "1"  # the last one wins
-        for key, value in want["env"].items():
+        for key, value in {**want["env"], **ad.SERVERS[label][1]}.items():   # the driver's env wins
             if key == "SGLANG_SPEC_DISABLE_THRESHOLD":
                 assert srv.env_shown[key] == "8"
             elif key != "SGLANG_SPEC_DISABLE_HYSTERESIS":  # left to the patch's default
                 assert srv.env_shown[key] == value, (label, key)
         assert srv.env_shown.get("SGLANG_SPEC_DISABLE_DEBUG_SKIP_DRAFT_KV") == ("1" if label.endswith("-nc") else None)
-        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV") == (
-            label.rsplit("-", 1)[1] if label.endswith(("-skip", "-defer")) else None)
+        assert srv.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV") == (   # the product profile's defer
+            None if "native" not in label else label.rsplit("-", 1)[1] if label.endswith(("-skip", "-defer"))
+            else "write")
         assert srv.meta()["plain_path"] == ("native" if "native" in label else "step" if "dyn" in label else None)
         assert srv.env_shown["TRITON_CACHE_DIR"] == srv.triton_dir == f"/tmp/triton-{label}"
     # every worker's three servers exist; the default run is the seven servers it always was

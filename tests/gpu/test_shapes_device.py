@@ -48,8 +48,11 @@ def test_the_native_profile_runs_the_v2_dyn_server_with_the_native_plain_path(sh
     meta = native.meta()
     assert (meta["plain_path"], meta["threshold"], meta["draft_kv_only"], meta["attention_backend"]) == (
         "native", 12, True, "flashinfer")
-    assert meta["plain_draft_kv"] == "write"
+    assert meta["plain_draft_kv"] == "defer"   # the product profile's setting
     assert shapes.Server(GROUP, shapes.profile_spec("baseline"), 0, 12).meta()["plain_path"] is None
+    write = shapes.Server(GROUP, {"profile": "eagle3-v2-dyn-native", "label": "eagle3-v2-dyn-native",
+                                  "env": {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "write"}}, 5, 12)
+    assert write.env["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"] == "write" and write.meta()["plain_draft_kv"] == "write"
     skip = shapes.Server(GROUP, {"profile": "eagle3-v2-dyn-native", "label": "eagle3-v2-dyn-native-skip",
                                  "env": {"SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}}, 5, 12)
     assert skip.env["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"] == "skip" and skip.meta()["plain_draft_kv"] == "skip"
