@@ -212,8 +212,13 @@ def parse_variants(text):
     return out
 
 
-def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=()):
-    """Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
+DYN_PROFILES = ("eagle3-v2-dyn", "eagle3-v2-dyn-native")   # the plain step path, the native one (defer)
+
+
+def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=(),
+                 dyn_profile="eagle3-v2-dyn"):
+    """The fixed-threshold and auto servers all run `dyn_profile`, so that a sweep compares
+    thresholds on one plain path. Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
     core at 100 %), and six idle servers beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
     resident). The scheduler sleeps only when it has no request at all (Scheduler.on_idle), and a
@@ -226,7 +231,7 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
         label = "auto" if threshold == "auto" else f"fixed-{threshold}"
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
         # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
-        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": pair, "env": env,
+        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env,
                 "flags": ["--sleep-on-idle"]}
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
@@ -234,7 +239,7 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
     # the judged auto server stays last (main() takes servers[-1]); variants go before it
     for label, knob_env in variants:
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env}
-        spec = {"profile": "eagle3-v2-dyn", "label": label, "pair": pair, "env": env,
+        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env,
                 "flags": ["--sleep-on-idle"]}
         srv = shapes_device.Server(group, spec, len(servers), "auto")
         srv.threshold_label = label
@@ -295,6 +300,9 @@ async def main():
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
                          "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS)")
+    ap.add_argument("--dyn-profile", choices=DYN_PROFILES, default="eagle3-v2-dyn",
+                    help="the profile of the fixed and auto servers: eagle3-v2-dyn (plain steps inside a "
+                         "speculative batch) or eagle3-v2-dyn-native (plain steps as a non-speculative batch, defer)")
     a = ap.parse_args()
     try:
         variants = parse_variants(a.auto_variants)
@@ -312,7 +320,8 @@ async def main():
     levels = [int(c) for c in a.levels.split(",")]
     prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens, pair=a.pair)
     servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline,
-                           pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants)
+                           pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants,
+                           dyn_profile=a.dyn_profile)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
     auto = servers[-1]

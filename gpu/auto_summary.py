@@ -61,7 +61,13 @@ def workload_summary(records, name):
             entry["auto_over_best_static"] = (round(entry["auto"] / entry["best_static"], 4)
                                               if entry["auto"] is not None and entry["best_static"] > 0 else None)
         levels[level] = entry
-    return {"name": name, "levels": levels}
+    out = {"name": name, "levels": levels}
+    # the plain path the threshold servers ran (auto_device --dyn-profile); records before it had no key
+    paths = sorted({r["plain_path"] for r in records
+                    if r.get("workload") == name and r.get("threshold") != "none" and r.get("plain_path")})
+    if paths and paths != ["step"]:
+        out["plain_path"] = "/".join(paths)
+    return out
 
 
 def _replicates(fixed, c):

@@ -112,6 +112,29 @@ def test_a_config_only_pair_simulates_acceptance_on_the_dyn_servers_only(driver)
     assert all(srv.meta()["pair"] == "big" for srv in servers)
 
 
+def test_the_native_plain_path_runs_on_every_threshold_server_and_only_there(driver, monkeypatch, tmp_path):
+    """--dyn-profile eagle3-v2-dyn-native: the fixed and auto servers (variants included) all take
+    the native path with defer, so the sweep compares thresholds on one plain path; the baseline
+    stays the target alone, and every record says which path ran."""
+    servers = driver.make_servers([2, 64], 0.12, pair="big", variants=driver.parse_variants("probe=0.0001"),
+                                  dyn_profile="eagle3-v2-dyn-native")
+    by_label = {srv.label: srv for srv in servers}
+    for label in ("fixed-2", "fixed-64", "auto", "auto-probe0.0001"):
+        env = by_label[label].plan.env
+        assert (env["SGLANG_SPEC_DISABLE_PLAIN_PATH"], env["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"]) == ("native", "defer")
+        assert (by_label[label].meta()["plain_path"], by_label[label].meta()["plain_draft_kv"]) == ("native", "defer")
+    assert by_label["auto"].plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "auto"
+    assert "SGLANG_SPEC_DISABLE_PLAIN_PATH" not in by_label["baseline"].plan.env
+    assert by_label["baseline"].meta()["plain_path"] is None
+    step = {srv.label: srv for srv in driver.make_servers([2], 0.12, pair="big")}
+    assert step["auto"].meta()["plain_path"] == "step"   # the default stays the step path
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(tmp_path), "--workload", "sim", "--pair", "big",
+                                     "--dyn-profile", "eagle3-v2-dyn-full"])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(driver.main())
+    assert stop.value.code == 2 and not any(tmp_path.iterdir())   # refused before anything started
+
+
 def test_the_bursty_rounds_run_auto_first_and_rotate_the_others(driver):
     """The second acc-1.6 call ran out of budget after the fixed servers' traces and before auto's:
     auto now goes first in every bursty round."""

@@ -107,3 +107,15 @@ def test_auto_variants_are_reported_beside_and_never_taken_for_a_fixed_threshold
     entry = summary.workload_summary(records, "sim")["levels"]["1"]
     assert entry["best_fixed_threshold"] == 64 and entry["auto_over_best"] == 0.9
     assert entry["auto_variants"] == {"auto-probe0.0001": 590.0}
+
+
+def test_a_workload_run_on_the_native_plain_path_says_so_and_a_step_path_one_stays_as_it_was(summary):
+    """auto_device --dyn-profile eagle3-v2-dyn-native: the part (and the merged summary) names the
+    plain path its threshold servers ran, so it is never read as a step-path workload."""
+    native = [{**rec("sim-native", "16", t, v), "plain_path": "native"} for t, v in ((64, 600.0), ("auto", 590.0))]
+    baseline = {**rec("sim-native", "16", "none", 610.0), "server": "baseline", "plain_path": None}
+    part = summary.workload_summary(native + [baseline], "sim-native")
+    assert part["plain_path"] == "native" and part["levels"]["16"]["auto_over_best"] == 0.9833
+    assert summary.merge([part])["workloads"][0]["plain_path"] == "native"
+    step = [{**rec("sim", "16", 64, 600.0), "plain_path": "step"}, rec("sim", "16", "auto", 590.0)]
+    assert "plain_path" not in summary.workload_summary(step, "sim")
