@@ -1315,3 +1315,26 @@ def test_the_native_profile_waits_for_what_the_native_path_logs_and_fails_fast_w
     # the step-path profile is not held to it: the same log is ready for eagle3-v2-dyn
     step = server.plan(host, "eagle3-v2-dyn", {"dyn_threshold": 12})
     assert server_ctl._missing_lines(log, {**record, "rank_log_lines": step.rank_log_lines}) == []
+
+
+@pytest.mark.parametrize("setting", [None, "write", "skip", "defer"])
+def test_server_info_says_which_plain_path_the_server_took(system, tree, monkeypatch, setting):
+    """/server_info's dyn_spec_disable (the patched statements of scheduler.py, run as they are):
+    `plain_path` is "native" only where the native path was taken, with the draft's upkeep setting
+    beside it; a step-path server says "step". invoke bench records and watch read these fields."""
+    from tests.dyn.test_counters import patched_statements
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dyn_disable_native", system.native)
+    if setting is not None:
+        monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_PATH", "native")
+        monkeypatch.setenv("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", setting)
+    worker = types.SimpleNamespace(dyn_disable=system.worker.dyn_disable, _dyn_draft_kv_only=True)
+    serving = types.SimpleNamespace(page_size=1, disaggregation_mode="null", disable_overlap_schedule=False)
+    native = system.native.make_native(worker, serving)
+    assert (native is None) == (setting is None)
+    namespace = {"self": types.SimpleNamespace(draft_worker=worker, dyn_native=native), "ret": {}}
+    exec(patched_statements(tree / SCHEDULER), namespace)
+    got = namespace["ret"]["dyn_spec_disable"]
+    assert got["threshold"] == system.worker.dyn_disable.config.threshold    # 0001's counters stay
+    want = {"plain_path": "step"} if setting is None else {"plain_path": "native", "plain_draft_kv": setting}
+    assert {k: got[k] for k in ("plain_path", "plain_draft_kv") if k in got} == want
