@@ -64,6 +64,18 @@ def test_an_sglang_dyn_server_reports_its_own_config(fake_server):
     assert got["avg_spec_accept_length"] == 2.4 and got["version"] == "0.5.11"
 
 
+def test_a_dyn_server_on_the_native_plain_path_says_so_in_the_record(fake_server):
+    # /server_info of a 0.5.11 server with the native-path diff (0004): the record keeps which plain
+    # path ran, so eagle3-v2-dyn and eagle3-v2-dyn-native records never group as one configuration
+    native = {**DYN, "plain_path": "native", "plain_draft_kv": "defer"}
+    server = fake_server(chunks=4, server_info=sglang_info.server_info({"tp_size": 8, **EAGLE3_V1}, dyn=native))
+    got = bench_once(server.base_url, "eagle3-v2-dyn-native", {"dyn_disable": {"threshold": 8, "hysteresis": 2}})
+    assert got["dyn_disable"] == {"threshold": 5, "hysteresis": 1, "plain_path": "native", "plain_draft_kv": "defer"}
+    assert got["config_source"]["dyn_disable"] == "server_info"
+    step = serverconfig.describe(sglang_info.server_info({}, dyn={**DYN, "plain_path": "step"}), None)
+    assert step["dyn_disable"] == {"threshold": 5, "hysteresis": 1, "plain_path": "step"}
+
+
 def test_the_scheduler_copy_of_the_server_args_wins_over_the_http_process_copy():
     # SGLang may settle the backend in the scheduler process (model-specific defaults)
     info = sglang_info.server_info({"attention_backend": "triton", "tp_size": 8},

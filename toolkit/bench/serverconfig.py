@@ -4,8 +4,9 @@ Every record's `server` carries: `attention_backend`, `tp_size`, `architecture`,
 speculative settings (`speculative_algorithm`, `speculative_num_steps`,
 `speculative_eagle_topk`, `speculative_num_draft_tokens`, `speculative_adaptive`: SGLang's own
 per-batch-size step choice, `--speculative-adaptive`) and `dyn_disable`
-(`{"threshold": T, "hysteresis": H}` while the dyn-disable patch is active, "off" when it is
-known not to be, null when unknown), and `config_source`: where each value came from.
+(`{"threshold": T, "hysteresis": H}` while the dyn-disable patch is active, with `plain_path` ("step"
+or "native") and on the native path `plain_draft_kv` where the server reports them, "off" when it
+is known not to be, null when unknown), and `config_source`: where each value came from.
 
 Sources, best first:
 - `server_info`: SGLang's `GET /server_info`: its server args (what the scheduler really ran
@@ -22,6 +23,7 @@ from typing import Any
 
 SPECULATIVE_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
                     "speculative_num_draft_tokens", "speculative_adaptive")
+PLAIN_PATH_KEYS = ("plain_path", "plain_draft_kv")   # dyn_spec_disable fields of the native-path diff
 CONFIG_KEYS = ("attention_backend", "tp_size", "architecture", *SPECULATIVE_KEYS, "dyn_disable")
 
 # profile flag -> key (values as SGLang's CLI takes them)
@@ -108,7 +110,9 @@ def describe(server_info: dict | None, model_info: dict | None, fallback: dict |
                 take("attention_backend", f"decode={decode}, prefill={prefill}", "server_info")
         dyn = scheduler.get("dyn_spec_disable")
         if isinstance(dyn, dict) and dyn.get("threshold") is not None:
-            take("dyn_disable", {"threshold": dyn.get("threshold"), "hysteresis": dyn.get("hysteresis")},
+            # the plain path and its draft upkeep where the server reports them (0.5.11 with 0004)
+            take("dyn_disable", {"threshold": dyn.get("threshold"), "hysteresis": dyn.get("hysteresis"),
+                                 **{key: dyn[key] for key in PLAIN_PATH_KEYS if dyn.get(key) is not None}},
                  "server_info")
         elif "speculative_algorithm" in scheduler or "speculative_algorithm" in server_info:
             # a server that reports its state but no dyn_spec_disable: the patch is not active
