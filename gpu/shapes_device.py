@@ -50,6 +50,9 @@ sweep: each level a fixed number of requests of exact input length (token ids) a
   rounds until group NAME has finished (e.g. a check group on the same GPU).
   "smoke": true runs the toolkit's smoke (toolkit/check/smoke.py, as `invoke smoke` does) on every
   server with the checks, its burst sized for the server's threshold.
+  "sleep_on_idle": true starts every server of the group with --sleep-on-idle: an idle 0.5.11
+  scheduler busy-polls (one core at 100 %), which puts host noise into the measured server's
+  host-bound steps (c=1 above all); auto_device.py's servers run with it for that reason.
   A profile entry may be an object: {"profile": "eagle3-v2", "label": "eagle3-v2-adaptive",
   "flags": [...], "env": {...}, "site_first": "/tmp/noisy"} (a stock profile with extra server
   flags, e.g. upstream's --speculative-adaptive, or on a changed sglang put first on the path).
@@ -151,6 +154,8 @@ class Server(dyn_device.Server):
         if kv is not None:  # None: the KV cache sized from the memory fraction alone
             lab_flags += ["--max-total-tokens", str(kv)]
         lab_flags += ["--log-level", "info", "--decode-log-interval", "100", "--trust-remote-code"]
+        if group.get("sleep_on_idle"):
+            lab_flags += ["--sleep-on-idle"]
         if self.pair in CONFIG_ONLY:
             lab_flags += ["--load-format", "dummy"]
         env = {}

@@ -322,3 +322,20 @@ def test_sweeps_run_every_server_without_the_radix_cache_unless_the_group_keeps_
         srv = shapes.Server(group, shapes.profile_spec(profile), 0, 8)
         assert ("--disable-radix-cache" in srv.plan.argv) is off
         assert srv.meta()["radix_cache"] is (not off)
+
+
+def test_a_group_that_sleeps_on_idle_starts_every_server_with_the_flag(shapes):
+    """"sleep_on_idle": true (the dense-triton plan: its c=1 against stock): baselines, stock and dyn
+    servers alike get --sleep-on-idle, so no idle scheduler busy-polls beside the measured one; a
+    group without the key starts them as before."""
+    import json
+    from pathlib import Path
+
+    plan = json.loads((Path(__file__).resolve().parents[2] / "gpu" / "plans" /
+                       "native-plain-dense-triton-tp1-at-baseline-cost.json").read_text())
+    group = dict(plan["groups"][0], index=0)
+    servers = [shapes.Server(group, shapes.profile_spec(p), k, plan["threshold"]) for k, p in enumerate(group["profiles"])]
+    assert {s.profile for s in servers} == {"baseline", "eagle3-v2", "eagle3-v2-dyn-native"}
+    assert all(s.cmd.count("--sleep-on-idle") == 1 for s in servers)
+    plain = shapes.Server({k: v for k, v in group.items() if k != "sleep_on_idle"}, shapes.profile_spec("baseline"), 0, 8)
+    assert "--sleep-on-idle" not in plain.cmd
