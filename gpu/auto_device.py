@@ -218,35 +218,35 @@ DYN_PROFILES = ("eagle3-v2-dyn", "eagle3-v2-dyn-native")   # the plain step path
 def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=(),
                  dyn_profile="eagle3-v2-dyn"):
     """The fixed-threshold and auto servers all run `dyn_profile`, so that a sweep compares
-    thresholds on one plain path. Every server with --sleep-on-idle: an idle 0.5.11 scheduler busy-polls its sockets (one
-    core at 100 %), and six idle servers beside the measured one put host noise into its
+    thresholds on one plain path. Every server with --sleep-on-idle (the group's sleep_on_idle):
+    an idle 0.5.11 scheduler busy-polls its sockets (one core at 100 %), and six idle servers
+    beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
     resident). The scheduler sleeps only when it has no request at all (Scheduler.on_idle), and a
     request wakes its poll at once, so a measured server runs as without the flag."""
     import shapes_device
     group = {"name": "auto", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
-             "mem": mem, "kv_tokens": kv_tokens, "max_running": 64, "pair": pair, "acc_len": acc_len}
+             "mem": mem, "kv_tokens": kv_tokens, "max_running": 64, "pair": pair, "acc_len": acc_len,
+             "sleep_on_idle": True}
     servers = []
     for k, threshold in enumerate([*fixed, "auto"]):
         label = "auto" if threshold == "auto" else f"fixed-{threshold}"
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
         # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
-        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env,
-                "flags": ["--sleep-on-idle"]}
+        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env}
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)
     # the judged auto server stays last (main() takes servers[-1]); variants go before it
     for label, knob_env in variants:
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env}
-        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env,
-                "flags": ["--sleep-on-idle"]}
+        spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env}
         srv = shapes_device.Server(group, spec, len(servers), "auto")
         srv.threshold_label = label
         servers.insert(len(servers) - 1, srv)
     if baseline:
         spec = {"profile": "baseline", "label": "baseline", "pair": pair,
-                "env": {"TRITON_CACHE_DIR": "/tmp/triton-baseline"}, "flags": ["--sleep-on-idle"]}
+                "env": {"TRITON_CACHE_DIR": "/tmp/triton-baseline"}}
         srv = shapes_device.Server(group, spec, len(servers), 0)
         srv.threshold_label = "none"
         servers.insert(0, srv)
@@ -264,7 +264,8 @@ def start_order(servers):
     the others, not after them. In the two calls of docs/evidence/auto-threshold/4-gpu-bound and
     5-low-load-spread every auto server started last and ran 3-5 % under the fixed servers at the
     same side, so the start order was a confound; alternating takes it out."""
-    autos = [srv for srv in servers if srv.threshold_label == "auto" or srv in auto_variants(servers)]
+    variants = auto_variants(servers)
+    autos = [srv for srv in servers if srv.threshold_label == "auto" or srv in variants]
     others = [srv for srv in servers if srv not in autos]
     order = []
     for k in range(max(len(autos), len(others))):

@@ -201,6 +201,7 @@ class Server(dyn_device.Server):
                 "plain_draft_kv": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", "write") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
+                "sleep_on_idle": bool(self.group.get("sleep_on_idle")),
                 "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group)}
 
     def describe(self):

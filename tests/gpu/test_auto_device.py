@@ -110,6 +110,9 @@ def test_a_config_only_pair_simulates_acceptance_on_the_dyn_servers_only(driver)
     assert by_label["baseline"].plan.env.get("SGLANG_SIMULATE_ACC_LEN") is None
     assert all(by_label[k].plan.env["SGLANG_SIMULATE_ACC_LEN"] == "1.6" for k in ("auto", "fixed-2", "fixed-64"))
     assert all(srv.meta()["pair"] == "big" for srv in servers)
+    # every server, the baseline included, sleeps on idle: one flag, recorded, not an "extra" flag
+    assert all(srv.cmd.count("--sleep-on-idle") == 1 and srv.meta()["sleep_on_idle"] for srv in servers)
+    assert all(srv.meta()["extra_flags"] == [] for srv in servers)
 
 
 def test_the_native_plain_path_runs_on_every_threshold_server_and_only_there(driver, monkeypatch, tmp_path):

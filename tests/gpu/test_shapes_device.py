@@ -212,6 +212,7 @@ def test_the_auto_trace_plan_alternates_auto_and_fixed_servers_that_start_as_the
     assert all(e["SGLANG_SIMULATE_ACC_LEN"] == "2.5" for e in env)
     assert set(group["torch_profile"]) == {"fixed-64-a", "auto-a"}
     assert len({s.port for s in servers}) == 4
+    assert all(s.cmd.count("--sleep-on-idle") == 1 and s.meta()["sleep_on_idle"] for s in servers)  # as run_auto.sh
 
 
 def test_prefill_profiles_run_profile_load_in_its_prefill_mode_at_each_concurrency(shapes, monkeypatch, tmp_path):
@@ -336,6 +337,6 @@ def test_a_group_that_sleeps_on_idle_starts_every_server_with_the_flag(shapes):
     group = dict(plan["groups"][0], index=0)
     servers = [shapes.Server(group, shapes.profile_spec(p), k, plan["threshold"]) for k, p in enumerate(group["profiles"])]
     assert {s.profile for s in servers} == {"baseline", "eagle3-v2", "eagle3-v2-dyn-native"}
-    assert all(s.cmd.count("--sleep-on-idle") == 1 for s in servers)
+    assert all(s.cmd.count("--sleep-on-idle") == 1 and s.meta()["sleep_on_idle"] for s in servers)
     plain = shapes.Server({k: v for k, v in group.items() if k != "sleep_on_idle"}, shapes.profile_spec("baseline"), 0, 8)
-    assert "--sleep-on-idle" not in plain.cmd
+    assert "--sleep-on-idle" not in plain.cmd and plain.meta()["sleep_on_idle"] is False
