@@ -202,7 +202,8 @@ class Server(dyn_device.Server):
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
                 "sleep_on_idle": bool(self.group.get("sleep_on_idle")),
-                "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group)}
+                "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group),
+                "env": dict(sorted(self.env_shown.items()))}
 
     def describe(self):
         return f"{self.name} port {self.port} gpus {self.group['gpus']}"

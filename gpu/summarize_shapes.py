@@ -9,11 +9,20 @@ FlashInfer), and of each dyn profile to its own stock worker on the same backend
 two servers differ in whether a torch profile had been taken of them before (records'
 "profiled_before") is marked with a dagger: round eight found two identical servers 26-28 %
 apart at c=1 that way (docs/evidence/dyn-disable-8/README.md).
+
+Where a plan runs two or more servers of one configuration (the same profile, pair, backend, TP size,
+threshold, release, env and flags under different labels: an A/A pair), a second table follows:
+each configuration's median over all its servers' rounds, how far apart its servers' own medians
+are (the spread a difference has to beat), and for every two such configurations the ratio of
+those medians with a 90 % bootstrap interval (rounds resampled within each server) and the range
+of the per-round ratios (rounds run in turns, so a round's ratio leaves out drift they share).
 """
 import json
+import random
 import statistics
 import sys
 from collections import defaultdict
+from itertools import combinations
 
 
 def name(r):
@@ -32,6 +41,79 @@ def stock_of(n, profiles, flagged, present):
     if len(same) > 1:
         same = [m for m in same if m.partition("@")[0] == stock]
     return same[0] if len(same) == 1 else None
+
+
+CONFIG_KEYS = ("profile", "pair", "attention_backend", "tp_size", "threshold", "sglang", "sleep_on_idle")
+
+
+def config_of(r):
+    """What makes two servers alike: None for records written before shapes_device.py kept each
+    server's env (settings such as the plain path's draft upkeep were set only there)."""
+    if "env" not in r:
+        return None
+    return (tuple(str(r.get(k)) for k in CONFIG_KEYS) + (tuple(sorted(r["env"].items())),)
+            + (tuple(sorted(r.get("extra_flags") or ())),))
+
+
+def bootstrap_ratio(xs, ys, draws=2000, seed=0):
+    """90 % interval of median(pooled xs) / median(pooled ys), each server's rounds resampled
+    with replacement (xs, ys: lists of per-server round lists)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        px = [rng.choice(v) for v in xs for _ in v]
+        py = [rng.choice(v) for v in ys for _ in v]
+        ratios.append(statistics.median(px) / statistics.median(py))
+    ratios.sort()
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
+
+
+def replica_table(key, records):
+    """Markdown for the configurations of group `key` that ran on two or more servers, or ''."""
+    runs = defaultdict(lambda: defaultdict(dict))   # c -> server -> round -> tok/s
+    config = {}
+    for r in records:
+        if "out_tok_per_s" not in r or (r["group"], r["input_len"], r["output_len"]) != key:
+            continue
+        runs[r["conc"]][name(r)][r.get("round", 0)] = r["out_tok_per_s"]
+        config[name(r)] = config_of(r)
+    servers_of = defaultdict(list)
+    for n, cfg in sorted(config.items()):
+        if cfg is not None:
+            servers_of[cfg].append(n)
+    replicated = [cfg for cfg, ns in servers_of.items() if len(ns) > 1]
+    if not replicated:
+        return ""
+    out = ["#### Servers of one configuration (A/A) and between configurations\n",
+           "| c | servers | median (all rounds) | servers' medians apart |",
+           "|---|---|---|---|"]
+    pairs = []
+    for c in sorted(runs):
+        by_server = runs[c]
+        stats = {}
+        for cfg in replicated:
+            present = [n for n in servers_of[cfg] if n in by_server]
+            if len(present) < 2:
+                continue
+            vals = [list(by_server[n].values()) for n in present]
+            meds = [statistics.median(v) for v in vals]
+            stats[cfg] = (present, vals)
+            out.append(f"| {c} | {' + '.join(present)} | {statistics.median(sum(vals, [])):.0f} | "
+                       f"{(max(meds) / min(meds) - 1) * 100:.1f} % |")
+        for a, b in combinations(stats, 2):
+            (na, va), (nb, vb) = stats[a], stats[b]
+            ratio = statistics.median(sum(va, [])) / statistics.median(sum(vb, []))
+            lo, hi = bootstrap_ratio(va, vb)
+            rounds = sorted(set.intersection(*(set(by_server[n]) for n in na + nb)))
+            per_round = [statistics.mean(by_server[n][k] for n in na) / statistics.mean(by_server[n][k] for n in nb)
+                         for k in rounds]
+            spread = f"{min(per_round):.3f}-{max(per_round):.3f}" if per_round else "-"
+            pairs.append(f"| {c} | {' + '.join(na)} / {' + '.join(nb)} | {ratio:.3f} | "
+                         f"{lo:.3f}-{hi:.3f} | {spread} ({len(per_round)}) |")
+    if pairs:
+        out += ["", "| c | ratio of | medians | 90 % bootstrap | per-round ratios (rounds) |",
+                "|---|---|---|---|---|"] + pairs
+    return "\n".join(out) + "\n"
 
 
 def tables(records):
@@ -93,6 +175,9 @@ def tables(records):
                        "taken of them before the run (`profiled_before`); in round eight identical "
                        "servers were 26-28 % apart at c=1, the profiled ones slower.")
         out.append("")
+        replicas = replica_table(key, records)
+        if replicas:
+            out.append(replicas)
     return "\n".join(out)
 
 

@@ -83,3 +83,41 @@ def test_a_stock_profile_with_extra_flags_is_not_the_own_stock_when_the_plain_on
     assert "| eagle3-v2-dyn: 1.980 |" in summarize.tables(both)
     alone = [both[0], both[2], both[3]]
     assert summarize.tables(alone).splitlines()[-1].endswith("| eagle3-v2-dyn: 0.990 | - |")
+
+
+def replica(label, c, tok_s, round_no, threshold, env=None):
+    r = {"group": "g", "input_len": 128, "output_len": 96, "conc": c, "out_tok_per_s": tok_s,
+         "profile": "eagle3-v2-dyn", "label": label, "attention_backend": "triton", "pair": "big",
+         "arch": "LlamaForCausalLM", "tp_size": 1, "threshold": threshold, "round": round_no,
+         "sglang": "0.5.11", "sleep_on_idle": True, "extra_flags": ["--sleep-on-idle"],
+         "env": env if env is not None else {"SGLANG_SIMULATE_ACC_LEN": "2.5"}}
+    return r
+
+
+def test_servers_of_one_configuration_give_the_spread_a_difference_must_beat(summarize):
+    records = []
+    for k in range(1, 6):
+        records += [replica("auto-a", 4, 1900.0 + k, k, "auto"), replica("auto-b", 4, 1800.0 + k, k, "auto"),
+                    replica("fixed-64-a", 4, 2000.0 + k, k, 64), replica("fixed-64-b", 4, 2100.0 + k, k, 64)]
+    table = summarize.tables(records)
+    # auto-a's median 1903 against auto-b's 1803: 5.5 % apart; fixed: 2103 / 2003, 5.0 %
+    assert "| 4 | auto-a + auto-b | 1853 | 5.5 % |" in table
+    assert "| 4 | fixed-64-a + fixed-64-b | 2053 | 5.0 % |" in table
+    row = next(l for l in table.splitlines() if "auto-a + auto-b / fixed-64-a + fixed-64-b" in l)
+    # pooled medians of ten values each: 1853 / 2053; round k's ratio (1850 + k) / (2050 + k)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "0.903"
+    lo, hi = (float(x) for x in cells[3].split("-"))
+    assert lo <= 0.9026 <= hi and hi < 1.0
+    assert cells[4] == "0.902-0.903 (5)"
+
+
+def test_servers_that_differ_only_in_env_or_whose_records_lack_it_are_not_replicas(summarize):
+    skip = {"SGLANG_SIMULATE_ACC_LEN": "2.5", "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV": "skip"}
+    records = [replica("native", 4, 1900.0, 1, 8), replica("native-skip", 4, 1800.0, 1, 8, env=skip)]
+    assert "A/A" not in summarize.tables(records)
+    old = [dict(r) for r in (replica("x", 4, 1900.0, 1, 8), replica("y", 4, 1800.0, 1, 8))]
+    for r in old:
+        del r["env"]
+    assert "A/A" not in summarize.tables(old)
+    assert "A/A" in summarize.tables([replica("x", 4, 1900.0, 1, 8), replica("y", 4, 1800.0, 1, 8)])
