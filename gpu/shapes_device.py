@@ -29,8 +29,8 @@ check: the servers start side by side; each answers the 32-prompt equality sched
   (servers marked "profile": true get a torch profile of a few steps under load; the all-reduce
   kernels in it are counted by name; list the servers' labels under "torch_profile").
 sweep: each level a fixed number of requests of exact input length (token ids) and output length
-  (ignore_eos); every record carries the backend, TP size, model architecture, threshold and
-  profile. "side_by_side": true starts every profile's server at once (one after another up to
+  (ignore_eos); every record carries the backend, TP size, model architecture, threshold,
+  profile and the server's env (summarize_shapes.py tells servers of one configuration by it). "side_by_side": true starts every profile's server at once (one after another up to
   its KV-cache allocation) and measures them in turns, level by level, for "rounds" rounds;
   otherwise one server at a time (start, warm up, measure, stop). Every sweep server runs with
   --disable-radix-cache unless the group says "radix_cache": true (Server.radix_cache_off says
