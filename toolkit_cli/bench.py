@@ -135,6 +135,19 @@ def print_recommendation(recs: list[recommend_mod.Recommendation]) -> None:
         report.line(f"recommendation: {rec.text}")
 
 
+def _seconds(value, option: str, default: float) -> float:
+    """A duration option as typed; exit 2 naming the option unless it is a number > 0."""
+    if value in (None, ""):
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        fail(f"{option} takes seconds, got {value!r}", code=2)
+    if not seconds > 0:
+        fail(f"{option} must be > 0, got {value!r}", code=2)
+    return seconds
+
+
 def _options(concurrency, requests, input_len, output_len, dataset, seed, max_level_seconds, warmup,
              repeat) -> BenchOptions:
     try:
@@ -143,13 +156,13 @@ def _options(concurrency, requests, input_len, output_len, dataset, seed, max_le
         return BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
                             prompts=prompts, requests=int_option(requests, "--requests"),
                             seed=int_option(seed, "--seed", 0), warmup=int_option(warmup, "--warmup", 2),
-                            max_level_seconds=float(max_level_seconds or 600),
+                            max_level_seconds=_seconds(max_level_seconds, "--max-level-seconds", 600.0),
                             repeat=int_option(repeat, "--repeat", 1))
     except (PromptError, BenchError, ValueError) as exc:
         fail(str(exc), code=2)
 
 
-def _plan(host, profiles, no_restart, url, timeout, model, draft_model) -> session.BenchPlan:
+def _plan(host, profiles, no_restart, url, timeout: float, model, draft_model) -> session.BenchPlan:
     names = [p.strip() for p in (profiles or "").split(",") if p.strip()]
     if url and no_restart:
         fail("--url already means 'use this running server'; leave out --no-restart", code=2)
@@ -163,7 +176,7 @@ def _plan(host, profiles, no_restart, url, timeout, model, draft_model) -> sessi
             fail("bench runs on one host at a time (its servers are started and stopped in turn)", code=2)
         overrides = {k: v for k, v in (("model", model), ("draft_model", draft_model)) if v}
         return session.plan_host(hosts[0], names, no_restart=no_restart, overrides=overrides,
-                                 timeout=float(timeout or server.DEFAULT_TIMEOUT), note=report.note)
+                                 timeout=timeout, note=report.note)
     except BenchError as exc:
         fail(str(exc), code=2)
 
@@ -178,7 +191,8 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         RunWriter(out_dir).check_new()      # before anything is started: nothing lost, nothing mixed
     except OutputError as exc:
         fail(str(exc), code=2)
-    plan = _plan(host, profiles, no_restart, url, timeout, model, draft_model)
+    plan = _plan(host, profiles, no_restart, url, _seconds(timeout, "--timeout", server.DEFAULT_TIMEOUT), model,
+                 draft_model)
     for text in plan.notes:
         report.note(text)
     report.note(f"bench {run_id}: {plan.target}, profiles {','.join(plan.profiles)}, concurrency "

@@ -18,8 +18,11 @@ from invoke.exceptions import Exit
 
 from toolkit.core import report
 from toolkit.core.paths import PROJECT_ROOT
+from toolkit.patch import patchsets
+from toolkit.server import profiles
 
-from toolkit_cli.bench import bench
+from toolkit_cli.bench import _ints, bench
+from toolkit_cli.common import fail, int_option
 from toolkit_cli.parsing import command
 from toolkit_cli.patch import patch
 from toolkit_cli.provision import provision
@@ -44,6 +47,19 @@ def _patchsets_from(folder):
             os.environ["TOOLKIT_PATCHSETS"] = saved
 
 
+def _check_options(patchset, profile, concurrency, requests, output_len) -> None:
+    """Bad options stop the demo before its first step, not at the step that uses them."""
+    try:
+        patchsets.get(patchset, patchsets.load_all())
+        profiles.load_profile(profile)
+    except (patchsets.PatchsetError, profiles.ProfileError) as exc:
+        fail(str(exc), code=2)
+    _ints(concurrency, "--concurrency")
+    for value, option in ((requests, "--requests"), (output_len, "--output-len")):
+        if int_option(value, option) < 1:
+            fail(f"{option} must be >= 1, got {value!r}", code=2)
+
+
 def _step(title: str, fn, *args, **kwargs) -> None:
     report.line("")
     report.line(f"== invoke {title}")
@@ -61,9 +77,10 @@ def _step(title: str, fn, *args, **kwargs) -> None:
     "output_len": "bench max tokens per answer (default 32: the CPU reference server is slow at concurrency 1)",
     "out": "bench output folder (default out/bench/RUN_ID)",
 })
-def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16", requests=12, output_len=32,
+def demo(c, host=None, patchset="sm120", profile="cpu-ref", concurrency="1,4,16", requests="12", output_len="32",
          out=None):
     """Provision, patch apply/verify/revert, server start, smoke, bench, rollouts (kept, rolled back), server stop."""
+    _check_options(patchset, profile, concurrency, requests, output_len)
     target = host or "sandbox"
     if target == "sandbox":
         _step("sandbox up", sandbox, c, "up")

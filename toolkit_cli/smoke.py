@@ -6,6 +6,7 @@ from rich.markup import escape
 from toolkit.core import report
 from toolkit.server import server
 from toolkit.check import smoke as engine
+from toolkit.check.client import base_url_of
 from toolkit.bench.hosts import simulated_accept_length
 from toolkit.core.inventory import Host
 
@@ -73,6 +74,10 @@ def smoke(c, host=None, json_=False, url=None, burst=None, max_tokens=None):
     if url:
         if host:
             fail("give either --url or --host, not both", code=2)
+        try:
+            base_url_of(url)
+        except ValueError as exc:
+            fail(f"--url: {exc}", code=2)
         result = engine.run_smoke(url, burst=burst or engine.DEFAULT_BURST, chat_max_tokens=max_tokens)
         about = {"host": url, "profile": None}
         if json_:

@@ -83,6 +83,18 @@ def test_bench_and_smoke_reject_bad_input(tmp_path):
     assert dataset.returncode == 2 and "existing .jsonl" in dataset.stderr
     both = invoke("smoke", "--url", "http://127.0.0.1:9", "--host", "sandbox")
     assert both.returncode == 2
+    for command in ("smoke", "bench"):
+        not_a_url = invoke(command, "--url", "notaurl")
+        assert not_a_url.returncode == 2, not_a_url.stderr
+        assert "--url: not an http(s) base URL: 'notaurl'" in not_a_url.stderr
+        assert "Traceback" not in not_a_url.stderr and "results in" not in not_a_url.stderr
+    for option, typed, says in (("--timeout", "abc", "--timeout takes seconds, got 'abc'"),
+                                ("--max-level-seconds", "0", "--max-level-seconds must be > 0"),
+                                ("--warmup", "-1", "--warmup must be >= 0")):
+        out = tmp_path / f"bench{option}"
+        bad_value = invoke("bench", "--url", "http://127.0.0.1:9", option, typed, "--out", str(out))
+        assert bad_value.returncode == 2 and says in bad_value.stderr, bad_value.stderr
+        assert "Traceback" not in bad_value.stderr and not out.exists()
 
 
 def test_smoke_url_against_a_dead_port_fails_by_check():

@@ -61,6 +61,10 @@ class BenchOptions:
             raise BenchError("--requests must be >= 1")
         if self.repeat < 1:
             raise BenchError("--repeat must be >= 1")
+        if self.warmup < 0:
+            raise BenchError("--warmup must be >= 0")
+        if not self.max_level_seconds > 0:
+            raise BenchError("--max-level-seconds must be > 0")
         self.concurrency = sorted(set(self.concurrency))
 
     def requests_for(self, concurrency: int) -> int:

@@ -16,6 +16,7 @@ from toolkit.server import profiles as profiles_mod
 from toolkit.server import server
 from toolkit.provision import stack
 from toolkit.core.inventory import Host, InventoryError, load_inventory
+from toolkit.check import client
 from toolkit.bench import recommend as recommend_mod
 from toolkit.bench.hosts import HostServers, RunningOnHost, host_facts
 from toolkit.bench.outputs import OutputError, RunWriter, load_records
@@ -107,6 +108,10 @@ def _check_models(host: Host, plans: list[profiles_mod.LaunchPlan], overrides: d
 def plan_url(url: str, profiles: list[str]) -> BenchPlan:
     if len(profiles) > 1:
         raise BenchError("--url benches one running server: give at most one name in --profiles")
+    try:
+        client.base_url_of(url)
+    except ValueError as exc:
+        raise BenchError(f"--url: {exc}") from None
     return BenchPlan(profiles or ["server"], RunningServer(url, {"kind": "external", "url": url}), url)
 
 

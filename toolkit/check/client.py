@@ -278,6 +278,17 @@ def _data_of(line: bytes) -> str | None:
     return line[5:].strip().decode("utf-8", "replace")
 
 
+def base_url_of(url: str) -> str:
+    """The server's base URL (`http://127.0.0.1:30000`) from what a user typed, `/v1` and a
+    trailing slash taken off; ValueError when it is not an http(s) URL with a host."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    if not re.match(r"https?://[^/]+", base):
+        raise ValueError(f"not an http(s) base URL: {url!r} (e.g. http://127.0.0.1:8000)")
+    return base
+
+
 class OpenAIClient:
     """Chat completions against one base URL (`http://127.0.0.1:30000`, without `/v1`).
 
@@ -288,11 +299,7 @@ class OpenAIClient:
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout: float = 600.0,
                  max_connections: int = 256, api_key: str | None = None):
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[:-3]
-        if not re.match(r"https?://[^/]+", self.base_url):
-            raise ValueError(f"not an http(s) base URL: {base_url!r}")
+        self.base_url = base_url_of(base_url)
         self.model = model
         self.timeout = timeout            # a whole request, first byte sent to last byte read
         self.max_connections = max_connections
