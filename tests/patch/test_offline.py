@@ -149,3 +149,33 @@ def test_a_patchset_in_the_old_one_release_layout_is_refused_with_the_move_comma
                                                                                   ""))
     assert patching.load_patchsets()["old-style"].releases == {"0.5.11": ["0001-old-style.patch"]}
     assert patching.check("old-style").ok
+
+
+def _toy_wheel(folder, version):
+    """A minimal valid wheel of the package toy-pkg, for pip to find without an index."""
+    dist = f"toy_pkg-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"toy_pkg-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr("toy_pkg/__init__.py", "")
+        whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: toy-pkg\nVersion: {version}\n")
+        whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}/RECORD", f"toy_pkg/__init__.py,,\n{dist}/METADATA,,\n{dist}/WHEEL,,\n{dist}/RECORD,,\n")
+
+
+def test_fetch_of_a_release_the_index_lacks_says_so_and_names_what_it_has(tmp_path, monkeypatch):
+    """Real pip over a local links folder (no network): a missing release is not a network fault."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for version in ("1.0", "1.1"):
+        _toy_wheel(links, version)
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    assert wheels.fetch("toy-pkg", "1.1").name == "toy_pkg-1.1-py3-none-any.whl"
+    with pytest.raises(wheels.WheelError) as missing:
+        wheels.fetch("toy-pkg", "9.9.9")
+    assert str(missing.value) == ("the package index has no toy-pkg 9.9.9 (a wheel, no dependencies); its latest "
+                                  "releases there: 1.0, 1.1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
+    with pytest.raises(wheels.WheelError) as unreadable:
+        wheels.fetch("toy-pkg", "1.0")
+    assert "put the wheel into" in str(unreadable.value)

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -69,9 +70,21 @@ def fetch(package: str, version: str, note=lambda text: None) -> Path:
                            f"{package}=={version}"], capture_output=True, text=True, timeout=900)
     cached = find_cached(package, version)
     if done.returncode != 0 or not cached:
-        raise WheelError(f"pip download {package}=={version} failed; put the wheel into {wheel_dir()} by hand"
-                         f" if this machine cannot reach the index:\n{(done.stdout + done.stderr)[-1500:]}")
+        raise WheelError(_download_failure(package, version, done.stdout + done.stderr))
     return cached
+
+
+def _download_failure(package: str, version: str, output: str) -> str:
+    """What a failed `pip download` means: the index has other releases but not this one (pip
+    lists them), or it could not be read (pip says "versions: none" then too, so that case
+    keeps the advice for a machine without the index)."""
+    listed = re.search(r"\(from versions: ([^)]*)\)", output)
+    versions = [v.strip() for v in listed.group(1).split(",") if v.strip() != "none"] if listed else []
+    if versions and "No matching distribution" in output:
+        return (f"the package index has no {package} {version} (a wheel, no dependencies); its latest releases "
+                f"there: {', '.join(versions[-8:])}")
+    return (f"pip download {package}=={version} failed; put the wheel into {wheel_dir()} by hand if this machine "
+            f"cannot reach the index:\n{output[-1500:]}")
 
 
 class Wheel:
