@@ -181,8 +181,20 @@ def _plan(host, profiles, no_restart, url, timeout: float, model, draft_model) -
         fail(str(exc), code=2)
 
 
+def _print_dry_run(plan: session.BenchPlan, options: BenchOptions, out_dir: Path, json_: bool) -> None:
+    steps = session.dry_run_steps(plan, options)
+    if json_:
+        report.emit_json({"dry_run": True, "target": plan.target, "profiles": plan.profiles,
+                          "concurrency": options.concurrency, "out": str(out_dir), "steps": steps})
+        return
+    report.line(f"bench on {plan.target} (dry run: nothing started, stopped or written)")
+    for number, step in enumerate(steps, 1):
+        report.line(f"  {number}. {step}")
+    report.line(f"  results would go to {out_dir}")
+
+
 def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-           out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model):
+           out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model, dry_run=False):
     options = _options(concurrency, requests, input_len, output_len, dataset, seed, max_level_seconds, warmup,
                        repeat)
     run_id = new_run_id()
@@ -195,6 +207,8 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
                  draft_model)
     for text in plan.notes:
         report.note(text)
+    if dry_run:
+        return _print_dry_run(plan, options, out_dir, json_)
     report.note(f"bench {run_id}: {plan.target}, profiles {','.join(plan.profiles)}, concurrency "
                 f"{','.join(map(str, options.concurrency))}; results in {out_dir}")
     total = len(plan.profiles) * options.repeat * sum(options.requests_for(c) for c in options.concurrency)
@@ -274,11 +288,12 @@ def _compare(files, json_, plot):
     "plot": "compare: also write a PNG with every run's curves to this path",
     "model": "model path on the host for every profile, instead of the host's server.model",
     "draft_model": "draft model path on the host for every profile, instead of the host's server.draft_model",
+    "dry_run": "print what the sweep would start, stop and send (the running server included); change nothing",
 })
 def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None, requests=None,
           dataset=None, input_len=None, output_len=None, seed=None, no_restart=False, url=None, out=None,
           json_=False, max_level_seconds=None, warmup=None, timeout=None, plot=None, repeat=None, model=None,
-          draft_model=None):
+          draft_model=None, dry_run=False):
     """Sweep concurrency levels over server profiles; find where EAGLE-3 stops paying off."""
     if wants_help(action, files):
         report.line(USAGE)
@@ -289,7 +304,7 @@ def bench(c, action=None, files=None, host=None, profiles=None, concurrency=None
         fail(f"unknown action {action!r} (files for compare go after `compare`)\n{USAGE}", code=2)
     try:
         _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset, seed, no_restart,
-               out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model)
+               out, url, json_, max_level_seconds, warmup, timeout, repeat, model, draft_model, dry_run)
     except (server.ServerError, OutputError) as exc:
         fail(str(exc))
     sys.stdout.flush()

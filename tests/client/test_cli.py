@@ -139,7 +139,15 @@ def test_smoke_and_bench_on_an_inventory_host(inventory_host, tmp_path):
     kept = invoke("bench", "--host", host.name, "--no-restart", "--concurrency", "2", "--requests", "4",
                   "--output-len", "8", "--out", str(tmp_path / "kept"), env=env)
     assert kept.returncode == 0, kept.stdout + kept.stderr
-    assert server.status(host).status == "ready"
+    running = server.status(host)
+    assert running.status == "ready"
+    planned = invoke("bench", "--host", host.name, "--profiles", "cpu-ref", "--concurrency", "1,2", "--requests", "4",
+                     "-n", "--json", "--out", str(tmp_path / "planned"), env=env)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    steps = json.loads(planned.stdout)["steps"]
+    assert steps[0].startswith(f"stop the running cpu-ref server (pid {running.pid}); the sweep does not start it")
+    assert steps[1].startswith("start cpu-ref") and "c=1: 4 requests, c=2: 4 requests" in steps[1]
+    assert server.status(host).pid == running.pid and not (tmp_path / "planned").exists()
     swept = invoke("bench", "--host", host.name, "--profiles", "cpu-ref", "--concurrency", "1,2",
                    "--requests", "4", "--output-len", "8", "--out", str(tmp_path / "swept"), env=env)
     assert swept.returncode == 0, swept.stdout + swept.stderr

@@ -138,6 +138,29 @@ def plan_host(host: Host, profiles: list[str], *, no_restart: bool = False, time
     return BenchPlan(names, control, host.name, host_facts(host, note=note), notes)
 
 
+def dry_run_steps(plan: BenchPlan, options: BenchOptions) -> list[str]:
+    """What `run(plan, options, ...)` would do, in order, as sentences; reads the host's server
+    state (read-only) for a plan that starts servers."""
+    per_profile = [f"c={c}: {options.requests_for(c)} requests" for c in options.concurrency]
+    sweep = f"{options.warmup} warm-up request(s), then " + ", ".join(per_profile)
+    if options.repeat > 1:
+        sweep += f"; {options.repeat} passes"
+    if isinstance(plan.control, RunningOnHost):
+        return [f"bench the running {plan.profiles[0]} server on {plan.target} as it is (nothing started or "
+                f"stopped): {sweep}"]
+    if not isinstance(plan.control, HostServers):
+        return [f"bench the server at {plan.target} as it is: {sweep}"]
+    host = plan.control.host
+    steps = []
+    running = server.status(host)
+    if running is not None and running.status != "dead":
+        steps.append(f"stop the running {running.profile} server (pid {running.pid}); the sweep does not start it "
+                     f"again after (invoke server start {running.profile} --host {host.name})")
+    for name in plan.profiles:
+        steps.append(f"start {name} (wait up to {plan.control.timeout:.0f} s for it to be ready), {sweep}; stop it")
+    return steps
+
+
 def finalize(writer: RunWriter, records: list[dict], title: str) -> tuple[list[recommend_mod.Recommendation], list[Path]]:
     """CSV, plot and recommendation(s) from the levels that finished (also after Ctrl-C).
 
