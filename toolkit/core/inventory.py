@@ -163,7 +163,8 @@ def load_inventory() -> dict[str, Host]:
 
 
 def resolve_hosts(spec: str | None) -> list[Host]:
-    """`--host a,b` -> [Host(a), Host(b)]; default the sandbox; `@label` selects by label."""
+    """`--host a,b` -> [Host(a), Host(b)]; default the sandbox; `@label` selects by label. A host
+    named twice (or by name and by a label) is taken once, where it first comes."""
     inventory = load_inventory()
     names = [n.strip() for n in (spec or "sandbox").split(",") if n.strip()]
     chosen: list[Host] = []
@@ -178,4 +179,4 @@ def resolve_hosts(spec: str | None) -> list[Host]:
         else:
             known = ", ".join(sorted(inventory))
             raise InventoryError(f"unknown host {name!r}; known hosts: {known}")
-    return chosen
+    return list({host.name: host for host in chosen}.values())   # a key keeps its first place
