@@ -122,16 +122,23 @@ def _host_from_table(name: str, table: dict, source: str) -> Host:
     return Host(name=name, **table)
 
 
+def sandbox_host(folder: Path | None = None, port: int | None = None) -> Host:
+    """The built-in `sandbox` host: SSH to 127.0.0.1 with the keys and venv of `folder` (.sandbox/)."""
+    sandbox = folder or paths.sandbox_dir()
+    port = port or sandbox_port(sandbox)
+    return Host(
+        name="sandbox", address="127.0.0.1", port=port, user=getpass.getuser(),
+        key=str(sandbox / "client_key"), known_hosts=str(sandbox / "known_hosts"),
+        venv=str(sandbox / "host" / "venv"), stack="cpu-ref", labels=["sandbox"],
+        server={"bind": "127.0.0.1"},
+        unreachable_advice=f"is the sandbox up? start it with: {up_command(port)}",
+    )
+
+
 def builtin_hosts() -> dict[str, Host]:
     sandbox = paths.sandbox_dir()
     return {
-        "sandbox": Host(
-            name="sandbox", address="127.0.0.1", port=sandbox_port(), user=getpass.getuser(),
-            key=str(sandbox / "client_key"), known_hosts=str(sandbox / "known_hosts"),
-            venv=str(sandbox / "host" / "venv"), stack="cpu-ref", labels=["sandbox"],
-            server={"bind": "127.0.0.1"},
-            unreachable_advice=f"is the sandbox up? start it with: {up_command(sandbox_port())}",
-        ),
+        "sandbox": sandbox_host(sandbox, sandbox_port()),
         "local": Host(
             name="local", transport="local",
             venv=os.environ.get("TOOLKIT_LOCAL_VENV", str(sandbox / "local" / "venv")),
