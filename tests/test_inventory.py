@@ -23,6 +23,18 @@ def test_several_hosts_and_labels(monkeypatch, tmp_path):
     assert resolve_hosts("gpu-a")[0].toolkit_state_dir == "/v/.toolkit"
 
 
+def test_a_host_named_twice_is_taken_once_in_its_first_place(monkeypatch, tmp_path):
+    """`-H sandbox,sandbox` must not run two commands on one host side by side (the second one's
+    patch apply then fails on the first one's changes)."""
+    extra = tmp_path / "lab.toml"
+    extra.write_text('[gpu-a]\naddress = "gpu-a.example"\nlabels = ["lab"]\nvenv = "/v"\n'
+                     '[gpu-b]\naddress = "gpu-b.example"\nlabels = ["lab"]\nvenv = "/v"\n')
+    monkeypatch.setenv("TOOLKIT_INVENTORY", str(extra))
+    assert [h.name for h in resolve_hosts("sandbox,sandbox")] == ["sandbox"]
+    assert [h.name for h in resolve_hosts("gpu-b, local, @lab, gpu-b")] == ["gpu-b", "local", "gpu-a"]
+    assert [h.name for h in resolve_hosts("@sandbox,sandbox")] == ["sandbox"]
+
+
 def record_dials(monkeypatch) -> list:
     """Every name this process asks to resolve and every address it connects a socket to; each fails."""
     seen = []

@@ -2,12 +2,15 @@
 before anything is installed) and every change to the sandbox's known_hosts entry."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
+from tests.server.conftest import ref_model, ssh_host  # noqa: F401 (fixtures)
 from toolkit.core import sandbox
 
 
@@ -89,3 +92,47 @@ def test_known_hosts_changes_are_said_and_other_entries_kept(private_sandbox):
                            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes",
                            "127.0.0.1", "echo ok"], capture_output=True, text=True, timeout=30)
     assert done.stdout == "ok\n", done.stderr                      # OpenSSH itself accepts the entry
+
+
+def test_down_stops_the_sandbox_hosts_model_server_first_and_its_dry_run_stops_nothing(tmp_path, cpu_ref_venv,
+                                                                                        ref_model):  # noqa: F811
+    """`invoke sandbox down` after `invoke server start cpu-ref`: the server goes first (through the
+    server engine, while sshd answers), so nothing is left running that the toolkit cannot reach;
+    `-n` says so and stops nothing; --port is refused where it cannot be honoured."""
+    from tests.helpers import invoke
+    from tests.rollout import conftest as rollout_fixtures
+
+    folder, port = tmp_path / "sandbox", free_port()
+    env = {"TOOLKIT_SANDBOX_DIR": str(folder), "TOOLKIT_SANDBOX_PORT": str(port)}
+    done = invoke("sandbox", "up", "--port", str(port), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        (folder / "host" / "models").mkdir(parents=True)
+        rollout_fixtures.private_venv(Path(cpu_ref_venv), folder / "host" / "venv")   # never writes the cached one
+        (folder / "host" / "models" / "tiny-llama").symlink_to(ref_model)
+        done = invoke("server", "start", "cpu-ref", "--port", str(free_port()), env=env, timeout=400)
+        assert done.returncode == 0, done.stdout + done.stderr
+        sshd = sandbox.status(folder).pid
+        pid = int(re.search(r"│ cpu-ref\s+│ ready\s+│ (\d+)", done.stdout).group(1))
+
+        done = invoke("sandbox", "up", "--port", str(free_port()), "-n", env=env)
+        assert done.returncode == 1 and f"already runs on 127.0.0.1:{port}" in done.stderr, done.stderr
+        assert "invoke sandbox down && invoke sandbox up --port" in done.stderr
+        done = invoke("sandbox", "status", "--port", "9", env=env)
+        assert done.returncode == 2 and "takes no --port" in done.stderr, done.stderr
+
+        done = invoke("sandbox", "down", "-n", env=env)
+        assert done.returncode == 0, done.stderr
+        assert "sandbox down (dry run, nothing done) would" in done.stdout
+        assert f"stop the sandbox host's cpu-ref server (pid {pid})" in done.stdout
+        assert f"stop sshd (pid {sshd}) on 127.0.0.1:{port}" in done.stdout
+        assert sandbox._pid_alive(pid) and sandbox.status(folder).pid == sshd
+
+        done = invoke("sandbox", "down", env=env)
+        assert done.returncode == 0, done.stderr
+        assert f"stopped the sandbox host's cpu-ref server (pid {pid}) first" in done.stdout
+        assert f"sandbox sshd on 127.0.0.1:{port}: stopped" in done.stdout
+        assert not sandbox._pid_alive(pid) and not sandbox._pid_alive(sshd)
+    finally:
+        sandbox.down(folder)
+        shutil.rmtree(folder / "host", ignore_errors=True)

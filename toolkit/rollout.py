@@ -30,7 +30,7 @@ from typing import Callable
 
 from toolkit.core import hostrun, paths
 from toolkit.patch import patching, patchsets
-from toolkit.server import server
+from toolkit.server import profiles, server
 from toolkit.check import smoke as smoke_engine
 from toolkit.core.hostrun import HostScriptError
 from toolkit.core.inventory import Host
@@ -48,6 +48,11 @@ TERMINAL = ("kept", "rolled-back", "rollback-failed")
 
 class RolloutError(RuntimeError):
     """The rollout cannot go on; the message says what to do."""
+
+
+class RolloutInputError(RolloutError):
+    """Bad input (unknown patchset or profile, options the profile refuses): refused before any host
+    changes, in a dry run too (the command exits 2)."""
 
 
 def _quiet(text: str) -> None:
@@ -121,8 +126,13 @@ def _options_args(overrides: dict) -> str:
 
 def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None = None,
               overrides: dict | None = None, gate_bench: bool = False,
-              bench_levels=DEFAULT_BENCH_LEVELS, tolerance: float = DEFAULT_TOLERANCE) -> HostPlan:
-    """What the rollout will do on this host, from what was probed; no host contact."""
+              bench_levels=DEFAULT_BENCH_LEVELS, tolerance: float = DEFAULT_TOLERANCE,
+              launch: Callable[[str, dict], object] | None = None) -> HostPlan:
+    """What the rollout will do on this host, from what was probed; no host contact.
+
+    `launch(profile, overrides)` resolves the server to start (`server.plan` for the host, as
+    `server restart` does before it stops anything); a ProfileError there is bad input and raises
+    RolloutInputError, so bad options stop nothing."""
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     before = None
     if probe.server and probe.server.get("status") != "dead":
@@ -171,14 +181,21 @@ def plan_host(probe: Probe, change: Change, known: dict, *, profile: str | None 
         after = stack if change.patchset in stack else patchsets.sort_stack(stack + [change.patchset], known)
     plan.stack_after = after
 
-    target = profile or (before or {}).get("profile") or (None if before else probe.last_profile)
-    if target is None:
-        return refuse(f"no server runs on {probe.host} and no --profile was given: say which to start")
+    target = profile or (before or {}).get("profile")
+    if target is None:   # a rollout never starts a server that nobody was running
+        last = probe.last_profile or (probe.server or {}).get("profile")
+        return refuse(f"no server runs on {probe.host} and no --profile was given: say which to start"
+                      + (f" (the last one started there: --profile {last})" if last else ""))
     if before and target == before["profile"]:
         after_overrides = {**before["overrides"], **given}
         timeout = before.get("timeout_s")
     else:
         after_overrides, timeout = given, None
+    if launch is not None:
+        try:
+            launch(target, after_overrides)
+        except profiles.ProfileError as exc:
+            raise RolloutInputError(f"{probe.host}: {exc}") from None
     plan.server_after = {"profile": target, "overrides": after_overrides, "timeout_s": timeout}
     plan.gates = ["smoke (models, chat, determinism, stream, burst, health, log)"]
     if gate_bench:
@@ -628,7 +645,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
         converge(host, f"a new rollout ({change.label}) found it in flight", note)
         plan = plan_host(probe_host(host, known[change.patchset].package), change, known, profile=options.profile,
                          overrides=options.overrides, gate_bench=options.gate_bench,
-                         bench_levels=options.bench_levels, tolerance=options.tolerance)
+                         bench_levels=options.bench_levels, tolerance=options.tolerance, launch=_launch_of(host))
     run = _Run(host, plan, rollout_id, note)
     run.bench = None
     res = run.result
@@ -736,19 +753,44 @@ class ControlJournal:
         tmp.replace(self.path)
 
 
-def plan_fleet(hosts: list[Host], change: Change, options: Options, note=_quiet) -> tuple[list[HostPlan], dict]:
+def _launch_of(host: Host) -> Callable[[str, dict], object]:
+    return lambda profile, overrides: server.plan(host, profile, overrides)
+
+
+def check_input(change: Change, options: Options) -> dict:
+    """The known patchsets, once PATCHSET and --profile are known ones (else RolloutInputError)."""
     known = patchsets.load_all()
-    ps = patchsets.get(change.patchset, known)
+    if change.patchset not in known:
+        raise RolloutInputError(f"unknown patchset {change.patchset!r}; known: {', '.join(sorted(known)) or 'none'}"
+                                f" (see `invoke patch list`)")
+    if options.profile:
+        try:
+            profiles.load_profile(options.profile)
+        except profiles.ProfileError as exc:
+            raise RolloutInputError(str(exc)) from None
+    return known
+
+
+def plan_fleet(hosts: list[Host], change: Change, options: Options, note=_quiet) -> tuple[list[HostPlan], dict]:
+    """Every host's plan; RolloutInputError when the input is bad (on any host), before any change."""
+    known = check_input(change, options)
+    ps = known[change.patchset]
     probes = for_each_host(hosts, lambda h: probe_host(h, ps.package))
-    plans = []
+    plans, bad = [], []
     for outcome in probes:
         if outcome.error is not None:
             plans.append(HostPlan(outcome.host.name, change.label, "refused",
                                   reason=f"cannot probe: {str(outcome.error).splitlines()[0]}"))
             continue
-        plans.append(plan_host(outcome.value, change, known, profile=options.profile, overrides=options.overrides,
-                               gate_bench=options.gate_bench, bench_levels=options.bench_levels,
-                               tolerance=options.tolerance))
+        try:
+            plans.append(plan_host(outcome.value, change, known, profile=options.profile,
+                                   overrides=options.overrides, gate_bench=options.gate_bench,
+                                   bench_levels=options.bench_levels, tolerance=options.tolerance,
+                                   launch=_launch_of(outcome.host)))
+        except RolloutInputError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise RolloutInputError("; ".join(bad) + "; nothing changed")
     return plans, known
 
 

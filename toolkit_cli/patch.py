@@ -7,7 +7,7 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from toolkit.patch import authoring, compiler, patching, porting, wheels
+from toolkit.patch import authoring, compiler, patching, patchsets, porting, wheels
 from toolkit.core import report
 from toolkit.server import server
 from toolkit.core.inventory import InventoryError
@@ -59,6 +59,13 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
         fail(f"`invoke patch {action}` needs a patchset name; see `invoke patch list`", code=2)
     if action == "revert" and name and all_:
         fail("give either a patchset NAME or --all, not both", code=2)
+    if action == "port" and not to:
+        fail(f"`invoke patch port {name}` needs --to RELEASE (e.g. --to 0.5.17)", code=2)
+    for option, value in (("--to", to), ("--from", from_), ("--release", release)):
+        if value and not patchsets.RELEASE_NAME.fullmatch(value):
+            fail(f"{option} {value!r} is not a release name like 0.5.17", code=2)
+    if action in ("apply", "check", "port") and name:
+        _known_or_exit(name)
     try:
         if action == "list":
             return _list()
@@ -67,8 +74,6 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
         if action == "edit":
             return _edit(name, requires, fresh, release)
         if action == "port":
-            if not to:
-                fail(f"`invoke patch port {name}` needs --to RELEASE (e.g. --to 0.5.17)", code=2)
             return _port(name, to, from_, fresh)
         if action == "refresh":
             return _refresh(name)
@@ -102,6 +107,19 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
                 raise Exit(code=1)
             return
         finish(outcomes, failed=lambda r: not r.ok, show=_print_verify)
+
+
+def _known_or_exit(name: str) -> None:
+    """An unknown patchset is bad input (exit 2), as an unknown host or profile is. Patchsets that
+    cannot be read are left to the command, which names the broken one (exit 1)."""
+    try:
+        known = patching.load_patchsets()
+    except PatchsetError:
+        return
+    try:
+        patchsets.get(name, known)
+    except PatchsetError as exc:
+        fail(str(exc), code=2)
 
 
 def _with_server_check(host, result, stale: dict):
@@ -194,6 +212,8 @@ def _print_verify(r: patching.VerifyResult) -> None:
     extra = f"; {r.all_files_checked} RECORD files checked" if r.all_files_checked else ""
     state = "matches its recorded state" if r.ok else "DOES NOT match its recorded state"
     report.line(f"{r.host}: {state}; stack {' + '.join(r.stack) or 'none'}{extra} ({_trips(r.round_trips)})")
+    if r.next_step:
+        report.line(f"{r.host}: to put the files back: {r.next_step}")
 
 
 def _list() -> None:

@@ -15,11 +15,13 @@ from toolkit_cli.parsing import command, render_help
 USAGE = """\
 usage: invoke rollout PATCHSET [--revert] [--profile P] [--threshold N|auto] [--host H,...|@label]
                       [--canary K] [--parallel J] [--max-failures F] [--gate-bench] [--dry-run] [--json]
-       invoke rollout --status [--host H,...]
+       invoke rollout --status [--host H,...] [--json]
 
 Per host: record the patch stack and the running server (profile + options); apply PATCHSET (or with
---revert take it off); restart with --profile (default: the profile that runs); smoke, burst included;
-with --gate-bench a short bench at two levels against the host's last kept bench of that profile.
+--revert take it off); restart with --profile (default: the profile that runs; a host with no server
+running needs --profile); smoke, burst included; with --gate-bench a short bench at two levels against
+the host's last kept bench of that profile. Bad input (unknown patchset or profile, options the profile
+refuses) exits 2 before any host changes, in a dry run too.
 Every gate passes: keep. Any fails: the host's guard restores the recorded stack from its backups,
 starts the recorded server with its options again, and the rollout smokes it and reports "rolled back"
 with the failing check, each TP rank's first error lines and the log path.
@@ -102,6 +104,16 @@ def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hyster
     if wants_help(patchset):
         report.line(render_help(rollout, "rollout"))
         return
+    if status:
+        given = [text for text, value in (
+            ("PATCHSET", patchset), ("--revert", revert), ("--profile", profile), ("--threshold", threshold),
+            ("--hysteresis", hysteresis), ("--canary", canary), ("--parallel", parallel),
+            ("--max-failures", max_failures), ("--gate-bench", gate_bench), ("--bench-levels", bench_levels),
+            ("--tolerance", tolerance), ("--dry-run", dry_run), ("--smoke-max-tokens", smoke_max_tokens))
+            if value not in (None, False, "")]
+        if given:
+            fail(f"`invoke rollout --status` takes only --host and --json, not {', '.join(given)}: it changes "
+                 f"nothing (drop --status to roll out)", code=2)
     hosts = hosts_or_exit(host)
     if status:
         rows = engine.status(hosts)
@@ -152,6 +164,8 @@ def rollout(c, patchset=None, revert=False, profile=None, threshold=None, hyster
                 fail("a host would refuse (see above)")
             return
         fleet = engine.run_fleet(hosts, change, options, report.note)
+    except engine.RolloutInputError as exc:
+        fail(str(exc), code=2)
     except (engine.RolloutError, engine.patchsets.PatchsetError, InventoryError) as exc:
         fail(str(exc))
     if json_:

@@ -1,5 +1,6 @@
 """`invoke patch ...` as the user types it: through Invoke's Program in a subprocess, real sshd."""
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -125,3 +126,69 @@ def test_revert_is_repeatable_and_an_unknown_name_is_an_error(inventory, host_ve
     code, out, err = patch_cli("revert", "twenty", "--host", name)
     assert code == 1 and "twenty is not applied on" in err and "sglang/srt/utils/offloader.py holds neither" in err
     assert edited.read_text().endswith("# hand edit\n")
+
+
+def _advised(text: str, start: str) -> list[str]:
+    """The command in backquotes that starts with `start`, as a user would paste it."""
+    found = re.search(r"`(" + re.escape(start) + r"[^`]*)`", text)
+    assert found, text
+    return found.group(1).split()
+
+
+def test_unknown_patchsets_and_release_names_are_bad_input(patchsets_dir):
+    """Exit 2, as an unknown host or profile: nothing is probed or downloaded."""
+    for args in (("apply", "nosuch"), ("check", "nosuch"), ("port", "nosuch", "--to", "0.5.17")):
+        code, _, err = patch_cli(*args, "--host", "nosuchhost-either")
+        assert code == 2 and "unknown patchset 'nosuch'; known: clash, one-file" in err, (args, err)
+    for args, option in ((("port", "pair-top", "--to", "abc"), "--to 'abc'"),
+                         (("port", "pair-top", "--to", "0.5.17", "--from", "x"), "--from 'x'"),
+                         (("check", "pair-top", "--release", "latest"), "--release 'latest'")):
+        code, _, err = patch_cli(*args)
+        assert code == 2 and f"{option} is not a release name like 0.5.17" in err, err
+
+
+def test_after_a_hand_edit_verify_and_apply_name_a_command_that_works_pasted(inventory, host_venv, patchsets_dir,
+                                                                              sglang_wheel):
+    (name,) = inventory(host_venv)
+    site = next(host_venv.glob("lib/python*/site-packages"))
+    code, _, err = patch_cli("apply", "twenty", "--host", name)
+    assert code == 0, err
+    (site / NETWORK).write_text((site / NETWORK).read_text() + "# edited by hand\n")   # a private copy
+    code, out, _ = patch_cli("verify", "--host", name)
+    assert code == 1 and f"{name}: DOES NOT match its recorded state" in out
+    advice = _advised(out, "invoke patch revert")
+    assert advice == ["invoke", "patch", "revert", "--force", "--host", name]
+    code, out, err = patch_cli("apply", "one-file", "--host", name)
+    assert code == 1 and "changed by hand" in err and _advised(err, "invoke patch revert") == advice
+    done = invoke(*advice[1:], columns=200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sha256(site / NETWORK) == sglang_wheel.record[NETWORK]
+    code, out, _ = patch_cli("verify", "--host", name)
+    assert code == 0 and "to put the files back" not in out
+    code, _, err = patch_cli("apply", "twenty", "--host", name)
+    assert code == 0, err
+
+
+def test_the_edit_advice_of_port_works_pasted(patchsets_dir, sglang_wheel, tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / sglang_wheel.path.name).symlink_to(sglang_wheel.path)
+    env = {"TOOLKIT_CACHE": str(cache)}
+    code, _, err = patch_cli("port", "pair-top", "--to", "0.5.11", env_extra=env)
+    assert code == 1 and "pair-top already has diffs for 0.5.11" in err, err
+    advice = _advised(err, "invoke patch edit")
+    assert advice == ["invoke", "patch", "edit", "pair-top", "--release", "0.5.11"]
+    done = invoke(*advice[1:], env=env, columns=200)
+    assert done.returncode == 0 and "edit tree for pair-top" in done.stdout, done.stdout + done.stderr
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_an_empty_release_folder_names_a_command_that_works_pasted(patchsets_dir):
+    (patchsets_dir / "one-file" / "0.5.99").mkdir()
+    code, _, err = patch_cli("list")
+    assert code == 1 and "one-file/0.5.99/ holds no .patch file" in err, err
+    assert "invoke patch port one-file --to 0.5.99" in err and "--version" not in err
+    done = subprocess.run(_advised(err, "rmdir"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    code, out, _ = patch_cli("list")
+    assert code == 0 and "one-file" in out

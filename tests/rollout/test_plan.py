@@ -7,8 +7,9 @@ import pytest
 
 from toolkit.patch import patchsets
 from toolkit.core.paths import PATCHSETS_DIR
-from toolkit.rollout import (Change, HostResult, Probe, compare_bench, describe_state, fleet_stop, plan_host,
-                             waves)
+from toolkit.rollout import (Change, HostResult, Probe, RolloutInputError, compare_bench, describe_state, fleet_stop,
+                             plan_host, waves)
+from toolkit.server import profiles
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,36 @@ def test_refusals_change_nothing(known, kwargs, change, profile, words):
     plan = plan_host(probe(**kwargs), Change(change), known, profile=profile)
     assert plan.action == "refused" and words in plan.reason
     assert plan.stack_after == plan.stack_before and plan.steps == []
+
+
+def test_no_server_and_no_profile_is_refused_even_when_one_was_started_before(known):
+    """docs/rollout.md §Plan: a rollout never starts a server nobody was running; the refusal names
+    the last profile started there, as the option to pass."""
+    plan = plan_host(probe(last_profile="cpu-ref"), Change("dyn-disable"), known)
+    assert plan.action == "refused" and plan.steps == [] and plan.server_after is None
+    assert "no --profile was given" in plan.reason and "--profile cpu-ref" in plan.reason
+    dead = plan_host(probe(server=running("baseline", status="dead")), Change("dyn-disable"), known)
+    assert dead.action == "refused" and "--profile baseline" in dead.reason
+    given = plan_host(probe(last_profile="cpu-ref"), Change("dyn-disable"), known, profile="cpu-ref")
+    assert given.action == "roll out" and given.server_after["profile"] == "cpu-ref"
+
+
+def test_options_the_launch_plan_refuses_are_bad_input(known):
+    """The target server is resolved while planning (as `server restart` does), so a bad option
+    raises before any step, with the running profile's options merged in as the restart would."""
+    seen = []
+
+    def launch(profile, overrides):
+        seen.append((profile, overrides))
+        raise profiles.ProfileError(f"profile {profile}: dyn_threshold must be >= 1, got 0")
+
+    with pytest.raises(RolloutInputError, match="h1: profile eagle3-dyn: dyn_threshold must be >= 1"):
+        plan_host(probe(server=running("eagle3-dyn", {"port": 31000})), Change("dyn-disable"), known,
+                  overrides={"dyn_threshold": 0}, launch=launch)
+    assert seen == [("eagle3-dyn", {"port": 31000, "dyn_threshold": 0})]
+    plan = plan_host(probe(server=running("eagle3-dyn")), Change("dyn-disable"), known,
+                     overrides={"dyn_threshold": 8}, launch=lambda p, o: None)
+    assert plan.action == "roll out"
 
 
 def test_a_dead_server_does_not_count_as_the_one_to_bring_back(known):

@@ -122,16 +122,23 @@ def _host_from_table(name: str, table: dict, source: str) -> Host:
     return Host(name=name, **table)
 
 
+def sandbox_host(folder: Path | None = None, port: int | None = None) -> Host:
+    """The built-in `sandbox` host: SSH to 127.0.0.1 with the keys and venv of `folder` (.sandbox/)."""
+    sandbox = folder or paths.sandbox_dir()
+    port = port or sandbox_port(sandbox)
+    return Host(
+        name="sandbox", address="127.0.0.1", port=port, user=getpass.getuser(),
+        key=str(sandbox / "client_key"), known_hosts=str(sandbox / "known_hosts"),
+        venv=str(sandbox / "host" / "venv"), stack="cpu-ref", labels=["sandbox"],
+        server={"bind": "127.0.0.1"},
+        unreachable_advice=f"is the sandbox up? start it with: {up_command(port)}",
+    )
+
+
 def builtin_hosts() -> dict[str, Host]:
     sandbox = paths.sandbox_dir()
     return {
-        "sandbox": Host(
-            name="sandbox", address="127.0.0.1", port=sandbox_port(), user=getpass.getuser(),
-            key=str(sandbox / "client_key"), known_hosts=str(sandbox / "known_hosts"),
-            venv=str(sandbox / "host" / "venv"), stack="cpu-ref", labels=["sandbox"],
-            server={"bind": "127.0.0.1"},
-            unreachable_advice=f"is the sandbox up? start it with: {up_command(sandbox_port())}",
-        ),
+        "sandbox": sandbox_host(sandbox, sandbox_port()),
         "local": Host(
             name="local", transport="local",
             venv=os.environ.get("TOOLKIT_LOCAL_VENV", str(sandbox / "local" / "venv")),
@@ -163,7 +170,8 @@ def load_inventory() -> dict[str, Host]:
 
 
 def resolve_hosts(spec: str | None) -> list[Host]:
-    """`--host a,b` -> [Host(a), Host(b)]; default the sandbox; `@label` selects by label."""
+    """`--host a,b` -> [Host(a), Host(b)]; default the sandbox; `@label` selects by label. A host
+    named twice (or by name and by a label) is taken once, where it first comes."""
     inventory = load_inventory()
     names = [n.strip() for n in (spec or "sandbox").split(",") if n.strip()]
     chosen: list[Host] = []
@@ -178,4 +186,4 @@ def resolve_hosts(spec: str | None) -> list[Host]:
         else:
             known = ", ".join(sorted(inventory))
             raise InventoryError(f"unknown host {name!r}; known hosts: {known}")
-    return chosen
+    return list({host.name: host for host in chosen}.values())   # a key keeps its first place

@@ -2,7 +2,9 @@
 
 Everything lives under `paths.sandbox_dir()` (git-ignored): the sshd config, its host
 key, a client key, authorized_keys, a known_hosts entry for strict checking, the pid
-file and the log. `up` is idempotent; `down` stops only the sshd this folder started.
+file and the log. `up` is idempotent; `down` stops the model server recorded on the sandbox
+host first (through the server engine, while sshd still answers), then only the sshd this folder
+started.
 What `up` changes beyond that folder (system packages through apt) and any change to the
 known_hosts entry is reported through `note` before or as it happens.
 """
@@ -38,14 +40,17 @@ class SandboxStatus:
     folder: Path
     changed: bool = False
     dry_run: bool = False
-    plan: list[str] = field(default_factory=list)   # dry run: what `up` would do, in order
+    plan: list[str] = field(default_factory=list)   # dry run: what `up` or `down` would do, in order
+    action: str = "up"
+    server: str = ""       # down: what became of the sandbox host's model server
 
     def line(self) -> str:
         if self.dry_run:
-            return f"sandbox up (dry run, nothing done) would, in {self.folder}:\n" + \
+            return f"sandbox {self.action} (dry run, nothing done) would, in {self.folder}:\n" + \
                 "\n".join(f"  {n}. {step}" for n, step in enumerate(self.plan, 1))
         state = f"running (pid {self.pid})" if self.running else "stopped"
-        return f"sandbox sshd on 127.0.0.1:{self.port}: {state}; files in {self.folder}"
+        return (f"{self.server}\n" if self.server else "") + \
+            f"sandbox sshd on 127.0.0.1:{self.port}: {state}; files in {self.folder}"
 
 
 def _files(folder: Path) -> dict[str, Path]:
@@ -264,9 +269,13 @@ def up(folder: Path | None = None, port: int | None = None, *, timeout: float = 
        note: Callable[[str], None] = lambda text: None) -> SandboxStatus:
     """Start the sandbox sshd if it is not running; idempotent. `dry_run`: say what it would do, do nothing."""
     folder = folder or paths.sandbox_dir()
+    asked = port
     port = port or (int(os.environ["TOOLKIT_SANDBOX_PORT"]) if "TOOLKIT_SANDBOX_PORT" in os.environ else DEFAULT_PORT)
     current = status(folder, port)
     if current.running:
+        if asked is not None and asked != current.port:
+            raise SandboxError(f"the sandbox already runs on 127.0.0.1:{current.port} (pid {current.pid}); to move it"
+                               f" to port {asked}: invoke sandbox down && {up_command(asked)}")
         return current
     f = _files(folder)
     if port_open(port):
@@ -333,16 +342,47 @@ def _plan_up(folder: Path, port: int) -> SandboxStatus:
     return SandboxStatus(running=False, pid=None, port=port, folder=folder, dry_run=True, plan=steps)
 
 
-def down(folder: Path | None = None) -> SandboxStatus:
-    """Stop the sandbox sshd (only the one whose pid file is in `folder`)."""
+def _model_server(folder: Path, port: int):
+    """(sandbox Host, its running model server's ServerState or None, why it could not be told)."""
+    from toolkit.core.inventory import sandbox_host   # above this module: it imports sandbox_port
+    from toolkit.server import server
+
+    host = sandbox_host(folder, port)
+    try:
+        return host, server.running_server(host), ""
+    except Exception as exc:   # sshd answers but the host cannot be asked: say so, stop sshd anyway
+        return host, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def down(folder: Path | None = None, dry_run: bool = False) -> SandboxStatus:
+    """Stop the model server recorded on the sandbox host (as `invoke server stop` does; after sshd
+    is gone nothing could reach it), then the sandbox sshd (only the one whose pid file is in
+    `folder`). A server that does not stop leaves sshd running and raises SandboxError. `dry_run`:
+    say what it would stop, stop nothing."""
+    from toolkit.server import server
+
     folder = folder or paths.sandbox_dir()
     current = status(folder)
     if not current.running:
         return current
+    host, running, unknown = _model_server(folder, current.port)
+    what = f"the sandbox host's {running.profile} server (pid {running.pid})" if running else ""
+    if dry_run:
+        steps = ([f"stop {what}, as `invoke server stop` does"] if running else
+                 [f"leave the model server alone: cannot tell whether one runs ({unknown})"] if unknown else [])
+        steps.append(f"stop sshd (pid {current.pid}) on 127.0.0.1:{current.port}")
+        return SandboxStatus(True, current.pid, current.port, folder, dry_run=True, plan=steps, action="down")
+    said = f"could not check the sandbox host for a model server ({unknown})" if unknown else ""
+    if running:
+        stopped = server.stop(host)
+        if not stopped.stopped:
+            raise SandboxError(f"{what} did not stop ({stopped.reason}); the sandbox sshd is left running so that"
+                               f" `invoke server stop` can still reach it")
+        said = f"stopped {what} first"
     os.kill(current.pid, signal.SIGTERM)
     for _ in range(100):
         if not _pid_alive(current.pid):
             break
         time.sleep(0.05)
     _files(folder)["pid"].unlink(missing_ok=True)
-    return SandboxStatus(running=False, pid=None, port=current.port, folder=folder, changed=True)
+    return SandboxStatus(running=False, pid=None, port=current.port, folder=folder, changed=True, server=said)

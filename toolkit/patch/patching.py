@@ -82,6 +82,7 @@ class VerifyResult:
     all_files_checked: int = 0
     notes: list[str] = field(default_factory=list)
     recovered: dict | None = None
+    next_step: str = ""        # when not ok: the command that puts the files back
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -172,6 +173,23 @@ def _drift_diff(transport, host, package, drifted: dict[str, tuple[bytes | None,
     return "".join(parts)
 
 
+def drift_advice(host: str, package: str, version: str | None, state: dict | None, paths: list[str]) -> str:
+    """What to run about files that hold neither the recorded image nor pristine bytes: a file the
+    recorded stack wrote comes back with `revert --force` (the whole stack comes off, the edited bytes
+    are kept in the backups); a file no patchset wrote only with a reinstall of the package."""
+    recorded = (state or {}).get("files", {})
+    ours = [p for p in paths if p in recorded]
+    others = [p for p in paths if p not in recorded]
+    parts = []
+    if ours:
+        parts.append(f"`invoke patch revert --force --host {host}` puts back the pristine files and takes the"
+                     f" stack off (the hand-edited bytes are kept in the host's backups); then apply again")
+    if others:
+        parts.append(f"{', '.join(others)} {'are' if len(others) > 1 else 'is'} in no patchset's recorded state:"
+                     f" reinstall {package} {version or ''} on {host} to get the installed bytes back")
+    return "; ".join(parts)
+
+
 def _image_bytes(path: str, state: dict | None, known, version, wheel) -> tuple[bytes | None, str]:
     """What the host should hold for `path` according to its recorded stack (for diffs)."""
     stack = _stack_of(state)
@@ -201,7 +219,8 @@ def apply(host: Host, name: str, dry_run: bool = False, note=_quiet) -> ApplyRes
             diff = _drift_diff(transport, host, ps.package,
                                {p: _image_bytes(p, state, known, version, wheel) for p in plan.drifted})
             raise PatchRefused(f"{', '.join(plan.drifted)} changed by hand (neither pristine nor"
-                               f" the image of {' + '.join(current) or 'nothing'}); nothing written", diff)
+                               f" the image of {' + '.join(current) or 'nothing'}); nothing written;"
+                               f" {drift_advice(host.name, ps.package, version, state, plan.drifted)}", diff)
         result = ApplyResult(host.name, current, desired, plan.rows, dry_run, 0, patchset=name,
                              recovered=probe["recovered"], notes=_probe_notes(probe))
         if not plan.nothing_to_do and not dry_run:
@@ -275,6 +294,9 @@ def verify(host: Host, all_files: bool = False, package: str = "sglang", note=_q
                 result.files.append(FileChange(p, status, None, "differs from the installed RECORD"))
         if any(f.status in ("drifted", "missing") for f in result.files):
             result.ok = False
+            differ = [f.path for f in result.files if f.status in ("drifted", "missing") and f.path not in damaged]
+            if differ:
+                result.next_step = drift_advice(host.name, package, probe["version"], state, differ)
         if damaged:
             result.notes.append(f"once the cause is gone, `invoke patch revert --all --force --host {host.name}`"
                                 f" restores {', '.join(sorted(damaged))} (from the backups, else from the wheel)")

@@ -203,9 +203,11 @@ def _releases(folder: Path) -> dict[str, list[str]]:
                                 f" e.g. 0.5.11 or 0.5.15.post1")
         names = sorted(p.name for p in sub.glob("*.patch"))
         if not names:
-            raise PatchsetError(f"{folder.name}/{sub.name}/ holds no .patch file; write one with"
-                                f" `invoke patch edit {folder.name} --version {sub.name}` then"
-                                f" `invoke patch refresh {folder.name}`, or remove the folder")
+            raise PatchsetError(f"{folder.name}/{sub.name}/ holds no .patch file; remove the empty folder"
+                                f" (`rmdir {sub}`); diffs for {sub.name} come from `invoke patch port"
+                                f" {folder.name} --to {sub.name}` (from another release), or, while"
+                                f" {folder.name} has none yet, `invoke patch edit {folder.name} --release"
+                                f" {sub.name}` then `invoke patch refresh {folder.name}`")
         releases[sub.name] = names
     return releases
 

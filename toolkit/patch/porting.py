@@ -166,7 +166,7 @@ def _pick_releases(ps: patchsets.Patchset, to: str, source: str | None) -> str:
         raise PortError(f"--to {to!r} is not a release name like 0.5.17")
     if to in ps.versions:
         raise PortError(f"{ps.name} already has diffs for {to} ({ps.release_folder(to)}); change them with"
-                        f" `invoke patch edit {ps.name} --version {to}` then `invoke patch refresh {ps.name}`")
+                        f" `invoke patch edit {ps.name} --release {to}` then `invoke patch refresh {ps.name}`")
     if source is None:
         if not ps.versions:
             raise PortError(f"{ps.name} has no diffs to port yet")
