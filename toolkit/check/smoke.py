@@ -110,11 +110,53 @@ class LogProblem:
         return f"line {self.line_number}: {lines[0].strip()[:200] if lines else ''}"
 
 
+# A log too long to read whole (the host reads its last 4 MiB) comes as the problem blocks of its
+# earlier lines, found on the host with PROBLEM_LINE, then its end; each part after a line
+# "[toolkit] log lines A-B ..." that gives the log's own line numbers (excerpted_log).
+EXCERPT_FIRST = "[toolkit] this log has "
+EXCERPT_HEAD = re.compile(r"^\[toolkit\] log lines (\d+)-(\d+)\b")
+EXCERPT_OMITTED = re.compile(r"^\[toolkit\] \d+ more problem block\(s\)")
+
+
+def excerpted_log(scan: dict, tail: str) -> str:
+    """The text of a log that the host scanned (server_ctl's `scan` answer) for scan_log and people."""
+    rows = [f"{EXCERPT_FIRST}{scan['lines']} lines; of lines 1-{scan['tail_line'] - 1}, before its "
+            f"last 4 MiB, only the blocks that the smoke's log check flags are shown"]
+    for first, text in scan["blocks"]:
+        last = first + len(text.splitlines()) - 1
+        rows += [f"[toolkit] log lines {first}-{last}:", text]
+    if scan.get("omitted"):
+        rows.append(f"[toolkit] {scan['omitted']} more problem block(s) before line {scan['tail_line']} "
+                    f"not shown (over 1 MiB of them)")
+    rows.append(f"[toolkit] log lines {scan['tail_line']}-{scan['lines']} (the end of the log):")
+    rows.append(tail)
+    return "\n".join(rows)
+
+
+def _line_numbers(lines: list[str]) -> list[int | None]:
+    """Each line's number in the log (None for excerpted_log's own lines)."""
+    if not lines or not lines[0].startswith(EXCERPT_FIRST):
+        return list(range(1, len(lines) + 1))
+    numbers: list[int | None] = []
+    number = 0
+    for line in lines:
+        head = EXCERPT_HEAD.match(line)
+        if head or line.startswith("[toolkit] "):
+            number = int(head.group(1)) - 1 if head else number
+            numbers.append(None)
+        else:
+            number += 1
+            numbers.append(number)
+    return numbers
+
+
 def _traceback_end(lines: list[str], start: int) -> int:
     """Index of the last line of the traceback starting at `start` (its exception line)."""
     i = start + 1
     while i < len(lines):
         line = lines[i]
+        if EXCERPT_HEAD.match(line):   # an excerpt cut short
+            return i - 1
         if not line.strip() or line[:1].isspace():
             i += 1
             continue
@@ -130,12 +172,18 @@ def _traceback_end(lines: list[str], start: int) -> int:
 def scan_log(text: str, allow=DEFAULT_LOG_ALLOW) -> tuple[list[LogProblem], list[str]]:
     """Problems in a server log and the reasons of the allowed ones that were skipped."""
     lines = text.splitlines()
+    numbers = _line_numbers(lines)
     allow_patterns = [(re.compile(pattern), why) for pattern, why in allow]
     problems: list[LogProblem] = []
     excused: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
+        if numbers[i] is None:   # excerpted_log's own line
+            if EXCERPT_OMITTED.match(line):
+                problems.append(LogProblem(max(filter(None, numbers[:i]), default=1), line))
+            i += 1
+            continue
         if not PROBLEM_LINE.search(line):
             i += 1
             continue
@@ -147,7 +195,7 @@ def scan_log(text: str, allow=DEFAULT_LOG_ALLOW) -> tuple[list[LogProblem], list
         if reason:
             excused.append(reason)
         else:
-            problems.append(LogProblem(i + 1, "\n".join(lines[i:end + 1])))
+            problems.append(LogProblem(numbers[i], "\n".join(lines[i:end + 1])))
         i = end + 1
     return problems, excused
 
@@ -404,7 +452,8 @@ def judge_log(text: str, allow=DEFAULT_LOG_ALLOW) -> str:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CheckFailed(f"{len(problems)} problem(s): {shown}{more}")
     note = f", {len(excused)} known-harmless skipped" if excused else ""
-    return f"{len(text.splitlines())} lines clean{note}"
+    numbers = [n for n in _line_numbers(text.splitlines()) if n is not None]
+    return f"{numbers[-1] if numbers else 0} lines clean{note}"
 
 
 # -- doing: one method per check, each asks the server and hands what it saw to a judge ----

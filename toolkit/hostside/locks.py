@@ -1,5 +1,5 @@
-# The one flock helper of the host code: the patch state lock, the rollout journal lock and the
-# provision lock are all this. Standard library only, Python 3.8+.
+# The one flock helper of the host code: the patch state lock, the rollout journal lock, the
+# provision lock and the server lock are all this. Standard library only, Python 3.8+.
 import errno
 import fcntl
 import os

@@ -112,16 +112,23 @@ def _run_payload(path, timeout=3600):
     return {"_error": "no answer (exit %d): %s" % (done.returncode, text[-800:])}
 
 
-def _server_unchanged(journal):
-    """The server that ran before the rollout still runs, the same start (so it was never restarted)."""
-    before = journal["before"].get("server")
+def _recorded_server(journal):
+    """server.json of the server recorded as running on the host (active.json names it), or None."""
     root = os.path.join(journal["state_dir"], "server")
     try:
         with open(os.path.join(root, "active.json")) as f:
             profile = json.load(f).get("profile")
         with open(os.path.join(root, profile, "server.json")) as f:
-            record = json.load(f)
+            return json.load(f)
     except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _server_unchanged(journal):
+    """The server that ran before the rollout still runs, the same start (so it was never restarted)."""
+    before = journal["before"].get("server")
+    record = _recorded_server(journal)
+    if record is None:
         return before is None, None
     if before is None:
         return False, record
@@ -168,11 +175,15 @@ def bring_back_server(journal):
         return {"server": "unchanged", "pid": record and record.get("pid")}
     payloads = journal["payloads"]
     answer = {"stopped": _run_payload(payloads["stop"])}
-    if answer["stopped"].get("_error") or (answer["stopped"].get("stopped") is False
-                                          and answer["stopped"].get("was_running")):
+    stopped = answer["stopped"]
+    trouble = stopped.get("_error") or (stopped.get("stopped") is False and stopped.get("was_running")
+                                        and stopped.get("reason"))
+    # Processes that outlived the stop keep the old server from starting again. A stop that failed
+    # otherwise (GPU memory not idle yet, nvidia-smi broken) leaves that to the start's own checks.
+    left = stopped.get("survivors") or (stopped.get("_error") and alive((_recorded_server(journal) or {}).get("pid")))
+    if left or (trouble and not payloads.get("start")):
         answer["server"] = "failed"
-        answer["reason"] = "the server did not stop: %s" % (answer["stopped"].get("_error")
-                                                            or answer["stopped"].get("reason"))
+        answer["reason"] = "the server did not stop: %s" % trouble
         return answer
     if not payloads.get("start"):
         answer["server"] = "none (none ran before)"

@@ -7,7 +7,9 @@
 #   ROOT/NAME/server.log          symlink to the newest of those (the current or last run)
 #   ROOT/NAME/server.pid          pid of the process-group leader
 #   ROOT/NAME/server.json         what was started, when, with which options and readiness rule, GPU idle levels
+#   ROOT/lock                     flock'ed by start (its checks up to the record), stop and a failed start's cleanup
 import errno
+import http.client
 import json
 import os
 import re
@@ -19,7 +21,13 @@ import time
 import urllib.error
 import urllib.request
 
+from .locks import FileLock, LockBusy
+
 LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 4 * 1024 * 1024   # what `logs` reads of a log; before that, problem blocks only (scan)
+SCAN_BLOCK_LINES = 200             # the most lines of one problem block (a traceback) from before the tail
+SCAN_BYTES = 1024 * 1024           # the most bytes of problem blocks from before the tail
+LOCK_WAIT_S = 180   # a start's checks (two nvidia-smi calls) or a stop's TERM grace + KILL wait
 
 
 # -- files --------------------------------------------------------------------------------
@@ -33,7 +41,7 @@ def _read_json(path):
 
 
 def _write_json(path, data):
-    tmp = path + ".tmp"
+    tmp = "%s.tmp%d" % (path, os.getpid())   # per process, as patch_hostlib.write_atomic
     with open(tmp, "w") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
         handle.write("\n")
@@ -43,7 +51,7 @@ def _write_json(path, data):
 
 
 def _write_text(path, text, mode=0o644):
-    tmp = path + ".tmp"
+    tmp = "%s.tmp%d" % (path, os.getpid())
     with open(tmp, "w") as handle:
         handle.write(text)
     os.chmod(tmp, mode)
@@ -55,7 +63,7 @@ def _tail(path, lines=LOG_TAIL_LINES, rank=None):
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - 4 * 1024 * 1024))
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
@@ -64,6 +72,74 @@ def _tail(path, lines=LOG_TAIL_LINES, rank=None):
     if lines:
         rows = rows[-lines:]
     return "\n".join(rows)
+
+
+_TRACEBACK = b"Traceback (most recent call last)"
+_CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
+
+
+def _in_traceback(line):
+    """Whether a line after a traceback's first one still belongs to it (else it is its exception line)."""
+    return not line.strip() or line[:1].isspace() or line.startswith(_CHAINED) or _TRACEBACK in line
+
+
+def _scan(path, problem):
+    """A log too long to read whole: its last LOG_TAIL_BYTES as whole lines and, from the lines
+    before them, only the blocks that the regex `problem` (the smoke's problem lines) flags, each
+    with the line before it, a traceback through its exception line (as toolkit/check/smoke.py
+    takes them). Returns None when the whole log fits in the tail, else {"text": the tail,
+    "tail_line": its first line's number, "lines": the log's lines, "blocks": [[first line number,
+    text], ...], "omitted": blocks beyond SCAN_BYTES}."""
+    problem = re.compile(problem.encode())
+    try:
+        handle = open(path, "rb")
+    except OSError:
+        return None
+    with handle:
+        cut = os.fstat(handle.fileno()).st_size - LOG_TAIL_BYTES
+        if cut <= 0:
+            return None
+        blocks, omitted, kept, last = [], 0, 0, 0
+        pos, number, prev, block, traceback = 0, 0, None, None, False
+
+        def finish(block):
+            nonlocal kept, omitted, last
+            last = block[0] + len(block[1]) - 1
+            size = sum(len(line) for line in block[1])
+            if kept + size > SCAN_BYTES:
+                omitted += 1
+                return
+            kept += size
+            blocks.append([block[0], b"".join(block[1]).decode("utf-8", "replace").rstrip("\n")])
+
+        while pos < cut or (block and traceback):   # a traceback that began before the cut is read to its end
+            line = handle.readline()
+            if not line:
+                break
+            pos += len(line)
+            number += 1
+            if block and traceback and len(block[1]) < SCAN_BLOCK_LINES:
+                block[1].append(line)
+                traceback = _in_traceback(line)
+                if not traceback:
+                    finish(block)
+                    block = None
+                continue
+            if block:
+                finish(block)
+                block = None
+            if problem.search(line):
+                before = [prev] if prev is not None and last < number - 1 else []
+                block, traceback = [number - len(before), before + [line]], _TRACEBACK in line
+                if not traceback:
+                    finish(block)
+                    block = None
+            prev = line
+        if block:
+            finish(block)
+        tail = handle.read().decode("utf-8", "replace")
+    return {"text": tail.rstrip("\n"), "tail_line": number + 1, "lines": number + tail.count("\n"),
+            "blocks": blocks, "omitted": omitted}
 
 
 def _rank_pattern(rank):
@@ -87,14 +163,31 @@ def _rank_rows(rows, rank):
 # -- processes ----------------------------------------------------------------------------
 
 def _proc_stat(pid):
-    """(state, pgid, sid) from /proc, or None when the process is gone."""
+    """(state, pgid, sid, start time in clock ticks since boot) from /proc, or None when the
+    process is gone."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
             data = handle.read()
     except OSError:
         return None
-    fields = data[data.rindex(")") + 2:].split()
-    return fields[0], int(fields[2]), int(fields[3])
+    fields = data[data.rindex(")") + 2:].split()   # fields[0] is field 3 of proc(5), state
+    return fields[0], int(fields[2]), int(fields[3]), int(fields[19])
+
+
+def _start_time(pid):
+    stat = _proc_stat(pid) if pid else None
+    return stat and stat[3]
+
+
+def _reused(leader, started):
+    """Whether the pid `leader` now names another process than the one started at `started`
+    (its /proc start time; None, from a record of an older toolkit: cannot tell, so no). Linux
+    frees a pid only once no process has it as pid, group or session, so then nothing of the
+    recorded server is left."""
+    if not leader or started is None:
+        return False
+    now = _start_time(leader)
+    return now is not None and now != started
 
 
 def _alive(pid):
@@ -133,9 +226,10 @@ def _scheduler_ranks(members):
     return ranks
 
 
-def _group_members(leader):
-    """Live pids whose process group or session is the leader's (TP workers, their helpers)."""
-    if not leader:
+def _group_members(leader, started=None):
+    """Live pids whose process group or session is the leader's (TP workers, their helpers);
+    none when the leader's pid was reused (`started`: its recorded start time)."""
+    if not leader or _reused(leader, started):
         return []
     if not os.path.isdir("/proc"):
         return [leader] if _alive(leader) else []
@@ -149,13 +243,16 @@ def _group_members(leader):
     return sorted(members)
 
 
-def _signal_group(leader, sig):
-    for pgid in sorted({leader} | {(_proc_stat(p) or (0, leader, 0))[1] for p in _group_members(leader)}):
+def _signal_group(leader, sig, started=None):
+    members = _group_members(leader, started)
+    if not members:
+        return
+    for pgid in sorted({leader} | {(_proc_stat(p) or (0, leader))[1] for p in members}):
         try:
             os.killpg(pgid, sig)
         except OSError:
             pass
-    for pid in _group_members(leader):  # members that moved to a group of their own
+    for pid in _group_members(leader, started):  # members that moved to a group of their own
         try:
             os.kill(pid, sig)
         except OSError:
@@ -175,25 +272,26 @@ def _reap(pid):
     return os.WEXITSTATUS(status)
 
 
-def _wait_gone(leader, seconds):
+def _wait_gone(leader, seconds, started=None):
     deadline = time.monotonic() + seconds
     while True:
         _reap(leader)
-        members = _group_members(leader)
+        members = _group_members(leader, started)
         if not members or time.monotonic() >= deadline:
             return members
         time.sleep(0.1)
 
 
-def _terminate(leader, grace):
-    """TERM the group, KILL what is left after `grace` s; returns (signal that ended it, survivors)."""
-    if not _group_members(leader):
+def _terminate(leader, grace, started=None):
+    """TERM the group, KILL what is left after `grace` s; returns (signal that ended it, survivors).
+    `started`: the leader's recorded start time (a reused pid is left alone)."""
+    if not _group_members(leader, started):
         return None, []
-    _signal_group(leader, signal.SIGTERM)
-    if not _wait_gone(leader, grace):
+    _signal_group(leader, signal.SIGTERM, started)
+    if not _wait_gone(leader, grace, started):
         return "TERM", []
-    _signal_group(leader, signal.SIGKILL)
-    return "KILL", _wait_gone(leader, 10)
+    _signal_group(leader, signal.SIGKILL, started)
+    return "KILL", _wait_gone(leader, 10, started)
 
 
 # -- GPUs ---------------------------------------------------------------------------------
@@ -299,8 +397,8 @@ def _healthy(url):
     try:
         with _NO_PROXY.open(url, timeout=3) as answer:
             return 200 <= answer.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        return False   # HTTPException: a malformed answer (BadStatusLine, LineTooLong) is not healthy
 
 
 # -- readiness ----------------------------------------------------------------------------
@@ -332,7 +430,8 @@ def _paths(root, profile):
     return {"dir": folder, "script": os.path.join(folder, "launch.sh"), "unit": os.path.join(folder, "toolkit-server.service"),
             "log": os.path.join(folder, "server.log"), "logs": os.path.join(folder, "logs"),
             "pid": os.path.join(folder, "server.pid"),
-            "record": os.path.join(folder, "server.json"), "active": os.path.join(root, "active.json")}
+            "record": os.path.join(folder, "server.json"), "active": os.path.join(root, "active.json"),
+            "lock": _lock_path(root)}
 
 
 # -- one log per start ----------------------------------------------------------------------
@@ -388,7 +487,7 @@ def _new_log(p, profile, keep):
             break
         except FileExistsError:
             continue
-    link_tmp = p["log"] + ".tmp"
+    link_tmp = "%s.tmp%d" % (p["log"], os.getpid())
     try:
         os.unlink(link_tmp)
     except OSError:
@@ -466,14 +565,35 @@ def _active(root):
     return profile, _read_json(_paths(root, profile)["record"])
 
 
+def _lock_path(root):
+    return os.path.join(root, "lock")
+
+
+def _lock(path):
+    return FileLock(path, LOCK_WAIT_S)
+
+
+def _busy_reason(path):
+    return "another server start or stop on this host still held %s after %d s; try again once it is done" % (
+        path, LOCK_WAIT_S)
+
+
+def _same_launch(a, b):
+    return bool(a and b) and (a.get("pid"), a.get("started_at")) == (b.get("pid"), b.get("started_at"))
+
+
 def _failed(record, p, reason, grace=10):
-    how, survivors = _terminate(record.get("pid"), grace)
+    how, survivors = _terminate(record.get("pid"), grace, record.get("pid_start"))
     record.update(status="failed", failure=reason, stopped_at=time.time())
-    _write_json(p["record"], record)
     try:
-        os.unlink(p["active"])
-    except OSError:
-        pass
+        with _lock(p["lock"]):
+            # a start that came once this one's processes were gone may have recorded its own server
+            if _same_launch(_read_json(p["record"]), record):
+                _write_json(p["record"], record)
+                if (_read_json(p["active"]) or {}).get("profile") == record.get("profile"):
+                    os.unlink(p["active"])
+    except LockBusy:
+        pass   # left recorded as starting: status calls it dead, the next start clears it
     return {"status": "failed", "reason": reason, "log_tail": _tail(record.get("log_path") or p["log"]),
             "record": record, "killed_with": how, "survivors": survivors}
 
@@ -491,7 +611,7 @@ def _wait(root, profile, seconds, poll=0.25):
     while True:
         reaped = _reap(leader)
         exit_code = reaped if reaped is not None else exit_code
-        if not _alive(leader):
+        if not _alive(leader) or _reused(leader, record.get("pid_start")):
             code = "" if exit_code is None else (" (exit code %d)" % exit_code if exit_code >= 0
                                                  else " (killed by signal %d)" % -exit_code)
             return _failed(record, p, "the server exited during startup%s; see the log tail" % code)
@@ -527,6 +647,35 @@ def _wait(root, profile, seconds, poll=0.25):
 # -- actions ------------------------------------------------------------------------------
 
 def start(args):
+    """Check, launch and record under the lock (so two starts cannot both launch), then wait."""
+    root = args["root"]
+    profile = args["plan"]["profile"]
+    p = _paths(root, profile)
+    try:
+        with _lock(p["lock"]):
+            notes = _clear_reused(root)
+            answer = _launch(args)
+    except LockBusy:
+        return {"status": "refused", "reason": _busy_reason(p["lock"])}
+    if answer["status"] != "launched":
+        return answer
+    waited = _wait(root, profile, args["wait_s"])
+    waited["notes"] = notes + answer["notes"]
+    return waited
+
+
+def _clear_reused(root):
+    """Clear the record of a server whose leader's pid now names another process (that server is
+    gone; Linux reuses a pid only once nothing of its group is left)."""
+    profile, record = _active(root)
+    if not record or not _reused(record.get("pid"), record.get("pid_start")):
+        return []
+    os.unlink(os.path.join(root, "active.json"))
+    return ["previous server %s (pid %s) had died and its pid is now another process's; its record was cleared"
+            % (profile, record.get("pid"))]
+
+
+def _launch(args):
     root = args["root"]
     plan = args["plan"]
     profile = plan["profile"]
@@ -594,12 +743,15 @@ def start(args):
                   server_dir=p["dir"], idle_gpu_memory=idle, log_lines=plan["log_lines"],
                   rank_log_lines=plan["rank_log_lines"], tp_size=plan["tp_size"],
                   patch_stack=_patch_stack(args.get("patch_state")))
-    _write_text(p["pid"], "%d\n" % child.pid)
-    _write_json(p["record"], record)
-    _write_json(p["active"], {"profile": profile})
-    answer = _wait(root, profile, args["wait_s"])
-    answer["notes"] = notes
-    return answer
+    try:
+        record["pid_start"] = _start_time(child.pid)   # tells the leader from a later process given its pid
+        _write_text(p["pid"], "%d\n" % child.pid)
+        _write_json(p["record"], record)
+        _write_json(p["active"], {"profile": profile})
+    except BaseException:
+        _terminate(child.pid, 5)   # never leave a server running that no record names
+        raise
+    return {"status": "launched", "notes": notes}
 
 
 def wait(args):
@@ -615,7 +767,7 @@ def status(args):
     if not profile:
         last = _last_record(root)
         return {"running": False, "record": None, "last": last}
-    members = _group_members(record.get("pid")) if record else []
+    members = _group_members(record.get("pid"), record.get("pid_start")) if record else []
     answer = {"running": bool(members), "record": record, "members": members, "profile": profile}
     if record:
         answer["healthy"] = bool(members) and _healthy(record["base_url_on_host"] + record["health_endpoint"])
@@ -653,11 +805,34 @@ def stop(args):
     profile, record = _active(root)
     if not profile:
         return {"stopped": False, "reason": "no server is recorded as running", "notes": []}
-    p = _paths(root, profile)
-    leader = (record or {}).get("pid")
-    was_running = bool(_group_members(leader))
+    leader, started = (record or {}).get("pid"), (record or {}).get("pid_start")
     t0 = time.monotonic()
-    how, survivors = _terminate(leader, args["grace"])
+    try:
+        with _lock(_lock_path(root)):
+            profile, record = _active(root)   # again: a start may have been recording its server
+            if not profile:
+                return {"stopped": False, "reason": "no server is recorded as running", "notes": []}
+            answer = _stop_recorded(root, profile, record, args["grace"], t0)
+    except LockBusy:
+        return {"stopped": False, "profile": profile, "pid": leader, "signal": None, "survivors": [],
+                "was_running": bool(_group_members(leader, started)), "stop_s": round(time.monotonic() - t0, 2),
+                "reason": _busy_reason(_lock_path(root)), "notes": []}
+    if answer["survivors"]:
+        return answer
+    if args.get("shared_gpu"):
+        answer["gpu_memory"] = None
+        answer["notes"].append(SHARED_GPU_NOTE)
+        return answer
+    _check_memory_back(args, record, answer)
+    return answer
+
+
+def _stop_recorded(root, profile, record, grace, t0):
+    """TERM/KILL the recorded server and clear its record (under the lock)."""
+    p = _paths(root, profile)
+    leader, started = (record or {}).get("pid"), (record or {}).get("pid_start")
+    was_running = bool(_group_members(leader, started))
+    how, survivors = _terminate(leader, grace, started)
     answer = {"stopped": not survivors, "profile": profile, "pid": leader, "was_running": was_running,
               "signal": how, "survivors": survivors, "stop_s": round(time.monotonic() - t0, 2), "notes": []}
     if survivors:
@@ -670,19 +845,32 @@ def stop(args):
     if record:
         record.update(status="stopped", stopped_at=time.time(), stopped_with=how)
         _write_json(p["record"], record)
-    if args.get("shared_gpu"):
+    return answer
+
+
+def _check_memory_back(args, record, answer):
+    """After the server is gone: wait for GPU memory back to idle; when it stays held, the stop
+    failed. nvidia-smi failing or hanging (a wedged GPU) does not undo the stop: it is said, with
+    `gpu_check_error`."""
+    try:
+        over, now = _memory_back_to_idle(args["nvidia_smi"], (record or {}).get("idle_gpu_memory"),
+                                         args["slack_mib"], args["memory_wait_s"])
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
         answer["gpu_memory"] = None
-        answer["notes"].append(SHARED_GPU_NOTE)
-        return answer
-    over, now = _memory_back_to_idle(args["nvidia_smi"], (record or {}).get("idle_gpu_memory"),
-                                     args["slack_mib"], args["memory_wait_s"])
+        answer["gpu_check_error"] = str(exc)
+        answer["notes"].append("GPU memory not checked after the stop: %s" % exc)
+        return
     if over is None:
         answer["gpu_memory"] = None
         answer["notes"].append("%s not found on the host: GPU memory check skipped" % args["nvidia_smi"])
     else:
         answer["gpu_memory"] = now
         if over:
-            holders = _gpu_holders(args["nvidia_smi"]) or []
+            try:
+                holders = _gpu_holders(args["nvidia_smi"]) or []
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                holders = []
+                answer["notes"].append("cannot list the processes holding GPU memory: %s" % exc)
             answer["stopped"] = False
             answer["holders"] = holders
             idle = {g["index"]: g["used_mib"] for g in (record or {}).get("idle_gpu_memory") or []}
@@ -691,7 +879,6 @@ def stop(args):
             answer["reason"] = ("GPU memory is not back to idle after %ds: %s; held by: %s%s" % (
                 args["memory_wait_s"], gpus, _describe_holders(holders) or "no listed process",
                 "; clear with: kill -9 %s" % pids if pids else ""))
-    return answer
 
 
 def _log_for(args, p):
@@ -738,14 +925,23 @@ def logs(args):
             logs = _run_logs(p)
             if path in logs:
                 paths = logs[max(0, logs.index(path) - runs + 1):logs.index(path) + 1]
-        text = "\n".join(filter(None, (_tail(one, None, args.get("rank")) for one in paths)))
+        scan = None
+        if args.get("problems") and len(paths) == 1 and args.get("rank") is None and not args.get("lines"):
+            scan = _scan(path, args["problems"])
+        if scan:
+            text = scan.pop("text")
+        else:
+            text = "\n".join(filter(None, (_tail(one, None, args.get("rank")) for one in paths)))
         if args.get("lines"):
             text = "\n".join(text.splitlines()[-int(args["lines"]):])
         try:
             offset = os.path.getsize(path)
         except OSError:
             offset = 0
-        return {"profile": profile, "text": text, "offset": offset, "log_path": path, "latest": latest}
+        answer = {"profile": profile, "text": text, "offset": offset, "log_path": path, "latest": latest}
+        if scan:
+            answer["scan"] = scan
+        return answer
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size

@@ -116,6 +116,7 @@ class StopResult:
     reason: str = ""
     round_trips: int | None = None
     notes: list[str] = field(default_factory=list)
+    gpu_check_error: str = ""        # nvidia-smi failed or hung after the stop: memory not checked
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -349,16 +350,18 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
     meta = args["meta"]
     try:
         answer = _start_and_wait(host, launch, args, timeout, wait_chunk, progress)
-    except (KeyboardInterrupt, TransportError) as exc:
-        # The launch may have happened before the interruption: take it down again.
+    except (KeyboardInterrupt, TransportError, ServerError) as exc:
+        # The launch may have happened before the interruption or the host-side error: take it down again.
+        what = ("was interrupted" if isinstance(exc, (KeyboardInterrupt, TransportError))
+                else f"failed on the host ({exc})")
         try:
             with host.connect() as transport:
                 recorded = _ctl(transport, host, "status", 60).get("record") or {}
             if recorded.get("launch_id") == meta["launch_id"]:
-                progress(f"{host.name}: start of {profile_name} interrupted; stopping what it launched")
+                progress(f"{host.name}: start of {profile_name} {what}; stopping what it launched")
                 stop(host, grace=10, memory_wait=0)
         except Exception as cleanup:  # report both: the server may be left running
-            raise ServerError(f"{host.name}: start of {profile_name} was interrupted and the cleanup failed "
+            raise ServerError(f"{host.name}: start of {profile_name} {what} and the cleanup failed "
                               f"({cleanup}); check with: invoke server status --host {host.name}") from exc
         raise
     notes += answer.get("notes", [])
@@ -518,7 +521,8 @@ def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None 
                       profile=answer["profile"], pid=answer["pid"], signal=answer["signal"],
                       stop_s=answer["stop_s"], gpu_memory=answer.get("gpu_memory"),
                       holders=answer.get("holders", []), reason=answer.get("reason", ""),
-                      round_trips=answer["round_trips"], notes=answer.get("notes", []))
+                      round_trips=answer["round_trips"], notes=answer.get("notes", []),
+                      gpu_check_error=answer.get("gpu_check_error", ""))
 
 
 def status(host: Host, transport: Transport | None = None) -> ServerState | None:
@@ -538,12 +542,21 @@ def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, s
              profile: str | None = None, run: int = 0) -> str:
     """The server log of the current (or last) run; `rank` keeps TP{rank}'s lines; `lines` the last N.
 
-    since_start=False puts the previous run's log in front; `run` N reads the Nth run before it."""
+    since_start=False puts the previous run's log in front; `run` N reads the Nth run before it.
+
+    The host reads a log's last 4 MiB; of one run's whole log longer than that (no `rank` or
+    `lines`), the host scans the earlier lines for the smoke's problem lines and sends their blocks
+    too, with the log's line numbers (`smoke.excerpted_log`), so the smoke's log check sees them."""
+    from toolkit.check import smoke   # the problem lines it looks for
+
+    whole = rank is None and not lines and since_start
     with host.connect() as transport:
-        answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines, profile=profile, run=run,
-                      runs=1 if since_start else 2)
+        answer = _ctl(transport, host, "logs", 300 if whole else 60, rank=rank, lines=lines, profile=profile,
+                      run=run, runs=1 if since_start else 2, problems=smoke.PROBLEM_LINE.pattern if whole else None)
     if answer.get("reason") and answer.get("log_path") is None and run:
         raise ServerError(f"{host.name}: {answer['reason']}")
+    if answer.get("scan"):
+        return smoke.excerpted_log(answer["scan"], answer["text"])
     return answer["text"]
 
 
