@@ -41,6 +41,13 @@ def int_option(value, option: str, default: int | None = None, takes: str = "an 
         fail(f"{option} takes {takes}, got {value!r}", code=2)
 
 
+def host_message(host: Host, error: BaseException) -> str:
+    """The error as `HOST: message`, the host named once (engine errors such as the server's name it
+    themselves, so that rollout and bench can pass them on as they are)."""
+    text = str(error)
+    return text if text.startswith(f"{host.name}: ") else f"{host.name}: {text}"
+
+
 def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False,
            show: Callable[[Any], None] | None = None) -> None:
     """Print per-host errors (and, with `show`, each good result); exit non-zero when any host
@@ -48,7 +55,7 @@ def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda v
     bad = 0
     for outcome in outcomes:
         if outcome.error is not None:
-            report.error(f"{outcome.host.name}: {outcome.error}")
+            report.error(host_message(outcome.host, outcome.error))
             bad += 1
             continue
         if show is not None:

@@ -139,6 +139,21 @@ def test_errors_quoting_log_lines_are_printed_verbatim(capsys):
     assert message in capsys.readouterr().err
 
 
+def test_an_error_line_names_its_host_once(capsys):
+    from invoke.exceptions import Exit
+
+    from toolkit.core.inventory import Host
+    from toolkit.core.parallel import HostOutcome
+    from toolkit_cli.server import finish
+
+    with pytest.raises(Exit):
+        finish([HostOutcome(Host(name="h"), error=RuntimeError("h: not starting p: already running")),
+                HostOutcome(Host(name="h2"), error=RuntimeError("cannot reach 127.0.0.1:9"))])
+    err = capsys.readouterr().err
+    assert "error: h: not starting p" in err and "h: h:" not in err
+    assert "error: h2: cannot reach 127.0.0.1:9" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["start"], "needs a profile; one of: "),
     (["frobnicate"], "unknown action 'frobnicate'"),
