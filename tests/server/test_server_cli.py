@@ -62,6 +62,22 @@ def test_start_status_logs_stop_through_invoke(cli):
     assert status.returncode == 0 and "not running" in status.stdout
 
 
+def test_the_already_running_refusal_advises_a_stop_of_that_host_which_works_pasted(cli):
+    started = cli("start", "cpu-ref", "--host", "cpu-test", "--timeout", "180")
+    try:
+        assert started.returncode == 0, started.stderr
+        again = cli("start", "cpu-ref", "--host", "cpu-test")
+        assert again.returncode == 1
+        assert "error: cpu-test: not starting cpu-ref: a server is already running" in again.stderr
+        advice = again.stderr.split("stop it first with: ", 1)[1].split("\n")[0].strip()
+        assert advice == "invoke server stop --host cpu-test"
+        pasted = cli(*shlex.split(advice)[2:])                  # the advice, typed as printed
+        assert pasted.returncode == 0 and "cpu-ref pid" in pasted.stdout, pasted.stderr
+        assert "not running" in cli("status", "--host", "cpu-test").stdout
+    finally:
+        cli("stop", "--host", "cpu-test", "--grace", "10")
+
+
 def test_model_action_makes_the_reference_model_on_the_host_once(cli, ref_model):
     done = cli("model", "--host", "cpu-test")
     assert done.returncode == 0, done.stderr

@@ -536,7 +536,8 @@ def start(args):
     if running_profile:
         if running and _group_members(running.get("pid")):
             return {"status": "refused", "reason": "a server is already running: profile %s, pid %s, port %s; "
-                    "stop it first with: invoke server stop" % (running_profile, running.get("pid"), running.get("port"))}
+                    "stop it first with: invoke server stop --host %s"
+                    % (running_profile, running.get("pid"), running.get("port"), args["meta"]["host"])}
         notes.append("previous server %s (pid %s) had died; its record was cleared" %
                      (running_profile, running and running.get("pid")))
         os.unlink(p["active"])
