@@ -12,7 +12,7 @@ from toolkit.core import report
 
 from toolkit_cli import predictions
 from toolkit_cli.common import (HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts,
-                                threshold_option)
+                                seconds_option, threshold_option)
 from toolkit_cli.parsing import command
 
 ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
@@ -49,7 +49,7 @@ TAKES_PROFILE = ("start", "render", "restart", "logs")
 
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     return {"port": int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
-            "tp_size": int_option(tp, "--tp"), "dyn_threshold": threshold_option(threshold),
+            "tp_size": int_option(tp, "--tp", minimum=1), "dyn_threshold": threshold_option(threshold),
             "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
 
 
@@ -101,6 +101,9 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         fail(f"`invoke server {action}` takes no profile (got {profile!r})", code=2)
     try:
         overrides = _overrides(port, model, draft_model, tp, threshold, hysteresis)
+        timeout = seconds_option(timeout, "--timeout", positive=True)
+        grace = seconds_option(grace, "--grace", server.DEFAULT_GRACE)
+        memory_wait = seconds_option(memory_wait, "--memory-wait")
         if profile:
             profiles.load_profile(profile)  # a bad name is bad input (exit 2), not a host failure
         if action == "profiles":
@@ -108,14 +111,12 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         if action == "render" or (action == "start" and dry_run):
             return _render(host, profile, overrides, action == "start", not skip_patch_check)
         if action == "start":
-            return _start(host, profile, overrides, float(timeout or server.DEFAULT_TIMEOUT), not skip_patch_check, json_)
+            return _start(host, profile, overrides, timeout or server.DEFAULT_TIMEOUT, not skip_patch_check, json_)
         if action == "restart":
-            return _restart(host, profile, overrides, None if timeout is None else float(timeout),
-                            False if skip_patch_check else None, float(server.DEFAULT_GRACE if grace is None else grace),
-                            None if memory_wait is None else float(memory_wait), dry_run, json_)
+            return _restart(host, profile, overrides, timeout, False if skip_patch_check else None, grace,
+                            memory_wait, dry_run, json_)
         if action == "stop":
-            return _stop(host, float(server.DEFAULT_GRACE if grace is None else grace),
-                         None if memory_wait is None else float(memory_wait), json_)
+            return _stop(host, grace, memory_wait, json_)
         if action == "status":
             return _status(host, json_)
         if action == "dashboard":
@@ -123,13 +124,15 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         if action == "watch":
             from toolkit_cli import watch as watch_cli
 
-            return watch_cli.watch(host, float(interval or 2.0), once, int_option(polls, "--polls"), json_,
-                                   record or None)
+            return watch_cli.watch(host, seconds_option(interval, "--interval", 2.0, positive=True), once,
+                                   int_option(polls, "--polls"), json_, record or None)
         if action == "logs":
             if list_:
                 return _list_logs(host, profile)
-            return _logs(host, profile, follow, int_option(rank, "--rank"), int_option(lines, "--lines", 50),
-                         float(duration or 600), int_option(run, "--run", 0))
+            return _logs(host, profile, follow, int_option(rank, "--rank", minimum=0),
+                         int_option(lines, "--lines", 50, minimum=0),
+                         seconds_option(duration, "--duration", 600.0, positive=True),
+                         int_option(run, "--run", 0, minimum=0))
         return _model(host, out, int_option(seed, "--seed", 0))
     except (profiles.ProfileError, ValueError) as exc:
         fail(str(exc), code=2)

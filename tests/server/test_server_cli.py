@@ -177,6 +177,18 @@ def test_an_error_line_names_its_host_once(capsys):
     (["start", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
     (["status", "--host", "nowhere"], "unknown host 'nowhere'"),
     (["logs", "--host", "cpu-test", "--run", "last"], "--run takes an integer, got 'last'"),
+    (["logs", "--host", "cpu-test", "--run", "-1"], "--run must be >= 0, got -1"),
+    (["logs", "--host", "cpu-test", "--lines", "-3"], "--lines must be >= 0, got -3"),
+    (["logs", "--host", "cpu-test", "--rank", "-1"], "--rank must be >= 0, got -1"),
+    (["logs", "--host", "cpu-test", "-f", "--duration", "abc"], "--duration takes a number of seconds, got 'abc'"),
+    (["start", "cpu-ref", "--host", "cpu-test", "--timeout", "abc"], "--timeout takes a number of seconds, got 'abc'"),
+    (["start", "cpu-ref", "--host", "cpu-test", "--timeout", "0"], "--timeout must be > 0 seconds, got 0"),
+    (["start", "cpu-ref", "--host", "cpu-test", "--timeout", "-5"], "--timeout must be > 0 seconds, got -5"),
+    (["stop", "--host", "cpu-test", "--grace", "abc"], "--grace takes a number of seconds, got 'abc'"),
+    (["stop", "--host", "cpu-test", "--grace", "-1"], "--grace must be >= 0 seconds, got -1"),
+    (["stop", "--host", "cpu-test", "--memory-wait", "-1"], "--memory-wait must be >= 0 seconds, got -1"),
+    (["render", "cpu-ref", "--host", "cpu-test", "--tp", "0"], "--tp must be >= 1, got 0"),
+    (["start", "cpu-ref", "--host", "cpu-test", "--tp", "-3"], "--tp must be >= 1, got -3"),
     (["restart", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
 ])
 def test_bad_input_is_named_with_exit_2(cli, args, message):

@@ -257,6 +257,8 @@ def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = N
     venv = host.venv
     python = host.venv_python
     tp_size = _int(pick("tp_size", 1), "tp_size", name)
+    if tp_size < 1:
+        raise ProfileError(f"profile {name}: tp_size must be >= 1, got {tp_size}")
     port = _int(pick("port", 30000), "port", name)
     if not 0 < port < 65536:
         raise ProfileError(f"profile {name}: port {port} is out of range")
