@@ -105,7 +105,10 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         grace = seconds_option(grace, "--grace", server.DEFAULT_GRACE)
         memory_wait = seconds_option(memory_wait, "--memory-wait")
         if profile:
-            profiles.load_profile(profile)  # a bad name is bad input (exit 2), not a host failure
+            # a bad name, or a threshold the profile has no use for, is bad input (exit 2), not a host failure
+            loaded = profiles.load_profile(profile)
+            if action in ("start", "render", "restart"):
+                profiles.check_threshold_taken(profile, loaded, overrides)
         if action == "profiles":
             return _list_profiles()
         if action == "render" or (action == "start" and dry_run):

@@ -78,6 +78,17 @@ def test_the_already_running_refusal_advises_a_stop_of_that_host_which_works_pas
         cli("stop", "--host", "cpu-test", "--grace", "10")
 
 
+def test_threshold_on_a_profile_without_one_is_refused_naming_those_that_take_it(cli):
+    for args in (["render", "baseline", "--model", "/m", "--threshold", "5"],
+                 ["start", "cpu-ref", "--threshold", "5"],
+                 ["start", "cpu-ref", "--hysteresis", "2"]):
+        refused = cli(*args, "--host", "cpu-test")
+        assert refused.returncode == 2, refused.stderr
+        assert f"profile {args[1]} has no dyn-disable threshold" in refused.stderr
+        assert "eagle3-v2-dyn" in refused.stderr.split("use a profile that takes one: ", 1)[1]
+    assert "not running" in cli("status", "--host", "cpu-test").stdout
+
+
 def test_model_action_makes_the_reference_model_on_the_host_once(cli, ref_model):
     done = cli("model", "--host", "cpu-test")
     assert done.returncode == 0, done.stderr
