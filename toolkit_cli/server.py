@@ -277,8 +277,9 @@ def _stop(host_spec, grace, memory_wait, json_) -> None:
 def _status(host_spec, json_) -> None:
     outcomes = run_on_hosts(host_spec, server.status)
     if json_:
-        report.emit_json([{"host": o.host.name, "server": o.value.to_json() if o.value else None}
-                          for o in outcomes if o.ok])
+        report.emit_json([{"host": o.host.name, "ok": True, "server": o.value.to_json() if o.value else None}
+                          if o.ok else {"host": o.host.name, "ok": False, "error": str(o.error)}
+                          for o in outcomes])
     else:
         rows = []
         for o in outcomes:
@@ -291,7 +292,8 @@ def _status(host_spec, json_) -> None:
                 health = "ok" if s.healthy else "failed"
                 rows.append([o.host.name, s.profile, s.status, s.pid, f"{s.bind}:{s.port}",
                              _uptime(s.uptime_s), health if s.status != "dead" else "-"])
-        report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
+        if rows:
+            report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
     finish(outcomes, failed=lambda s: s is not None and s.status == "dead")
 
 

@@ -78,6 +78,21 @@ def test_the_already_running_refusal_advises_a_stop_of_that_host_which_works_pas
         cli("stop", "--host", "cpu-test", "--grace", "10")
 
 
+def test_status_of_an_unreachable_host_is_an_error_only_and_a_json_entry(cli, ssh_host, tmp_path):
+    with open(tmp_path / "hosts.toml", "a") as inventory:    # an address where no sshd listens
+        inventory.write(f'[gone]\naddress = "127.0.0.1"\nport = {free_port()}\nuser = "{ssh_host.user}"\n'
+                        f'key = "{ssh_host.key}"\nknown_hosts = "{ssh_host.known_hosts}"\n'
+                        f'state_dir = "{tmp_path / "gone-state"}"\n')
+    table = cli("status", "--host", "gone")
+    assert table.returncode == 1 and table.stdout == ""
+    assert "error: gone: cannot reach 127.0.0.1:" in table.stderr
+    both = cli("status", "--host", "cpu-test,gone", "--json")
+    assert both.returncode == 1
+    entries = {entry["host"]: entry for entry in json.loads(both.stdout)}
+    assert entries["cpu-test"] == {"host": "cpu-test", "ok": True, "server": None}
+    assert entries["gone"]["ok"] is False and entries["gone"]["error"].startswith("cannot reach 127.0.0.1:")
+
+
 def test_threshold_on_a_profile_without_one_is_refused_naming_those_that_take_it(cli):
     for args in (["render", "baseline", "--model", "/m", "--threshold", "5"],
                  ["start", "cpu-ref", "--threshold", "5"],
