@@ -345,7 +345,13 @@ def _logs(host_spec, profile, follow, rank, lines, duration, run) -> None:
         if o.ok:
             if len(outcomes) > 1:
                 report.note(f"--- {o.host.name} ---")
-            print(o.value)
+            if o.value:
+                print(o.value)
+            elif rank is not None:
+                report.note(f"{o.host.name}: no TP{rank} lines in the server log (rank {rank} exists only at "
+                            f"a TP size above {rank})")
+            else:
+                report.note(f"{o.host.name}: the server log is empty")
     finish(outcomes)
 
 

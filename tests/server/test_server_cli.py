@@ -48,6 +48,9 @@ def test_start_status_logs_stop_through_invoke(cli):
 
         logs = cli("logs", "--host", "cpu-test", "--lines", "4")
         assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 4
+        rank3 = cli("logs", "--host", "cpu-test", "--rank", "3")   # a rank a TP-1 server does not have
+        assert rank3.returncode == 0 and rank3.stdout.strip() == ""
+        assert "cpu-test: no TP3 lines in the server log" in rank3.stderr
 
         followed = cli("logs", "--host", "cpu-test", "-f", "--duration", "2", "--lines", "0")
         assert followed.returncode == 0 and "Application startup complete" in followed.stdout
@@ -76,6 +79,15 @@ def test_the_already_running_refusal_advises_a_stop_of_that_host_which_works_pas
         assert "not running" in cli("status", "--host", "cpu-test").stdout
     finally:
         cli("stop", "--host", "cpu-test", "--grace", "10")
+
+
+def test_logs_of_a_profile_never_started_says_so_with_exit_1(cli):
+    nothing = cli("logs", "--host", "cpu-test")
+    assert nothing.returncode == 1
+    assert "error: cpu-test: no server has been started on this host" in nothing.stderr
+    never = cli("logs", "baseline", "--host", "cpu-test")
+    assert never.returncode == 1
+    assert "error: cpu-test: no log of profile baseline: it has not been started on this host" in never.stderr
 
 
 def test_status_of_an_unreachable_host_is_an_error_only_and_a_json_entry(cli, ssh_host, tmp_path):

@@ -729,8 +729,9 @@ def logs(args):
     latest = _current_log(p)
     if path is None:
         kept = len(_run_logs(p))
-        return {"profile": profile, "text": "", "offset": 0, "log_path": None, "latest": latest,
-                "reason": "profile %s has %d kept log(s); there is no run %s back" % (profile, kept, args.get("run"))}
+        reason = ("profile %s has %d kept log(s); there is no run %s back" % (profile, kept, args.get("run")) if kept
+                  else "no log of profile %s: it has not been started on this host" % profile)
+        return {"profile": profile, "text": "", "offset": 0, "log_path": None, "latest": latest, "reason": reason}
     offset = args.get("offset")
     runs = int(args.get("runs") or 1)
     if offset is None:

@@ -538,11 +538,13 @@ def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, s
              profile: str | None = None, run: int = 0) -> str:
     """The server log of the current (or last) run; `rank` keeps TP{rank}'s lines; `lines` the last N.
 
-    since_start=False puts the previous run's log in front; `run` N reads the Nth run before it."""
+    since_start=False puts the previous run's log in front; `run` N reads the Nth run before it.
+    ServerError when there is no such log (nothing started here, `profile` never started, `run`
+    past the kept logs)."""
     with host.connect() as transport:
         answer = _ctl(transport, host, "logs", 60, rank=rank, lines=lines, profile=profile, run=run,
                       runs=1 if since_start else 2)
-    if answer.get("reason") and answer.get("log_path") is None and run:
+    if answer.get("reason") and answer.get("log_path") is None:
         raise ServerError(f"{host.name}: {answer['reason']}")
     return answer["text"]
 
