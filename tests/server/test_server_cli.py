@@ -81,6 +81,39 @@ def test_the_already_running_refusal_advises_a_stop_of_that_host_which_works_pas
         cli("stop", "--host", "cpu-test", "--grace", "10")
 
 
+def test_stop_dry_run_says_what_it_would_stop_and_stops_nothing(cli):
+    started = cli("start", "cpu-ref", "--host", "cpu-test", "--timeout", "180")
+    try:
+        assert started.returncode == 0, started.stderr
+        pid = json.loads(cli("status", "--host", "cpu-test", "--json").stdout)[0]["server"]["pid"]
+
+        planned = cli("stop", "--host", "cpu-test", "-n", "--grace", "7", "--memory-wait", "3")
+        assert planned.returncode == 0, planned.stderr
+        assert (f"would stop cpu-ref (pid {pid}, ready, 127.0.0.1:{cli.port}): SIGTERM to its process group, "
+                f"SIGKILL after a grace of 7s; then wait up to 3s for GPU memory back to idle. Nothing stopped."
+                in planned.stderr)
+        [plan] = json.loads(cli("stop", "--host", "cpu-test", "-n", "-j").stdout)
+        assert plan["dry_run"] and plan["running"]["pid"] == pid and plan["grace"] == 30
+        still = json.loads(cli("status", "--host", "cpu-test", "--json").stdout)[0]["server"]
+        assert (still["pid"], still["status"], still["healthy"]) == (pid, "ready", True)
+
+        # a threshold for the running profile, which has none, is refused before anything is stopped
+        restart = cli("restart", "--host", "cpu-test", "--threshold", "5")
+        assert restart.returncode == 1 and "profile cpu-ref has no dyn-disable threshold" in restart.stderr
+        assert json.loads(cli("status", "--host", "cpu-test", "--json").stdout)[0]["server"]["pid"] == pid
+    finally:
+        stopped = cli("stop", "--host", "cpu-test", "--grace", "10")
+    assert stopped.returncode == 0 and f"cpu-ref pid {pid}: SIGTERM" in stopped.stdout, stopped.stderr
+
+
+def test_model_dry_run_names_the_folder_and_makes_nothing(cli, tmp_path):
+    out = tmp_path / "models" / "not-made"
+    planned = cli("model", "--host", "cpu-test", "--out", str(out), "-n")
+    assert planned.returncode == 0, planned.stderr
+    assert f"would make the reference model (seed 0) in {out}" in planned.stderr and "Nothing made" in planned.stderr
+    assert not out.exists()
+
+
 def test_logs_of_a_profile_never_started_says_so_with_exit_1(cli):
     nothing = cli("logs", "--host", "cpu-test")
     assert nothing.returncode == 1
@@ -227,6 +260,10 @@ def test_an_error_line_names_its_host_once(capsys):
     (["stop", "--host", "cpu-test", "--memory-wait", "-1"], "--memory-wait must be >= 0 seconds, got -1"),
     (["render", "cpu-ref", "--host", "cpu-test", "--tp", "0"], "--tp must be >= 1, got 0"),
     (["start", "cpu-ref", "--host", "cpu-test", "--tp", "-3"], "--tp must be >= 1, got -3"),
+    (["status", "--host", "cpu-test", "-n"], "`invoke server status` changes nothing on a host and has no dry run"),
+    (["logs", "--host", "cpu-test", "--dry-run"], "`invoke server logs` changes nothing on a host and has no dry run"),
+    (["render", "cpu-ref", "--host", "cpu-test", "-n"], "`invoke server render` changes nothing"),
+    (["watch", "--host", "cpu-test", "--once", "-n"], "`invoke server watch` changes nothing"),
     (["restart", "no-such-profile", "--host", "cpu-test"], "unknown profile 'no-such-profile'"),
 ])
 def test_bad_input_is_named_with_exit_2(cli, args, message):
