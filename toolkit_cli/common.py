@@ -1,6 +1,7 @@
 """Helpers every task module uses: resolve --host, run per host, turn failures into exit codes."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from invoke.exceptions import Exit
@@ -30,15 +31,41 @@ def fail(message: str, code: int = 1):
     raise Exit(f"error: {message}", code=code)
 
 
-def int_option(value, option: str, default: int | None = None, takes: str = "an integer") -> int | None:
+def int_option(value, option: str, default: int | None = None, takes: str = "an integer",
+               minimum: int | None = None) -> int | None:
     """An integer option as typed (`default` when not given); exit 2 naming the option and what
-    it `takes` otherwise. Ranges are checked where the value is used (profiles, BenchOptions)."""
+    it `takes` otherwise, or when it is below `minimum`. Ranges that depend on more than the
+    option itself are checked where the value is used (profiles, BenchOptions)."""
     if value in (None, ""):
         return default
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         fail(f"{option} takes {takes}, got {value!r}", code=2)
+    if minimum is not None and number < minimum:
+        fail(f"{option} must be >= {minimum}, got {number}", code=2)
+    return number
+
+
+def seconds_option(value, option: str, default: float | None = None, positive: bool = False) -> float | None:
+    """A number of seconds as typed (`default` when not given); exit 2 naming the option when it
+    is not a number, is negative, or (`positive`) is 0."""
+    if value in (None, ""):
+        return default
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        fail(f"{option} takes a number of seconds, got {value!r}", code=2)
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        fail(f"{option} must be {'> 0' if positive else '>= 0'} seconds, got {value}", code=2)
+    return seconds
+
+
+def host_message(host: Host, error: BaseException) -> str:
+    """The error as `HOST: message`, the host named once (engine errors such as the server's name it
+    themselves, so that rollout and bench can pass them on as they are)."""
+    text = str(error)
+    return text if text.startswith(f"{host.name}: ") else f"{host.name}: {text}"
 
 
 def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda value: False,
@@ -48,7 +75,7 @@ def finish(outcomes: list[HostOutcome], failed: Callable[[Any], bool] = lambda v
     bad = 0
     for outcome in outcomes:
         if outcome.error is not None:
-            report.error(f"{outcome.host.name}: {outcome.error}")
+            report.error(host_message(outcome.host, outcome.error))
             bad += 1
             continue
         if show is not None:

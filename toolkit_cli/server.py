@@ -12,7 +12,7 @@ from toolkit.core import report
 
 from toolkit_cli import predictions
 from toolkit_cli.common import (HOST_HELP, fail, finish, help_or_bad_action, hosts_or_exit, int_option, run_on_hosts,
-                                threshold_option)
+                                seconds_option, threshold_option)
 from toolkit_cli.parsing import command
 
 ACTIONS = ("start", "stop", "restart", "status", "watch", "dashboard", "logs", "model", "profiles", "render")
@@ -21,7 +21,7 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
                 [--skip-patch-check] [--dry-run]
                            render launch.sh on the host, start detached, wait until ready; then show the
                            log lines the applied patchsets ask for ([logs] print)
-  stop [--grace S] [--memory-wait S]
+  stop [--grace S] [--memory-wait S] [--dry-run]
                            TERM the server's process group, KILL after the grace, wait for GPU memory
   restart [PROFILE] [start and stop options] [--dry-run]
                            stop the running server and start it again with the options it was started
@@ -39,17 +39,20 @@ USAGE = """usage: invoke server ACTION [PROFILE] [options]
   logs [PROFILE] [-f] [--rank N] [--lines N] [--duration S] [--run N] [--list]
                            the log of the current/last run (every start keeps its own log); --run 1 is the
                            run before it; --list names the kept logs
-  model [--out DIR] [--seed N]
+  model [--out DIR] [--seed N] [--dry-run]
                            make the tiny reference model on the host (in its venv; for cpu-ref)
   profiles                 the profiles in profiles/ (no host)
   render PROFILE           print the launch script a start would write (no host contact)
 every host action takes --host NAME[,NAME...] (default: sandbox)"""
 TAKES_PROFILE = ("start", "render", "restart", "logs")
+# -n is for the actions that start, stop or make something on a host; the others change nothing there
+# and refuse it, so that nobody reads their output as a preview.
+TAKES_DRY_RUN = ("start", "restart", "stop", "model")
 
 
 def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
     return {"port": int_option(port, "--port"), "model": model or None, "draft_model": draft_model or None,
-            "tp_size": int_option(tp, "--tp"), "dyn_threshold": threshold_option(threshold),
+            "tp_size": int_option(tp, "--tp", minimum=1), "dyn_threshold": threshold_option(threshold),
             "dyn_hysteresis": int_option(hysteresis, "--hysteresis")}
 
 
@@ -71,7 +74,8 @@ def _overrides(port, model, draft_model, tp, threshold, hysteresis) -> dict:
                   "max(1, threshold // 4), as the patch's own default)",
     "skip_patch_check": "start/restart: do not check that the profile's required patchsets are applied",
     "dry_run": "start/restart: print the launch script it would write and the checks it would make; "
-               "start and stop nothing",
+               "stop: what it would stop, the signal and the grace; model: where it would make the model; "
+               "start, stop and make nothing (other actions change nothing and refuse it)",
     "follow": "logs: keep printing new lines (for --duration seconds or until Ctrl-C)",
     "rank": "logs: only the lines of tensor-parallel rank N ([... TPN] prefix)",
     "lines": "logs: the last N lines (default: 50; 0 for all)",
@@ -99,23 +103,30 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         fail(f"`invoke server {action}` needs a profile; one of: {', '.join(_profile_names())}", code=2)
     if action not in TAKES_PROFILE and profile:
         fail(f"`invoke server {action}` takes no profile (got {profile!r})", code=2)
+    if dry_run and action not in TAKES_DRY_RUN:
+        fail(f"`invoke server {action}` changes nothing on a host and has no dry run; leave out -n/--dry-run "
+             f"(it is taken by: {', '.join(TAKES_DRY_RUN)})", code=2)
     try:
         overrides = _overrides(port, model, draft_model, tp, threshold, hysteresis)
+        timeout = seconds_option(timeout, "--timeout", positive=True)
+        grace = seconds_option(grace, "--grace", server.DEFAULT_GRACE)
+        memory_wait = seconds_option(memory_wait, "--memory-wait")
         if profile:
-            profiles.load_profile(profile)  # a bad name is bad input (exit 2), not a host failure
+            # a bad name, or a threshold the profile has no use for, is bad input (exit 2), not a host failure
+            loaded = profiles.load_profile(profile)
+            if action in ("start", "render", "restart"):
+                profiles.check_threshold_taken(profile, loaded, overrides)
         if action == "profiles":
             return _list_profiles()
         if action == "render" or (action == "start" and dry_run):
             return _render(host, profile, overrides, action == "start", not skip_patch_check)
         if action == "start":
-            return _start(host, profile, overrides, float(timeout or server.DEFAULT_TIMEOUT), not skip_patch_check, json_)
+            return _start(host, profile, overrides, timeout or server.DEFAULT_TIMEOUT, not skip_patch_check, json_)
         if action == "restart":
-            return _restart(host, profile, overrides, None if timeout is None else float(timeout),
-                            False if skip_patch_check else None, float(server.DEFAULT_GRACE if grace is None else grace),
-                            None if memory_wait is None else float(memory_wait), dry_run, json_)
+            return _restart(host, profile, overrides, timeout, False if skip_patch_check else None, grace,
+                            memory_wait, dry_run, json_)
         if action == "stop":
-            return _stop(host, float(server.DEFAULT_GRACE if grace is None else grace),
-                         None if memory_wait is None else float(memory_wait), json_)
+            return _stop(host, grace, memory_wait, dry_run, json_)
         if action == "status":
             return _status(host, json_)
         if action == "dashboard":
@@ -123,14 +134,16 @@ def server_task(c, action=None, profile=None, host=None, timeout=None, grace=Non
         if action == "watch":
             from toolkit_cli import watch as watch_cli
 
-            return watch_cli.watch(host, float(interval or 2.0), once, int_option(polls, "--polls"), json_,
-                                   record or None)
+            return watch_cli.watch(host, seconds_option(interval, "--interval", 2.0, positive=True), once,
+                                   int_option(polls, "--polls"), json_, record or None)
         if action == "logs":
             if list_:
                 return _list_logs(host, profile)
-            return _logs(host, profile, follow, int_option(rank, "--rank"), int_option(lines, "--lines", 50),
-                         float(duration or 600), int_option(run, "--run", 0))
-        return _model(host, out, int_option(seed, "--seed", 0))
+            return _logs(host, profile, follow, int_option(rank, "--rank", minimum=0),
+                         int_option(lines, "--lines", 50, minimum=0),
+                         seconds_option(duration, "--duration", 600.0, positive=True),
+                         int_option(run, "--run", 0, minimum=0))
+        return _model(host, out, int_option(seed, "--seed", 0), dry_run)
     except (profiles.ProfileError, ValueError) as exc:
         fail(str(exc), code=2)
 
@@ -243,7 +256,31 @@ def _restart(host_spec, profile, overrides, timeout, check_patches, grace, memor
     finish(outcomes)
 
 
-def _stop(host_spec, grace, memory_wait, json_) -> None:
+def _stop_dry_run(host_spec, grace, memory_wait, json_) -> None:
+    outcomes = run_on_hosts(host_spec, lambda h: server.stop_plan(h, grace=grace, memory_wait=memory_wait))
+    if json_:
+        report.emit_json([{**o.value.to_json(), "ok": True, "dry_run": True} if o.ok else
+                          {"host": o.host.name, "ok": False, "dry_run": True, "error": str(o.error)} for o in outcomes])
+    for o in outcomes:
+        if not o.ok or json_:
+            continue
+        todo, running = o.value, o.value.running
+        if running is None:
+            report.note(f"# dry run on {o.host.name}: nothing to stop (no server recorded as running). Nothing stopped.")
+            continue
+        what = (f"would clear the record of {running.profile} (pid {running.pid}: no process of it is left)"
+                if running.status == "dead" else
+                f"would stop {running.profile} (pid {running.pid}, {running.status}, {running.bind}:{running.port}): "
+                f"SIGTERM to its process group, SIGKILL after a grace of {todo.grace:g}s")
+        memory = ("GPU shared on purpose (server.shared_gpu): no wait for GPU memory" if todo.shared_gpu else
+                  f"then wait up to {todo.memory_wait:g}s for GPU memory back to idle")
+        report.note(f"# dry run on {o.host.name}: {what}; {memory}. Nothing stopped.")
+    finish(outcomes)
+
+
+def _stop(host_spec, grace, memory_wait, dry_run, json_) -> None:
+    if dry_run:
+        return _stop_dry_run(host_spec, grace, memory_wait, json_)
     outcomes = run_on_hosts(host_spec, lambda h: server.stop(h, grace=grace, memory_wait=memory_wait))
     if json_:
         report.emit_json([o.value.to_json() for o in outcomes if o.ok])
@@ -271,8 +308,9 @@ def _stop(host_spec, grace, memory_wait, json_) -> None:
 def _status(host_spec, json_) -> None:
     outcomes = run_on_hosts(host_spec, server.status)
     if json_:
-        report.emit_json([{"host": o.host.name, "server": o.value.to_json() if o.value else None}
-                          for o in outcomes if o.ok])
+        report.emit_json([{"host": o.host.name, "ok": True, "server": o.value.to_json() if o.value else None}
+                          if o.ok else {"host": o.host.name, "ok": False, "error": str(o.error)}
+                          for o in outcomes])
     else:
         rows = []
         for o in outcomes:
@@ -285,7 +323,8 @@ def _status(host_spec, json_) -> None:
                 health = "ok" if s.healthy else "failed"
                 rows.append([o.host.name, s.profile, s.status, s.pid, f"{s.bind}:{s.port}",
                              _uptime(s.uptime_s), health if s.status != "dead" else "-"])
-        report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
+        if rows:
+            report.table(None, ["host", "profile", "state", "pid", "listening", "uptime", "health"], rows)
     finish(outcomes, failed=lambda s: s is not None and s.status == "dead")
 
 
@@ -337,7 +376,13 @@ def _logs(host_spec, profile, follow, rank, lines, duration, run) -> None:
         if o.ok:
             if len(outcomes) > 1:
                 report.note(f"--- {o.host.name} ---")
-            print(o.value)
+            if o.value:
+                print(o.value)
+            elif rank is not None:
+                report.note(f"{o.host.name}: no TP{rank} lines in the server log (rank {rank} exists only at "
+                            f"a TP size above {rank})")
+            else:
+                report.note(f"{o.host.name}: the server log is empty")
     finish(outcomes)
 
 
@@ -359,7 +404,16 @@ def _list_logs(host_spec, profile) -> None:
     finish(outcomes)
 
 
-def _model(host_spec, out, seed) -> None:
+def _model(host_spec, out, seed, dry_run) -> None:
+    if dry_run:
+        outcomes = run_on_hosts(host_spec, lambda h: server.model_target(h, out))
+        for o in outcomes:
+            if o.ok:
+                report.note(f"# dry run on {o.host.name}: would make the reference model (seed {seed}) in {o.value} "
+                            f"with the host's venv ({o.host.venv or o.host.python}), unless it is already current "
+                            f"there. Nothing made.")
+        return finish(outcomes)
+
     def one(host):
         report.note(f"{host.name}: making the reference model in the host's venv ({host.venv})")
         return server.make_model(host, out, seed=seed)

@@ -46,6 +46,8 @@ def test_the_default_hysteresis_is_asked_of_the_defaults_function_only_when_need
     (SGLANG, None, Host(name="h", server={"model": "/m", "gpu": 1}), "host h: unknown keys in \\[server\\]: gpu"),
     (SGLANG, {"port": 70000}, HOST, "port 70000 is out of range"),
     (SGLANG, {"tp_size": "two"}, HOST, "tp_size must be an integer, not 'two'"),
+    (SGLANG, {"tp_size": 0}, HOST, "tp_size must be >= 1, got 0"),
+    (SGLANG, None, Host(name="h", venv="/v", server={"model": "/m", "tp_size": -3}), "tp_size must be >= 1, got -3"),
     (DYN, {"dyn_threshold": 0}, HOST, "dyn_threshold must be >= 1, got 0"),
     (DYN, {"dyn_hysteresis": 8}, HOST, "dyn_hysteresis must satisfy 0 <= hysteresis < threshold \\(8\\)"),
     (DYN, None, HOST, "no patchset's hook gives a default one"),

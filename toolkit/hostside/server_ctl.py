@@ -685,7 +685,8 @@ def _launch(args):
     if running_profile:
         if running and _group_members(running.get("pid")):
             return {"status": "refused", "reason": "a server is already running: profile %s, pid %s, port %s; "
-                    "stop it first with: invoke server stop" % (running_profile, running.get("pid"), running.get("port"))}
+                    "stop it first with: invoke server stop --host %s"
+                    % (running_profile, running.get("pid"), running.get("port"), args["meta"]["host"])}
         notes.append("previous server %s (pid %s) had died; its record was cleared" %
                      (running_profile, running and running.get("pid")))
         os.unlink(p["active"])
@@ -915,8 +916,9 @@ def logs(args):
     latest = _current_log(p)
     if path is None:
         kept = len(_run_logs(p))
-        return {"profile": profile, "text": "", "offset": 0, "log_path": None, "latest": latest,
-                "reason": "profile %s has %d kept log(s); there is no run %s back" % (profile, kept, args.get("run"))}
+        reason = ("profile %s has %d kept log(s); there is no run %s back" % (profile, kept, args.get("run")) if kept
+                  else "no log of profile %s: it has not been started on this host" % profile)
+        return {"profile": profile, "text": "", "offset": 0, "log_path": None, "latest": latest, "reason": reason}
     offset = args.get("offset")
     runs = int(args.get("runs") or 1)
     if offset is None:

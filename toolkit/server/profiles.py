@@ -239,7 +239,29 @@ def resolve(host: Host, name: str, overrides: dict | None = None, profile: dict 
     profile file and the patchsets' hooks, then `plan_launch` decides."""
     _checked_overrides(host, overrides)
     profile = profile if profile is not None else load_profile(name)
+    check_threshold_taken(name, profile, overrides)
     return plan_launch(host, name, profile, overrides, defaults=patch_defaults)
+
+
+THRESHOLD_OPTIONS = {"dyn_threshold": "--threshold", "dyn_hysteresis": "--hysteresis"}
+
+
+def takes_threshold(profile: dict) -> bool:
+    """Whether a dyn-disable threshold means anything to this profile. The rule: the profile sets
+    `dyn_threshold` itself or through `extends` (its default, which its env and ready lines fill
+    in), as the dyn-disable profiles do; the same rule as gpu/lab_launch.py's is_dyn. Requiring a
+    particular patchset would make the engine test a patchset's name."""
+    return "dyn_threshold" in profile
+
+
+def check_threshold_taken(name: str, profile: dict, overrides: dict | None) -> None:
+    """Refuse a threshold or hysteresis given for a profile that has none: it would change nothing."""
+    given = [option for key, option in THRESHOLD_OPTIONS.items() if (overrides or {}).get(key) is not None]
+    if given and not takes_threshold(profile):
+        takers = sorted(other for other, data in load_profiles().items() if takes_threshold(data))
+        raise ProfileError(f"profile {name} has no dyn-disable threshold (it sets no dyn_threshold), so "
+                           f"{' and '.join(given)} would change nothing; use a profile that takes one: "
+                           f"{', '.join(takers) or 'none is defined'}")
 
 
 def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = None,
@@ -257,6 +279,8 @@ def plan_launch(host: Host, name: str, profile: dict, overrides: dict | None = N
     venv = host.venv
     python = host.venv_python
     tp_size = _int(pick("tp_size", 1), "tp_size", name)
+    if tp_size < 1:
+        raise ProfileError(f"profile {name}: tp_size must be >= 1, got {tp_size}")
     port = _int(pick("port", 30000), "port", name)
     if not 0 < port < 65536:
         raise ProfileError(f"profile {name}: port {port} is out of range")

@@ -506,9 +506,33 @@ def ctl_args(host: Host, action: str, **args) -> dict:
     return {"action": action, "root": _root(host), **args}
 
 
+def _memory_wait(host: Host, memory_wait: float | None) -> float:
+    return float(_host_setting(host, "memory_wait_s", DEFAULT_MEMORY_WAIT) if memory_wait is None else memory_wait)
+
+
+@dataclass
+class StopPlan:
+    """What `stop` would do: TERM `running`'s group (None: nothing recorded), KILL after `grace`,
+    then wait up to `memory_wait` s for idle GPU memory (not with `shared_gpu`)."""
+    host: str
+    running: ServerState | None
+    grace: float
+    memory_wait: float
+    shared_gpu: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def stop_plan(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopPlan:
+    """One status round trip: what `stop` with these options would stop; nothing is signalled."""
+    shared_gpu = profiles.shared_gpu(host)
+    return StopPlan(host.name, status(host), grace, _memory_wait(host, memory_wait), shared_gpu)
+
+
 def stop(host: Host, *, grace: float = DEFAULT_GRACE, memory_wait: float | None = None) -> StopResult:
     """TERM the server's process group, KILL after `grace` s, wait for GPU memory to be idle again."""
-    memory_wait = float(_host_setting(host, "memory_wait_s", DEFAULT_MEMORY_WAIT) if memory_wait is None else memory_wait)
+    memory_wait = _memory_wait(host, memory_wait)
     shared_gpu = profiles.shared_gpu(host)   # a bad value is refused before connecting
     with host.connect() as transport:
         answer = _ctl(transport, host, "stop", grace + memory_wait + 120,
@@ -543,17 +567,18 @@ def read_log(host: Host, *, rank: int | None = None, lines: int | None = None, s
     """The server log of the current (or last) run; `rank` keeps TP{rank}'s lines; `lines` the last N.
 
     since_start=False puts the previous run's log in front; `run` N reads the Nth run before it.
-
     The host reads a log's last 4 MiB; of one run's whole log longer than that (no `rank` or
     `lines`), the host scans the earlier lines for the smoke's problem lines and sends their blocks
-    too, with the log's line numbers (`smoke.excerpted_log`), so the smoke's log check sees them."""
+    too, with the log's line numbers (`smoke.excerpted_log`), so the smoke's log check sees them.
+    ServerError when there is no such log (nothing started here, `profile` never started, `run`
+    past the kept logs)."""
     from toolkit.check import smoke   # the problem lines it looks for
 
     whole = rank is None and not lines and since_start
     with host.connect() as transport:
         answer = _ctl(transport, host, "logs", 300 if whole else 60, rank=rank, lines=lines, profile=profile,
                       run=run, runs=1 if since_start else 2, problems=smoke.PROBLEM_LINE.pattern if whole else None)
-    if answer.get("reason") and answer.get("log_path") is None and run:
+    if answer.get("reason") and answer.get("log_path") is None:
         raise ServerError(f"{host.name}: {answer['reason']}")
     if answer.get("scan"):
         return smoke.excerpted_log(answer["scan"], answer["text"])
@@ -590,11 +615,16 @@ def follow_log(host: Host, *, rank: int | None = None, lines: int = 20, duration
         return transport.round_trips
 
 
-def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout: float = 600) -> dict:
-    """Make the tiny reference model on the host inside its venv (refmodel.make from hostrun's zip)."""
+def model_target(host: Host, out_dir: str | None = None) -> str:
+    """Where `make_model` would make the reference model (no host contact)."""
     if not host.venv and not host.python:
         raise ServerError(f"host {host.name} has no venv: the model is made with the venv's torch/transformers")
-    target = out_dir or default_model_dir(host)
+    return out_dir or default_model_dir(host)
+
+
+def make_model(host: Host, out_dir: str | None = None, *, seed: int = 0, timeout: float = 600) -> dict:
+    """Make the tiny reference model on the host inside its venv (refmodel.make from hostrun's zip)."""
+    target = model_target(host, out_dir)
     with host.connect() as transport:
         try:
             return run_script(transport, "refmodel", {"out_dir": target, "seed": int(seed)},
