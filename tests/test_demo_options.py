@@ -8,7 +8,7 @@ from tests.helpers import invoke
     (("--profile", "nosuch"), "unknown profile 'nosuch'"),
     (("--patchset", "nosuch"), "unknown patchset 'nosuch'"),
     (("--concurrency", "1,x"), "--concurrency takes comma-separated integers"),
-    (("--requests", "0"), "--requests must be >= 1"),
+    (("--requests", "0"), "--requests must be >= 1, got 0"),
     (("--output-len", "abc"), "--output-len takes an integer"),
 ])
 def test_bad_options_stop_the_demo_before_any_step(options, says):

@@ -19,7 +19,7 @@ from toolkit.bench.plot import plot_throughput
 from toolkit.bench.prompts import PromptError, PromptSource
 from toolkit.bench.runner import BenchError, BenchOptions, SweepListener, new_run_id
 
-from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_option, wants_help
+from toolkit_cli.common import HOST_HELP, fail, hosts_or_exit, int_list_option, int_option, seconds_option, wants_help
 from toolkit_cli.parsing import command
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
@@ -30,19 +30,6 @@ USAGE = """usage:
   invoke bench compare RUN[,RUN...] [--plot FILE.png] [--json]   (RUN: a results.jsonl or a bench output folder)
 default profiles: cpu-ref on a host without a GPU (the sandbox), else baseline,eagle3,eagle3-dyn
 every option with its help: invoke --help bench"""
-
-
-def _ints(text: str, what: str) -> list[int]:
-    parts = [part.strip() for part in str(text).split(",")]
-    if "" in parts:
-        fail(f"{what} has an empty item in {text!r}: give integers separated by single commas", code=2)
-    try:
-        values = [int(part) for part in parts]
-    except ValueError:
-        fail(f"{what} takes comma-separated integers, got {text!r}", code=2)
-    if not values or any(v < 1 for v in values):
-        fail(f"{what} needs integers >= 1, got {text!r}", code=2)
-    return values
 
 
 class ProgressListener(SweepListener):
@@ -135,28 +122,15 @@ def print_recommendation(recs: list[recommend_mod.Recommendation]) -> None:
         report.line(f"recommendation: {rec.text}")
 
 
-def _seconds(value, option: str, default: float) -> float:
-    """A duration option as typed; exit 2 naming the option unless it is a number > 0."""
-    if value in (None, ""):
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        fail(f"{option} takes seconds, got {value!r}", code=2)
-    if not seconds > 0:
-        fail(f"{option} must be > 0, got {value!r}", code=2)
-    return seconds
-
-
 def _options(concurrency, requests, input_len, output_len, dataset, seed, max_level_seconds, warmup,
              repeat) -> BenchOptions:
     try:
         prompts = PromptSource(dataset=dataset or "builtin", input_len=int_option(input_len, "--input-len", 256),
                                output_len=int_option(output_len, "--output-len", 256))
-        return BenchOptions(concurrency=_ints(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
+        return BenchOptions(concurrency=int_list_option(concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
                             prompts=prompts, requests=int_option(requests, "--requests"),
                             seed=int_option(seed, "--seed", 0), warmup=int_option(warmup, "--warmup", 2),
-                            max_level_seconds=_seconds(max_level_seconds, "--max-level-seconds", 600.0),
+                            max_level_seconds=seconds_option(max_level_seconds, "--max-level-seconds", 600.0, positive=True),
                             repeat=int_option(repeat, "--repeat", 1))
     except (PromptError, BenchError, ValueError) as exc:
         fail(str(exc), code=2)
@@ -203,7 +177,7 @@ def _sweep(host, profiles, concurrency, requests, input_len, output_len, dataset
         RunWriter(out_dir).check_new()      # before anything is started: nothing lost, nothing mixed
     except OutputError as exc:
         fail(str(exc), code=2)
-    plan = _plan(host, profiles, no_restart, url, _seconds(timeout, "--timeout", server.DEFAULT_TIMEOUT), model,
+    plan = _plan(host, profiles, no_restart, url, seconds_option(timeout, "--timeout", server.DEFAULT_TIMEOUT, positive=True), model,
                  draft_model)
     for text in plan.notes:
         report.note(text)

@@ -47,6 +47,21 @@ def int_option(value, option: str, default: int | None = None, takes: str = "an 
     return number
 
 
+def int_list_option(text: str, what: str) -> list[int]:
+    """Comma-separated integers >= 1 as typed (`1,4,16`); exit 2 naming the option otherwise."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if "" in parts:
+        fail(f"{what} has an empty item in {text!r}: give integers separated by single commas", code=2)
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        fail(f"{what} takes comma-separated integers, got {text!r}", code=2)
+    if not values or any(v < 1 for v in values):
+        fail(f"{what} needs integers >= 1, got {text!r}", code=2)
+    return values
+
+
+
 def seconds_option(value, option: str, default: float | None = None, positive: bool = False) -> float | None:
     """A number of seconds as typed (`default` when not given); exit 2 naming the option when it
     is not a number, is negative, or (`positive`) is 0."""

@@ -21,8 +21,8 @@ from toolkit.core.paths import PROJECT_ROOT
 from toolkit.patch import patchsets
 from toolkit.server import profiles
 
-from toolkit_cli.bench import _ints, bench
-from toolkit_cli.common import fail, int_option
+from toolkit_cli.bench import bench
+from toolkit_cli.common import fail, int_list_option, int_option
 from toolkit_cli.parsing import command
 from toolkit_cli.patch import patch
 from toolkit_cli.provision import provision
@@ -54,10 +54,9 @@ def _check_options(patchset, profile, concurrency, requests, output_len) -> None
         profiles.load_profile(profile)
     except (patchsets.PatchsetError, profiles.ProfileError) as exc:
         fail(str(exc), code=2)
-    _ints(concurrency, "--concurrency")
+    int_list_option(concurrency, "--concurrency")
     for value, option in ((requests, "--requests"), (output_len, "--output-len")):
-        if int_option(value, option) < 1:
-            fail(f"{option} must be >= 1, got {value!r}", code=2)
+        int_option(value, option, minimum=1)
 
 
 def _step(title: str, fn, *args, **kwargs) -> None:

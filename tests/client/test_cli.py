@@ -88,7 +88,7 @@ def test_bench_and_smoke_reject_bad_input(tmp_path):
         assert not_a_url.returncode == 2, not_a_url.stderr
         assert "--url: not an http(s) base URL: 'notaurl'" in not_a_url.stderr
         assert "Traceback" not in not_a_url.stderr and "results in" not in not_a_url.stderr
-    for option, typed, says in (("--timeout", "abc", "--timeout takes seconds, got 'abc'"),
+    for option, typed, says in (("--timeout", "abc", "--timeout takes a number of seconds, got 'abc'"),
                                 ("--max-level-seconds", "0", "--max-level-seconds must be > 0"),
                                 ("--warmup", "-1", "--warmup must be >= 0")):
         out = tmp_path / f"bench{option}"
