@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import threading
 import time
@@ -361,10 +362,14 @@ def probe_host(host: Host, package: str) -> Probe:
 
 
 class _Heartbeat:
-    """Renews the host's lease while the controller drives it (own connection, own thread)."""
+    """Renews the host's lease while the controller drives it (own connection, own thread).
 
-    def __init__(self, host: Host, lease_path: str, every: float):
-        self.host, self.lease, self.every = host, lease_path, every
+    A renewal that fails is said at once (`note`) and counted (`missed`, `problem`): the guard
+    rolls the host back once the lease is older than its lease_s, so the user must know why."""
+
+    def __init__(self, host: Host, lease_path: str, every: float, note=_quiet):
+        self.host, self.lease, self.every, self.note = host, lease_path, every, note
+        self.missed, self.problem = 0, ""
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"rollout-lease-{host.name}", daemon=True)
         self.thread.start()
@@ -375,17 +380,26 @@ class _Heartbeat:
             try:
                 if transport is None:
                     transport = self.host.connect()
-                transport.run(f"touch {self.lease}", timeout=max(5.0, self.every))
-            except Exception:   # the guard decides what a missed lease means
+                done = transport.run(f"touch {shlex.quote(self.lease)}", timeout=max(5.0, self.every))
+                why = "" if done.ok else (done.tail(3) or f"touch exited {done.exit_code}")
+            except Exception as exc:   # the host is out of reach: try a new connection next time
                 if transport is not None:
                     transport.close()
                 transport = None
+                why = f"{type(exc).__name__}: {exc}"
+            if why and not self.missed:
+                self.note(f"{self.host.name}: the rollout's lease {self.lease} could not be renewed ({why}); "
+                          "the host's guard rolls it back if the lease runs out")
+            self.missed = self.missed + 1 if why else 0
+            self.problem = why or self.problem
         if transport is not None:
             transport.close()
 
-    def stop(self):
+    def stop(self) -> str:
+        """Stop renewing; returns the last renewal problem ('' when every renewal worked)."""
         self.done.set()
         self.thread.join(timeout=self.every + 10)
+        return self.problem
 
 
 def _hold_for_test(phase: str) -> None:
@@ -473,7 +487,7 @@ def _bench_record_path(host: Host, profile: str) -> str:
 
 def read_bench_record(host: Host, profile: str) -> dict | None:
     with host.connect() as transport:
-        done = transport.run(f"cat {_bench_record_path(host, profile)} 2>/dev/null", timeout=60)
+        done = transport.run(f"cat {shlex.quote(_bench_record_path(host, profile))} 2>/dev/null", timeout=60)
     try:
         return json.loads(done.stdout) if done.ok and done.stdout.strip() else None
     except ValueError:
@@ -482,9 +496,13 @@ def read_bench_record(host: Host, profile: str) -> dict | None:
 
 def write_bench_record(host: Host, profile: str, record: dict) -> None:
     path = _bench_record_path(host, profile)
+    folder, new, final = (shlex.quote(p) for p in (path.rsplit("/", 1)[0], path + ".new", path))
     with host.connect() as transport:
-        transport.run(f"mkdir -p {path.rsplit('/', 1)[0]} && cat > {path}.new && mv {path}.new {path}",
-                      stdin=json.dumps(record, indent=1), timeout=60)
+        done = transport.run(f"mkdir -p {folder} && cat > {new} && mv {new} {final}",
+                             stdin=json.dumps(record, indent=1), timeout=60)
+    if not done.ok:
+        raise RolloutError(f"{host.name}: the bench record {path} was not written: "
+                           f"{done.tail(3) or f'exit {done.exit_code}'}")
 
 
 @dataclass
@@ -648,7 +666,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
                   after={"stack": plan.stack_after, "server": plan.server_after},
                   payloads=_payloads(host, plan), guard_source=_guard_source())["journal"]
     _hold_for_test("armed")
-    beat = _Heartbeat(host, journal["lease"], every=max(0.5, min(10.0, lease / 6)))
+    beat = _Heartbeat(host, journal["lease"], every=max(0.5, min(10.0, lease / 6)), note=note)
     try:
         ok = True
         for name, fn, phase, allowed in (
@@ -671,7 +689,11 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
             if run.phase("kept", ("restarted",), "every gate passed"):
                 res.outcome = "kept"
                 if run.bench:
-                    write_bench_record(host, plan.server_after["profile"], run.bench)
+                    try:
+                        write_bench_record(host, plan.server_after["profile"], run.bench)
+                    except (RolloutError, TransportError) as exc:   # the host is kept all the same
+                        res.notes.append(str(exc))
+                        note(f"{host.name}: {exc}")
                 res.seconds = round(time.monotonic() - started, 1)
                 return res
         if ok is False:
@@ -694,7 +716,9 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
         res.notes.append(f"{exc}; the host's guard rolls back on its own once the controller has been silent "
                          f"for {lease:.0f} s; see: invoke rollout --status --host {host.name}")
     finally:
-        beat.stop()
+        problem = beat.stop()
+        if problem:
+            res.notes.append(f"the lease was not always renewed (last: {problem})")
     res.seconds = round(time.monotonic() - started, 1)
     return res
 
