@@ -697,11 +697,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
                 res.seconds = round(time.monotonic() - started, 1)
                 return res
         if ok is False:
-            profile = plan.server_after["profile"]
-            state = server.status(host)
-            tp = state.tp_size if state else 1
-            res.rank_errors = rank_errors(host, profile, tp)
-            res.log_paths = [log["path"] for log in server.list_logs(host, profile).get("logs", [])[-1:]]
+            _failure_report(host, plan, res, note)
         _after_rollback(host, plan, converge(host, f"gate failed: {res.failed_check}" if ok is False
                                              else "the guard took over", note), run, options.smoke_max_tokens)
     except KeyboardInterrupt:
@@ -721,6 +717,23 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
             res.notes.append(f"the lease was not always renewed (last: {problem})")
     res.seconds = round(time.monotonic() - started, 1)
     return res
+
+
+def _failure_report(host: Host, plan: HostPlan, res: HostResult, note) -> None:
+    """Each TP rank's first error lines and the failed run's log path, before the rollback. Best
+    effort: nothing here may stop the rollback request that follows."""
+    profile, overrides = plan.server_after["profile"], plan.server_after["overrides"]
+    try:
+        state = server.status(host)
+        # a failed start has no record any more: the size it was started with is the plan's
+        tp = state.tp_size if state else int(overrides.get("tp_size") or server.plan(host, profile, overrides).tp_size)
+        res.rank_errors = rank_errors(host, profile, tp)
+        res.log_paths = [log["path"] for log in server.list_logs(host, profile).get("logs", [])[-1:]]
+    except TransportError:
+        raise   # the host is out of reach: its guard decides (run_host says so)
+    except Exception as exc:
+        res.notes.append(f"the failed server's logs could not be read: {type(exc).__name__}: {exc}")
+        note(f"{host.name}: {res.notes[-1]}")
 
 
 # -- the fleet -----------------------------------------------------------------------------
