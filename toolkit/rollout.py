@@ -51,6 +51,10 @@ class RolloutError(RuntimeError):
     """The rollout cannot go on; the message says what to do."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C came while this host ran in a worker thread: stop at the next step, the guard rolls back."""
+
+
 def _quiet(text: str) -> None:
     pass
 
@@ -286,6 +290,7 @@ class Gate:
 class HostResult:
     host: str
     outcome: str           # kept | rolled back | refused | unchanged | not started | rollback failed | lost contact
+                           # | interrupted
     before: str = ""
     after: str = ""
     gates: list[Gate] = field(default_factory=list)
@@ -522,13 +527,20 @@ class Options:
 class _Run:
     """One host's rollout once it is armed: each step a gate row, the journal moved along."""
 
-    def __init__(self, host: Host, plan: HostPlan, rollout_id: str, note):
+    def __init__(self, host: Host, plan: HostPlan, rollout_id: str, note, interrupted: threading.Event | None = None):
         self.host, self.plan, self.id, self.note = host, plan, rollout_id, note
+        self.interrupted = interrupted
         self.result = HostResult(host.name, "rolled back", rollout_id=rollout_id,
                                  before=f"{stack_text(plan.stack_before)}; {server_text(plan.server_before)}",
                                  after=f"{stack_text(plan.stack_after)}; {server_text(plan.server_after)}")
 
+    def check(self) -> None:
+        """Raise Interrupted once Ctrl-C came (the fleet's main thread sets the event)."""
+        if self.interrupted is not None and self.interrupted.is_set():
+            raise Interrupted(f"{self.host.name}: interrupted (Ctrl-C)")
+
     def phase(self, name: str, allowed: tuple, detail: str = "") -> bool:
+        self.check()
         answer = ctl(self.host, "phase", id=self.id, phase=name, detail=detail, **{"from": list(allowed)})
         if not answer["ok"]:
             journal = answer.get("journal") or {}
@@ -539,6 +551,7 @@ class _Run:
         return answer["ok"]
 
     def gate(self, name: str, fn) -> Gate:
+        self.check()
         started = time.monotonic()
         try:
             status, detail = fn()
@@ -638,16 +651,22 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run, smoke_
 
 
 def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollout_id: str,
-             known: dict, note=_quiet) -> HostResult:
-    """Roll the change out on one host and prove it, or have its guard put it back."""
+             known: dict, note=_quiet, interrupted: threading.Event | None = None) -> HostResult:
+    """Roll the change out on one host and prove it, or have its guard put it back.
+
+    `interrupted`: set by the fleet's main thread on Ctrl-C while this runs in a worker thread (which
+    never sees KeyboardInterrupt); the host then stops at its next step and its guard rolls it back."""
     started = time.monotonic()
+    if interrupted is not None and interrupted.is_set():
+        return HostResult(host.name, "not started", rollout_id=rollout_id, notes=["interrupted (Ctrl-C)"],
+                          before=f"{stack_text(plan.stack_before)}; {server_text(plan.server_before)}")
     if plan.converge_first:
         note(f"{host.name}: {plan.converge_first}")
         converge(host, f"a new rollout ({change.label}) found it in flight", note)
         plan = plan_host(probe_host(host, known[change.patchset].package), change, known, profile=options.profile,
                          overrides=options.overrides, gate_bench=options.gate_bench,
                          bench_levels=options.bench_levels, tolerance=options.tolerance)
-    run = _Run(host, plan, rollout_id, note)
+    run = _Run(host, plan, rollout_id, note, interrupted)
     run.bench = None
     res = run.result
     if plan.action != "roll out":
@@ -697,6 +716,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
                 res.seconds = round(time.monotonic() - started, 1)
                 return res
         if ok is False:
+            run.check()
             _failure_report(host, plan, res, note)
         _after_rollback(host, plan, converge(host, f"gate failed: {res.failed_check}" if ok is False
                                              else "the guard took over", note), run, options.smoke_max_tokens)
@@ -707,6 +727,14 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
         finally:
             beat.stop()
         raise
+    except Interrupted:   # the fleet's main thread has asked the guard already; ask again in case it came first
+        res.outcome = "interrupted"
+        res.notes.append(f"Ctrl-C: the host's guard was asked to roll back; see: invoke rollout --status "
+                         f"--host {host.name}")
+        try:
+            ctl(host, "request", reason="the controller was interrupted (Ctrl-C)")
+        except Exception as exc:
+            res.notes.append(f"asking the guard again failed ({exc}); it rolls back once the lease runs out")
     except TransportError as exc:
         res.outcome = "lost contact"
         res.notes.append(f"{exc}; the host's guard rolls back on its own once the controller has been silent "
@@ -802,30 +830,46 @@ def run_fleet(hosts: list[Host], change: Change, options: Options, note=_quiet,
     done: dict[str, HostResult] = {}
     canary_failed = failed_after = 0
     names = [h.name for h in hosts]
-    for index, wave in enumerate(waves(names, options.canary, options.parallel)):
-        if fleet.stopped:
-            break
+    interrupted = threading.Event()    # Ctrl-C: the wave's worker threads stop at their next step
 
-        def one(host: Host) -> HostResult:
-            journal.update(host.name, outcome="running")
-            result = run_host(host, plan_of[host.name], change, options, rollout_id, known, note)
-            journal.update(host.name, outcome=result.outcome, result=result.to_json())
-            on_result(result)
-            return result
+    def one(host: Host) -> HostResult:
+        journal.update(host.name, outcome="running")
+        result = run_host(host, plan_of[host.name], change, options, rollout_id, known, note, interrupted)
+        journal.update(host.name, outcome=result.outcome, result=result.to_json())
+        on_result(result)
+        return result
 
-        for outcome in for_each_host([by_name[n] for n in wave], one):
-            result = outcome.value if outcome.error is None else HostResult(
-                outcome.host.name, "failed", rollout_id=rollout_id,
-                notes=[f"{type(outcome.error).__name__}: {outcome.error}"])
+    def interrupt(wave_hosts: list[Host]) -> None:
+        interrupted.set()
+        note(f"interrupted: asking the guards of {', '.join(h.name for h in wave_hosts)} to roll back; "
+             "waiting for each host to stop at its next step")
+        for outcome in for_each_host(wave_hosts, lambda h: ctl(h, "request", reason="the controller was "
+                                                                "interrupted (Ctrl-C)")):
             if outcome.error is not None:
-                journal.update(outcome.host.name, outcome=result.outcome, result=result.to_json())
-            done[result.host] = result
-            if result.failed:
-                if options.canary and index == 0:
-                    canary_failed += 1
-                else:
-                    failed_after += 1
-        fleet.stopped = fleet_stop(index, options.canary, canary_failed, failed_after, options.max_failures)
+                note(f"{outcome.host.name}: asking its guard to roll back failed ({outcome.error}); "
+                     "it rolls back once the lease runs out")
+
+    try:
+        for index, wave in enumerate(waves(names, options.canary, options.parallel)):
+            if fleet.stopped:
+                break
+            wave_hosts = [by_name[n] for n in wave]
+            for outcome in for_each_host(wave_hosts, one, on_interrupt=lambda: interrupt(wave_hosts)):
+                result = outcome.value if outcome.error is None else HostResult(
+                    outcome.host.name, "failed", rollout_id=rollout_id,
+                    notes=[f"{type(outcome.error).__name__}: {outcome.error}"])
+                if outcome.error is not None:
+                    journal.update(outcome.host.name, outcome=result.outcome, result=result.to_json())
+                done[result.host] = result
+                if result.failed:
+                    if options.canary and index == 0:
+                        canary_failed += 1
+                    else:
+                        failed_after += 1
+            fleet.stopped = fleet_stop(index, options.canary, canary_failed, failed_after, options.max_failures)
+    except KeyboardInterrupt:
+        journal.finish("interrupted (Ctrl-C): the hosts that were running were asked to roll back")
+        raise
     for name in names:
         if name not in done:
             p = plan_of[name]

@@ -1,11 +1,15 @@
 """The controller's rare paths, without sshd: the host calls are faked around the real
-`run_fleet`/`run_host` (the journal calls `ctl`, the steps, the lease thread). The failure report of a
-TP=8 start that failed, and a failure report that cannot be read.
+`run_fleet`/`run_host` (the journal calls `ctl`, the steps, the lease thread). Ctrl-C in a wave of two
+hosts (worker threads), the failure report of a TP=8 start that failed, and a failure report that
+cannot be read.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +74,37 @@ def cache(monkeypatch, tmp_path):
 
 def _hosts(n: int, state: Path) -> list[Host]:
     return [Host(name=f"h{i}", transport="local", state_dir=str(state / f"h{i}")) for i in range(n)]
+
+
+def test_ctrl_c_in_a_wave_of_two_hosts_keeps_neither_and_asks_both_guards_to_roll_back(
+        monkeypatch, tmp_path, cache):
+    fake = FakeHosts(monkeypatch)
+    in_smoke, release = threading.Semaphore(0), threading.Event()
+
+    def smoke(host, run, max_tokens):   # a smoke that takes a while; Ctrl-C comes while both hosts run it
+        in_smoke.release()
+        release.wait(10)
+        return "pass", "7 checks passed"
+
+    def ctrl_c():
+        for _ in range(2):
+            assert in_smoke.acquire(timeout=10)
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5      # let the smokes end once both guards were asked (or at 5 s)
+        while fake.requested() != {"h0", "h1"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        release.set()
+
+    monkeypatch.setattr(rollout, "_smoke_gate", smoke)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        rollout.run_fleet(_hosts(2, tmp_path), rollout.Change("ps"), rollout.Options(canary=0, parallel=2))
+
+    assert not [c for c in fake.calls if c[3] == "kept"], fake.calls
+    assert fake.requested() == {"h0", "h1"}, fake.calls
+    journal = json.loads(next((cache / "rollouts").glob("*.json")).read_text())
+    assert journal["stopped"].startswith("interrupted (Ctrl-C)") and journal.get("finished_at")
+    assert {name: h["outcome"] for name, h in journal["hosts"].items()} == {"h0": "interrupted", "h1": "interrupted"}
 
 
 def _failed_tp8_start(host: Host, profile: str) -> tuple[str, str]:
