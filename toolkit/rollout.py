@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import threading
 import time
@@ -53,6 +54,10 @@ class RolloutError(RuntimeError):
 class RolloutInputError(RolloutError):
     """Bad input (unknown patchset or profile, options the profile refuses): refused before any host
     changes, in a dry run too (the command exits 2)."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C came while this host ran in a worker thread: stop at the next step, the guard rolls back."""
 
 
 def _quiet(text: str) -> None:
@@ -302,6 +307,7 @@ class Gate:
 class HostResult:
     host: str
     outcome: str           # kept | rolled back | refused | unchanged | not started | rollback failed | lost contact
+                           # | interrupted
     before: str = ""
     after: str = ""
     gates: list[Gate] = field(default_factory=list)
@@ -378,10 +384,14 @@ def probe_host(host: Host, package: str) -> Probe:
 
 
 class _Heartbeat:
-    """Renews the host's lease while the controller drives it (own connection, own thread)."""
+    """Renews the host's lease while the controller drives it (own connection, own thread).
 
-    def __init__(self, host: Host, lease_path: str, every: float):
-        self.host, self.lease, self.every = host, lease_path, every
+    A renewal that fails is said at once (`note`) and counted (`missed`, `problem`): the guard
+    rolls the host back once the lease is older than its lease_s, so the user must know why."""
+
+    def __init__(self, host: Host, lease_path: str, every: float, note=_quiet):
+        self.host, self.lease, self.every, self.note = host, lease_path, every, note
+        self.missed, self.problem = 0, ""
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"rollout-lease-{host.name}", daemon=True)
         self.thread.start()
@@ -392,17 +402,26 @@ class _Heartbeat:
             try:
                 if transport is None:
                     transport = self.host.connect()
-                transport.run(f"touch {self.lease}", timeout=max(5.0, self.every))
-            except Exception:   # the guard decides what a missed lease means
+                done = transport.run(f"touch {shlex.quote(self.lease)}", timeout=max(5.0, self.every))
+                why = "" if done.ok else (done.tail(3) or f"touch exited {done.exit_code}")
+            except Exception as exc:   # the host is out of reach: try a new connection next time
                 if transport is not None:
                     transport.close()
                 transport = None
+                why = f"{type(exc).__name__}: {exc}"
+            if why and not self.missed:
+                self.note(f"{self.host.name}: the rollout's lease {self.lease} could not be renewed ({why}); "
+                          "the host's guard rolls it back if the lease runs out")
+            self.missed = self.missed + 1 if why else 0
+            self.problem = why or self.problem
         if transport is not None:
             transport.close()
 
-    def stop(self):
+    def stop(self) -> str:
+        """Stop renewing; returns the last renewal problem ('' when every renewal worked)."""
         self.done.set()
         self.thread.join(timeout=self.every + 10)
+        return self.problem
 
 
 def _hold_for_test(phase: str) -> None:
@@ -490,7 +509,7 @@ def _bench_record_path(host: Host, profile: str) -> str:
 
 def read_bench_record(host: Host, profile: str) -> dict | None:
     with host.connect() as transport:
-        done = transport.run(f"cat {_bench_record_path(host, profile)} 2>/dev/null", timeout=60)
+        done = transport.run(f"cat {shlex.quote(_bench_record_path(host, profile))} 2>/dev/null", timeout=60)
     try:
         return json.loads(done.stdout) if done.ok and done.stdout.strip() else None
     except ValueError:
@@ -499,9 +518,13 @@ def read_bench_record(host: Host, profile: str) -> dict | None:
 
 def write_bench_record(host: Host, profile: str, record: dict) -> None:
     path = _bench_record_path(host, profile)
+    folder, new, final = (shlex.quote(p) for p in (path.rsplit("/", 1)[0], path + ".new", path))
     with host.connect() as transport:
-        transport.run(f"mkdir -p {path.rsplit('/', 1)[0]} && cat > {path}.new && mv {path}.new {path}",
-                      stdin=json.dumps(record, indent=1), timeout=60)
+        done = transport.run(f"mkdir -p {folder} && cat > {new} && mv {new} {final}",
+                             stdin=json.dumps(record, indent=1), timeout=60)
+    if not done.ok:
+        raise RolloutError(f"{host.name}: the bench record {path} was not written: "
+                           f"{done.tail(3) or f'exit {done.exit_code}'}")
 
 
 @dataclass
@@ -521,13 +544,20 @@ class Options:
 class _Run:
     """One host's rollout once it is armed: each step a gate row, the journal moved along."""
 
-    def __init__(self, host: Host, plan: HostPlan, rollout_id: str, note):
+    def __init__(self, host: Host, plan: HostPlan, rollout_id: str, note, interrupted: threading.Event | None = None):
         self.host, self.plan, self.id, self.note = host, plan, rollout_id, note
+        self.interrupted = interrupted
         self.result = HostResult(host.name, "rolled back", rollout_id=rollout_id,
                                  before=f"{stack_text(plan.stack_before)}; {server_text(plan.server_before)}",
                                  after=f"{stack_text(plan.stack_after)}; {server_text(plan.server_after)}")
 
+    def check(self) -> None:
+        """Raise Interrupted once Ctrl-C came (the fleet's main thread sets the event)."""
+        if self.interrupted is not None and self.interrupted.is_set():
+            raise Interrupted(f"{self.host.name}: interrupted (Ctrl-C)")
+
     def phase(self, name: str, allowed: tuple, detail: str = "") -> bool:
+        self.check()
         answer = ctl(self.host, "phase", id=self.id, phase=name, detail=detail, **{"from": list(allowed)})
         if not answer["ok"]:
             journal = answer.get("journal") or {}
@@ -538,6 +568,7 @@ class _Run:
         return answer["ok"]
 
     def gate(self, name: str, fn) -> Gate:
+        self.check()
         started = time.monotonic()
         try:
             status, detail = fn()
@@ -637,16 +668,22 @@ def _after_rollback(host: Host, plan: HostPlan, journal: dict, run: _Run, smoke_
 
 
 def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollout_id: str,
-             known: dict, note=_quiet) -> HostResult:
-    """Roll the change out on one host and prove it, or have its guard put it back."""
+             known: dict, note=_quiet, interrupted: threading.Event | None = None) -> HostResult:
+    """Roll the change out on one host and prove it, or have its guard put it back.
+
+    `interrupted`: set by the fleet's main thread on Ctrl-C while this runs in a worker thread (which
+    never sees KeyboardInterrupt); the host then stops at its next step and its guard rolls it back."""
     started = time.monotonic()
+    if interrupted is not None and interrupted.is_set():
+        return HostResult(host.name, "not started", rollout_id=rollout_id, notes=["interrupted (Ctrl-C)"],
+                          before=f"{stack_text(plan.stack_before)}; {server_text(plan.server_before)}")
     if plan.converge_first:
         note(f"{host.name}: {plan.converge_first}")
         converge(host, f"a new rollout ({change.label}) found it in flight", note)
         plan = plan_host(probe_host(host, known[change.patchset].package), change, known, profile=options.profile,
                          overrides=options.overrides, gate_bench=options.gate_bench,
                          bench_levels=options.bench_levels, tolerance=options.tolerance, launch=_launch_of(host))
-    run = _Run(host, plan, rollout_id, note)
+    run = _Run(host, plan, rollout_id, note, interrupted)
     run.bench = None
     res = run.result
     if plan.action != "roll out":
@@ -665,7 +702,7 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
                   after={"stack": plan.stack_after, "server": plan.server_after},
                   payloads=_payloads(host, plan), guard_source=_guard_source())["journal"]
     _hold_for_test("armed")
-    beat = _Heartbeat(host, journal["lease"], every=max(0.5, min(10.0, lease / 6)))
+    beat = _Heartbeat(host, journal["lease"], every=max(0.5, min(10.0, lease / 6)), note=note)
     try:
         ok = True
         for name, fn, phase, allowed in (
@@ -688,15 +725,16 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
             if run.phase("kept", ("restarted",), "every gate passed"):
                 res.outcome = "kept"
                 if run.bench:
-                    write_bench_record(host, plan.server_after["profile"], run.bench)
+                    try:
+                        write_bench_record(host, plan.server_after["profile"], run.bench)
+                    except (RolloutError, TransportError) as exc:   # the host is kept all the same
+                        res.notes.append(str(exc))
+                        note(f"{host.name}: {exc}")
                 res.seconds = round(time.monotonic() - started, 1)
                 return res
         if ok is False:
-            profile = plan.server_after["profile"]
-            state = server.status(host)
-            tp = state.tp_size if state else 1
-            res.rank_errors = rank_errors(host, profile, tp)
-            res.log_paths = [log["path"] for log in server.list_logs(host, profile).get("logs", [])[-1:]]
+            run.check()
+            _failure_report(host, plan, res, note)
         _after_rollback(host, plan, converge(host, f"gate failed: {res.failed_check}" if ok is False
                                              else "the guard took over", note), run, options.smoke_max_tokens)
     except KeyboardInterrupt:
@@ -706,14 +744,41 @@ def run_host(host: Host, plan: HostPlan, change: Change, options: Options, rollo
         finally:
             beat.stop()
         raise
+    except Interrupted:   # the fleet's main thread has asked the guard already; ask again in case it came first
+        res.outcome = "interrupted"
+        res.notes.append(f"Ctrl-C: the host's guard was asked to roll back; see: invoke rollout --status "
+                         f"--host {host.name}")
+        try:
+            ctl(host, "request", reason="the controller was interrupted (Ctrl-C)")
+        except Exception as exc:
+            res.notes.append(f"asking the guard again failed ({exc}); it rolls back once the lease runs out")
     except TransportError as exc:
         res.outcome = "lost contact"
         res.notes.append(f"{exc}; the host's guard rolls back on its own once the controller has been silent "
                          f"for {lease:.0f} s; see: invoke rollout --status --host {host.name}")
     finally:
-        beat.stop()
+        problem = beat.stop()
+        if problem:
+            res.notes.append(f"the lease was not always renewed (last: {problem})")
     res.seconds = round(time.monotonic() - started, 1)
     return res
+
+
+def _failure_report(host: Host, plan: HostPlan, res: HostResult, note) -> None:
+    """Each TP rank's first error lines and the failed run's log path, before the rollback. Best
+    effort: nothing here may stop the rollback request that follows."""
+    profile, overrides = plan.server_after["profile"], plan.server_after["overrides"]
+    try:
+        state = server.status(host)
+        # a failed start has no record any more: the size it was started with is the plan's
+        tp = state.tp_size if state else int(overrides.get("tp_size") or server.plan(host, profile, overrides).tp_size)
+        res.rank_errors = rank_errors(host, profile, tp)
+        res.log_paths = [log["path"] for log in server.list_logs(host, profile).get("logs", [])[-1:]]
+    except TransportError:
+        raise   # the host is out of reach: its guard decides (run_host says so)
+    except Exception as exc:
+        res.notes.append(f"the failed server's logs could not be read: {type(exc).__name__}: {exc}")
+        note(f"{host.name}: {res.notes[-1]}")
 
 
 # -- the fleet -----------------------------------------------------------------------------
@@ -807,30 +872,46 @@ def run_fleet(hosts: list[Host], change: Change, options: Options, note=_quiet,
     done: dict[str, HostResult] = {}
     canary_failed = failed_after = 0
     names = [h.name for h in hosts]
-    for index, wave in enumerate(waves(names, options.canary, options.parallel)):
-        if fleet.stopped:
-            break
+    interrupted = threading.Event()    # Ctrl-C: the wave's worker threads stop at their next step
 
-        def one(host: Host) -> HostResult:
-            journal.update(host.name, outcome="running")
-            result = run_host(host, plan_of[host.name], change, options, rollout_id, known, note)
-            journal.update(host.name, outcome=result.outcome, result=result.to_json())
-            on_result(result)
-            return result
+    def one(host: Host) -> HostResult:
+        journal.update(host.name, outcome="running")
+        result = run_host(host, plan_of[host.name], change, options, rollout_id, known, note, interrupted)
+        journal.update(host.name, outcome=result.outcome, result=result.to_json())
+        on_result(result)
+        return result
 
-        for outcome in for_each_host([by_name[n] for n in wave], one):
-            result = outcome.value if outcome.error is None else HostResult(
-                outcome.host.name, "failed", rollout_id=rollout_id,
-                notes=[f"{type(outcome.error).__name__}: {outcome.error}"])
+    def interrupt(wave_hosts: list[Host]) -> None:
+        interrupted.set()
+        note(f"interrupted: asking the guards of {', '.join(h.name for h in wave_hosts)} to roll back; "
+             "waiting for each host to stop at its next step")
+        for outcome in for_each_host(wave_hosts, lambda h: ctl(h, "request", reason="the controller was "
+                                                                "interrupted (Ctrl-C)")):
             if outcome.error is not None:
-                journal.update(outcome.host.name, outcome=result.outcome, result=result.to_json())
-            done[result.host] = result
-            if result.failed:
-                if options.canary and index == 0:
-                    canary_failed += 1
-                else:
-                    failed_after += 1
-        fleet.stopped = fleet_stop(index, options.canary, canary_failed, failed_after, options.max_failures)
+                note(f"{outcome.host.name}: asking its guard to roll back failed ({outcome.error}); "
+                     "it rolls back once the lease runs out")
+
+    try:
+        for index, wave in enumerate(waves(names, options.canary, options.parallel)):
+            if fleet.stopped:
+                break
+            wave_hosts = [by_name[n] for n in wave]
+            for outcome in for_each_host(wave_hosts, one, on_interrupt=lambda: interrupt(wave_hosts)):
+                result = outcome.value if outcome.error is None else HostResult(
+                    outcome.host.name, "failed", rollout_id=rollout_id,
+                    notes=[f"{type(outcome.error).__name__}: {outcome.error}"])
+                if outcome.error is not None:
+                    journal.update(outcome.host.name, outcome=result.outcome, result=result.to_json())
+                done[result.host] = result
+                if result.failed:
+                    if options.canary and index == 0:
+                        canary_failed += 1
+                    else:
+                        failed_after += 1
+            fleet.stopped = fleet_stop(index, options.canary, canary_failed, failed_after, options.max_failures)
+    except KeyboardInterrupt:
+        journal.finish("interrupted (Ctrl-C): the hosts that were running were asked to roll back")
+        raise
     for name in names:
         if name not in done:
             p = plan_of[name]

@@ -19,8 +19,12 @@ class HostOutcome:
         return self.error is None
 
 
-def for_each_host(hosts: list[Host], action: Callable[[Host], Any]) -> list[HostOutcome]:
-    """Call `action(host)` for every host in parallel; exceptions become failed outcomes."""
+def for_each_host(hosts: list[Host], action: Callable[[Host], Any],
+                  on_interrupt: Callable[[], None] | None = None) -> list[HostOutcome]:
+    """Call `action(host)` for every host in parallel; exceptions become failed outcomes.
+
+    Only the main thread sees Ctrl-C: `on_interrupt()` runs there at once, before waiting for the
+    workers (so it can tell them to stop), then the KeyboardInterrupt goes on to the caller."""
 
     def one(host: Host) -> HostOutcome:
         try:
@@ -31,4 +35,9 @@ def for_each_host(hosts: list[Host], action: Callable[[Host], Any]) -> list[Host
     if len(hosts) == 1:
         return [one(hosts[0])]
     with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        return list(pool.map(one, hosts))
+        try:
+            return list(pool.map(one, hosts))
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt()
+            raise

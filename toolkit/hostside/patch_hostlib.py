@@ -131,14 +131,17 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomic(path, data):
-    """Write beside, fsync, rename over, fsync the folder: readers see old or new, never half."""
+def write_atomic(path, data, mode=None):
+    """Write beside, fsync, rename over, fsync the folder: readers see old or new, never half.
+    `mode`: the new file's permission bits (else 0666 less the umask, as open() makes it)."""
     tmp = "%s.tmp%d" % (path, os.getpid())
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         remove_files([tmp])
@@ -433,8 +436,10 @@ def restore_from_backup(sd, site, rel, sha):
     src = sd.backup_path(sha)
     if sha256_file(src) != sha:
         return False
+    # keep the mode of the file it replaces, as apply does (a missing file gets open()'s default)
+    mode = os.stat(path).st_mode & 0o7777 if os.path.exists(path) else None
     with open(src, "rb") as f:
-        write_atomic(path, f.read())
+        write_atomic(path, f.read(), mode=mode)
     return True
 
 
