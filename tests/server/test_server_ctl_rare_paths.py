@@ -143,45 +143,41 @@ def _rewrite_record(host, **changes) -> None:
         json.dump(record, handle)
 
 
-def test_a_recorded_pid_now_of_another_process_is_dead_and_stop_leaves_that_process_alone(fake_host):
+@pytest.fixture
+def reused_pid(fake_host):
+    """A started server killed, and another program given its pid in the record (simulated: a
+    session leader started after the server, its pid written into the record with the server's
+    start time beside it); yields that program's Popen."""
     state = server.start(fake_host, "fake", timeout=30)
     recorded = server_ctl._start_time(state.pid)
     with fake_host.connect() as transport:
         transport.run(f"kill -9 -{state.pid}")
-    # Another program now has the pid (simulated: a session leader started after the server, its
-    # pid written into the record, with the server's start time beside it).
     other = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         assert server_ctl._start_time(other.pid) != recorded
         _rewrite_record(fake_host, pid=other.pid, pid_start=recorded)
-        current = server.status(fake_host)
-        assert current.status == "dead" and current.healthy is False
-        result = server.stop(fake_host, grace=2)
-        assert result.was_running is False and result.signal is None
-        time.sleep(0.3)
-        assert other.poll() is None, "stop signalled an unrelated process that was given the recorded pid"
-        assert server.status(fake_host) is None
+        yield other
     finally:
         other.kill()
         other.wait()
 
 
-def test_a_start_clears_the_record_of_a_server_whose_pid_was_reused(fake_host):
-    state = server.start(fake_host, "fake", timeout=30)
-    recorded = server_ctl._start_time(state.pid)
-    with fake_host.connect() as transport:
-        transport.run(f"kill -9 -{state.pid}")
-    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    try:
-        _rewrite_record(fake_host, pid=other.pid, pid_start=recorded)
-        again = server.start(fake_host, "fake", timeout=30)
-        assert any("its pid is now another process's" in note for note in again.notes)
-        assert other.poll() is None
-        server.stop(fake_host, grace=5)
-        assert other.poll() is None
-    finally:
-        other.kill()
-        other.wait()
+def test_a_recorded_pid_now_of_another_process_is_dead_and_stop_leaves_that_process_alone(fake_host, reused_pid):
+    current = server.status(fake_host)
+    assert current.status == "dead" and current.healthy is False
+    result = server.stop(fake_host, grace=2)
+    assert result.was_running is False and result.signal is None
+    time.sleep(0.3)
+    assert reused_pid.poll() is None, "stop signalled an unrelated process that was given the recorded pid"
+    assert server.status(fake_host) is None
+
+
+def test_a_start_clears_the_record_of_a_server_whose_pid_was_reused(fake_host, reused_pid):
+    again = server.start(fake_host, "fake", timeout=30)
+    assert any("its pid is now another process's" in note for note in again.notes)
+    assert reused_pid.poll() is None
+    server.stop(fake_host, grace=5)
+    assert reused_pid.poll() is None
 
 
 def test_a_record_without_a_start_time_keeps_the_old_behaviour(fake_host):
