@@ -165,6 +165,7 @@ def test_a_disk_that_fills_after_the_renames_keeps_the_journal_and_the_next_comm
     assert re.match(rf"no space left on the file system of {site}/\.toolkit/patch \(No space left on device\)"
                     rf" while writing the state: .*; all 3 file\(s\) hold the new content and the journal says so",
                     str(failed.value)), str(failed.value)
+    assert f"the next `invoke patch verify --host {host.name}`, apply or revert finishes the run" in str(failed.value)
     state_dir = site / ".toolkit" / "patch"
     assert json.loads((state_dir / "journal.json").read_text())["phase"] == "commit"
     assert not (state_dir / "state.json").exists()

@@ -121,7 +121,11 @@ def _drop_prepared(sd, site, entries):
     fsync_dir(sd.root)
 
 
-def _rename_all(entries, site, journal, sd):
+def _verify_command(args):
+    return "invoke patch verify --host %s" % args["host"] if args.get("host") else "invoke patch verify"
+
+
+def _rename_all(entries, site, journal, sd, verify):
     """Rename every new file over its target; if one cannot be, put back those already done."""
     done = 0
     try:
@@ -140,7 +144,7 @@ def _rename_all(entries, site, journal, sd):
         what = "could not replace %s (%s) after %d of %d renames" % (entries[done - 1]["path"], exc, done - 1,
                                                                     len(entries))
         if outcome["damaged"]:
-            raise Failed("%s; %s; `invoke patch verify` shows what each file holds" % (what, outcome["outcome"]))
+            raise Failed("%s; %s; `%s` shows what each file holds" % (what, outcome["outcome"], verify))
         raise Refused("%s; put the %d file(s) already replaced back: nothing changed" % (what, done - 1))
 
 
@@ -201,7 +205,7 @@ def _transaction(args, site, sd):
         _drop_prepared(sd, site, entries)
         raise Refused(message + "; no file changed, the temporary files and the journal are removed")
     checkpoint("after-rename-0")
-    _rename_all(entries, site, journal, sd)
+    _rename_all(entries, site, journal, sd, _verify_command(args))
     for folder in {os.path.dirname(full_path(site, e["path"])) for e in entries}:
         fsync_dir(folder)
     try:
@@ -210,8 +214,8 @@ def _transaction(args, site, sd):
         if not is_no_space(exc):
             raise
         raise Failed("%s; all %d file(s) hold the new content and the journal says so: once space is free,"
-                     " the next `invoke patch verify`, apply or revert finishes the run (rolls it forward)"
-                     % (space.message(exc, sd.state, "the state"), len(entries)))
+                     " the next `%s`, apply or revert finishes the run (rolls it forward)"
+                     % (space.message(exc, sd.state, "the state"), len(entries), _verify_command(args)))
     checkpoint("after-state")
     removed = remove_stale_pycache(site, [e["path"] for e in entries])
     os.unlink(sd.journal)

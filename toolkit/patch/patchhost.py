@@ -31,7 +31,7 @@ def lock_timeout() -> float:
 
 
 def host_args(host: Host, package: str) -> dict:
-    return {"package": package, "venv": host.venv, "pythonpath": host.pythonpath,
+    return {"host": host.name, "package": package, "venv": host.venv, "pythonpath": host.pythonpath,
             "state_dir": host.toolkit_state_dir, "lock_timeout": lock_timeout()}
 
 

@@ -386,7 +386,7 @@ def _refuse_drifted_revert(transport, host, package, state, known, version, whee
     if edited:
         parts.append(f"{', '.join(edited)} changed by hand since the patch was applied")
     if left:
-        parts.append(f"{', '.join(left)} left damaged by a cut run (`invoke patch verify` says what each holds)")
+        parts.append(f"{', '.join(left)} left damaged by a cut run (`invoke patch verify --host {host.name}` says what each holds)")
     diff = _drift_diff(transport, host, package,
                        {p: _image_bytes(p, state, known, version, wheel) for p in edited}) if edited else ""
     raise PatchRefused(f"{'; '.join(parts)}; `invoke patch revert {name + ' ' if name else ''}--force"

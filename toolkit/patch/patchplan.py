@@ -137,7 +137,7 @@ def apply_stack(name: str, known: dict, probe: dict, host: str) -> tuple[str, li
                            f" nothing written")
     if (state or {}).get("damaged"):
         raise PatchRefused(f"a cut run left {', '.join(state['damaged'])} damaged on {host}"
-                           f" (`invoke patch verify` says what each holds and why); once the cause is gone,"
+                           f" (`invoke patch verify --host {host}` says what each holds and why); once the cause is gone,"
                            f" run `invoke patch revert --all --force --host {host}`; nothing written")
     return version, current, patchsets.sort_stack(current + [name], known)
 
