@@ -97,8 +97,10 @@ def test_broken_toml_is_an_error_naming_the_file(monkeypatch, tmp_path):
     bad = tmp_path / "broken.toml"
     bad.write_text("[h\n")
     monkeypatch.setenv("TOOLKIT_INVENTORY", str(bad))
-    with pytest.raises(InventoryError, match="broken.toml"):
+    with pytest.raises(InventoryError) as refused:
         resolve_hosts("sandbox")
+    # where the file is, and how it got in: a name alone is not enough to find it
+    assert str(refused.value).startswith(f"cannot read inventory {bad} (from TOOLKIT_INVENTORY): ")
 
 
 def _inventory(monkeypatch, tmp_path, text):

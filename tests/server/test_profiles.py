@@ -163,6 +163,16 @@ def test_bad_profiles_are_reported_with_their_name(tmp_path, monkeypatch):
         server.plan(GPU_HOST, "typo")
     with pytest.raises(profiles.ProfileError, match="unknown profile 'nope'"):
         profiles.load_profile("nope")
+    (tmp_path / "broken.toml").write_text("kind = \n")
+    with pytest.raises(profiles.ProfileError) as broken:
+        profiles.load_profile("typo")
+    assert str(broken.value).startswith(f"cannot read profile {tmp_path / 'broken.toml'} (from TOOLKIT_PROFILES): ")
+
+
+def test_a_profiles_folder_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_PROFILES", str(tmp_path / "nowhere"))
+    with pytest.raises(profiles.ProfileError, match="TOOLKIT_PROFILES names .*nowhere, which is not a folder"):
+        profiles.load_profile("baseline")
 
 
 def test_launch_script_sources_secrets_quotes_arguments_and_is_valid_bash(tmp_path):

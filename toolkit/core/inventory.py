@@ -147,6 +147,15 @@ def builtin_hosts() -> dict[str, Host]:
     }
 
 
+def shown_path(path: Path, variable: str) -> str:
+    """A config file as the user knows it: relative to the project for a shipped one, else as named
+    through `variable`."""
+    try:
+        return str(path.resolve().relative_to(paths.PROJECT_ROOT))
+    except ValueError:
+        return f"{path} (from {variable})"
+
+
 def _inventory_files() -> list[Path]:
     files = sorted(paths.HOSTS_DIR.glob("*.toml"))
     for entry in filter(None, os.environ.get("TOOLKIT_INVENTORY", "").split(os.pathsep)):
@@ -161,7 +170,7 @@ def load_inventory() -> dict[str, Host]:
         try:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InventoryError(f"cannot read inventory {path.name}: {exc}") from exc
+            raise InventoryError(f"cannot read inventory {shown_path(path, 'TOOLKIT_INVENTORY')}: {exc}") from exc
         for name, table in data.items():
             if not isinstance(table, dict):
                 raise InventoryError(f"{path.name}: {name!r} must be a table of host settings")

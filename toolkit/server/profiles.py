@@ -25,7 +25,7 @@ from pathlib import Path
 
 from toolkit.core import paths
 from toolkit.patch import patchhooks, patchsets
-from toolkit.core.inventory import Host
+from toolkit.core.inventory import Host, shown_path
 
 KINDS = ("sglang", "transformers-serve", "command")
 TOP_LEVEL_KEYS = {
@@ -101,6 +101,9 @@ class LaunchPlan:
 
 def profile_dirs() -> list[Path]:
     extra = [Path(p) for p in os.environ.get("TOOLKIT_PROFILES", "").split(os.pathsep) if p]
+    missing = [str(p) for p in extra if not p.is_dir()]
+    if missing:
+        raise ProfileError(f"TOOLKIT_PROFILES names {', '.join(missing)}, which is not a folder of profiles")
     return [paths.PROFILES_DIR, *extra]
 
 
@@ -111,7 +114,7 @@ def _read_raw() -> dict[str, dict]:
             try:
                 data = tomllib.loads(path.read_text())
             except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ProfileError(f"cannot read profile {path.name}: {exc}") from exc
+                raise ProfileError(f"cannot read profile {shown_path(path, 'TOOLKIT_PROFILES')}: {exc}") from exc
             unknown = set(data) - TOP_LEVEL_KEYS
             if unknown:
                 raise ProfileError(f"profile {path.stem} ({path.name}): unknown keys {', '.join(sorted(unknown))}")
