@@ -40,7 +40,7 @@ ENGINE_ERRORS = (patching.PatchRefused, PatchsetError, compiler.CompileError, wh
     "host": HOST_HELP,
     "dry_run": "apply/revert: print the plan (which files would change), write nothing",
     "all_files": "verify: also check every file of the package against the installed RECORD",
-    "json_": "verify: print one JSON object per host (one per line) instead of tables",
+    "json_": "apply, revert, verify: print one JSON object per host (one per line) instead of tables",
     "force": "revert: overwrite files changed by hand; restore files a cut run could not",
     "all_": "revert: pop every patchset (the default when no NAME is given)",
     "requires": "edit: for a new patchset, the patchsets (comma-separated) to lay out below it",
@@ -57,6 +57,9 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
     name = name or None
     if action in ("apply", "edit", "refresh", "port") and not name:
         fail(f"`invoke patch {action}` needs a patchset name; see `invoke patch list`", code=2)
+    if action in ("list", "verify") and name:
+        fail(f"`invoke patch {action}` takes no patchset name (got {name!r}): it covers every patchset on the host",
+             code=2)
     if action == "revert" and name and all_:
         fail("give either a patchset NAME or --all, not both", code=2)
     if action == "port" and not to:
@@ -79,34 +82,54 @@ def patch(c, action=None, name=None, host=None, dry_run=False, all_files=False, 
             return _refresh(name)
     except ENGINE_ERRORS as exc:
         fail(str(exc))
+    quiet = (lambda text: None) if json_ else report.note   # --json: stdout holds the JSON lines only
     if action == "apply":
         stale: dict = {}
 
         def apply_one(h):
-            result = _with_server_check(h, patching.apply(h, name, dry_run=dry_run, note=report.note), stale)
+            result = _with_server_check(h, patching.apply(h, name, dry_run=dry_run, note=quiet), stale)
             # what the stack's patchsets with a `predict` hook say this host's server will decide (one facts trip)
-            return result, predictions.after_apply(h, result)
+            return result, None if json_ else predictions.after_apply(h, result)
 
         outcomes = run_on_hosts(host, apply_one)
+        if json_:
+            return _print_json(outcomes, lambda pair: pair[0].to_json(), lambda pair: True,
+                               lambda pair: {"server_loaded_before": _stale_json(stale.get(pair[0].host))})
         finish(outcomes, show=lambda pair: (_print_apply(pair[0]), _print_stale(pair[0], stale.get(pair[0].host), "apply"),
                                             predictions.show(pair[1])))
     elif action == "revert":
         stale = {}
         outcomes = run_on_hosts(host, lambda h: _with_server_check(
-            h, patching.revert(h, name, force=force, dry_run=dry_run, note=report.note), stale))
+            h, patching.revert(h, name, force=force, dry_run=dry_run, note=quiet), stale))
+        if json_:
+            return _print_json(outcomes, lambda r: r.to_json(), lambda r: r.record_ok,
+                               lambda r: {"server_loaded_before": _stale_json(stale.get(r.host))})
         finish(outcomes, failed=lambda r: not r.record_ok,
                show=lambda r: (_print_revert(r), _print_stale(r, stale.get(r.host), "revert")))
     else:
-        outcomes = run_on_hosts(host, lambda h: patching.verify(h, all_files=all_files,
-                                                                note=(lambda t: None) if json_ else report.note))
+        outcomes = run_on_hosts(host, lambda h: patching.verify(h, all_files=all_files, note=quiet))
         if json_:
-            for o in outcomes:
-                data = o.value.to_json() if o.ok else {"host": o.host.name, "ok": False, "error": str(o.error)}
-                print(json.dumps(data, sort_keys=True))
-            if any(not o.ok or not o.value.ok for o in outcomes):
-                raise Exit(code=1)
-            return
+            return _print_json(outcomes, lambda r: r.to_json(), lambda r: r.ok)
         finish(outcomes, failed=lambda r: not r.ok, show=_print_verify)
+
+
+def _print_json(outcomes, data_of, ok_of, extra_of=lambda value: {}) -> None:
+    """One JSON object per host and line; exit 1 when any host failed."""
+    for o in outcomes:
+        data = ({**data_of(o.value), **extra_of(o.value)} if o.ok else
+                {"host": o.host.name, "ok": False, "error": str(o.error)})
+        print(json.dumps(data, sort_keys=True))
+    if any(not o.ok or not ok_of(o.value) for o in outcomes):
+        raise Exit(code=1)
+
+
+def _stale_json(running) -> dict | str | None:
+    """A server still running the files from before the change, as JSON (or why it was not checked)."""
+    if running is None:
+        return None
+    if isinstance(running, Exception):
+        return f"not checked: {running}"
+    return {"profile": running.profile, "pid": running.pid, "patch_stack": running.patch_stack}
 
 
 def _known_or_exit(name: str) -> None:

@@ -192,3 +192,25 @@ def test_an_empty_release_folder_names_a_command_that_works_pasted(patchsets_dir
     assert done.returncode == 0, done.stderr
     code, out, _ = patch_cli("list")
     assert code == 0 and "one-file" in out
+
+
+def test_apply_and_revert_with_json_print_one_object_per_host_and_nothing_else(inventory, host_venv, patchsets_dir):
+    (name,) = inventory(host_venv)
+    code, out, err = patch_cli("apply", "pair-base", "--host", name, "--json")
+    assert code == 0, err
+    applied = json.loads(out)   # stdout is the JSON line alone: no table, no notes
+    assert applied["host"] == name and applied["stack_after"] == ["pair-base"] and applied["changed"] >= 1
+    assert applied["server_loaded_before"] is None and not applied["dry_run"]
+    code, out, err = patch_cli("revert", "--host", name, "--json", "--dry-run")
+    assert code == 0, err
+    planned = json.loads(out)
+    assert planned["dry_run"] and planned["popped"] == ["pair-base"] and planned["stack_after"] == []
+    code, out, err = patch_cli("revert", "--host", name, "--json")
+    reverted = json.loads(out)
+    assert code == 0 and reverted["record_ok"] and reverted["stack_after"] == [] and reverted["changed"] >= 1
+
+
+def test_list_and_verify_refuse_a_name_they_would_ignore():
+    for action in ("list", "verify"):
+        code, _, err = patch_cli(action, "sm120")
+        assert code == 2 and f"`invoke patch {action}` takes no patchset name (got 'sm120')" in err

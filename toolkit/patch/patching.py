@@ -57,6 +57,9 @@ class _WriteResult:
         """Files written (or, in a dry run, that would be)."""
         return sum(f.status in ("changed", "would change") for f in self.files)
 
+    def to_json(self) -> dict:
+        return {**asdict(self), "changed": self.changed}
+
 
 @dataclass
 class ApplyResult(_WriteResult):
