@@ -283,7 +283,8 @@ def _stop(host_spec, grace, memory_wait, dry_run, json_) -> None:
         return _stop_dry_run(host_spec, grace, memory_wait, json_)
     outcomes = run_on_hosts(host_spec, lambda h: server.stop(h, grace=grace, memory_wait=memory_wait))
     if json_:
-        report.emit_json([o.value.to_json() for o in outcomes if o.ok])
+        report.emit_json([o.value.to_json() if o.ok else {"host": o.host.name, "stopped": False, "error": str(o.error)}
+                          for o in outcomes])
     else:
         rows = []
         for o in outcomes:

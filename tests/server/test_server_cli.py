@@ -123,7 +123,7 @@ def test_logs_of_a_profile_never_started_says_so_with_exit_1(cli):
     assert "error: cpu-test: no log of profile baseline: it has not been started on this host" in never.stderr
 
 
-def test_status_of_an_unreachable_host_is_an_error_only_and_a_json_entry(cli, ssh_host, tmp_path):
+def test_status_and_stop_of_an_unreachable_host_are_an_error_only_and_a_json_entry(cli, ssh_host, tmp_path):
     with open(tmp_path / "hosts.toml", "a") as inventory:    # an address where no sshd listens
         inventory.write(f'[gone]\naddress = "127.0.0.1"\nport = {free_port()}\nuser = "{ssh_host.user}"\n'
                         f'key = "{ssh_host.key}"\nknown_hosts = "{ssh_host.known_hosts}"\n'
@@ -136,6 +136,11 @@ def test_status_of_an_unreachable_host_is_an_error_only_and_a_json_entry(cli, ss
     entries = {entry["host"]: entry for entry in json.loads(both.stdout)}
     assert entries["cpu-test"] == {"host": "cpu-test", "ok": True, "server": None}
     assert entries["gone"]["ok"] is False and entries["gone"]["error"].startswith("cannot reach 127.0.0.1:")
+    stopped = cli("stop", "--host", "cpu-test,gone", "--json")
+    assert stopped.returncode == 1
+    entries = {entry["host"]: entry for entry in json.loads(stopped.stdout)}
+    assert entries["cpu-test"]["stopped"] and not entries["cpu-test"]["was_running"]
+    assert entries["gone"]["stopped"] is False and entries["gone"]["error"].startswith("cannot reach 127.0.0.1:")
 
 
 def test_threshold_on_a_profile_without_one_is_refused_naming_those_that_take_it(cli):
