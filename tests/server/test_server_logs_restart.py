@@ -142,14 +142,15 @@ def test_following_the_log_moves_to_the_next_run(fake_host):
         server.stop(fake_host, grace=5)
 
 
-def test_starts_within_one_second_keep_their_order(tmp_path):
+def test_starts_within_one_second_keep_their_order_and_the_units_log_is_not_one_of_them(tmp_path):
     """Two starts in the same second get PROFILE-STAMP.log and PROFILE-STAMP-2.log; plain name
     order would put the second first and `logs --run 1` would find no earlier run. Logs adopted
     from the old layout in that second stay before them."""
     from toolkit.hostside import server_ctl
 
     names = ["fake-20261130T090001Z.log", "fake-20261130T090000Z-2.log", "fake-20261130T090000Z-10.log",
-             "fake-20261130T085959Z-old-1.log", "fake-20261130T090000Z.log", "fake-20261130T090000Z-old-2.log"]
+             "fake-20261130T085959Z-old-1.log", "fake-20261130T090000Z.log", "fake-20261130T090000Z-old-2.log",
+             "fake-systemd.log"]   # the installed unit's log: not a start's, never the current one
     for name in names:
         (tmp_path / name).write_text("")
     order = [p.rsplit("/", 1)[1] for p in server_ctl._run_logs({"logs": str(tmp_path)})]

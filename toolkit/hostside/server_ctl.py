@@ -444,17 +444,16 @@ def _log_order(name):
     logs (PROFILE-STAMP-old-N.log) first, then the starts (PROFILE-STAMP.log, -2.log, ...; plain
     name order would put -2 before the first)."""
     m = _LOG_NAME.match(name)
-    if not m:
-        return (name, 1, 0)
     if m.group(2):
         return (m.group(1), 0, int(m.group(2)))
     return (m.group(1), 1, int(m.group(3) or 1))
 
 
 def _run_logs(p):
-    """The kept logs of a profile, oldest first."""
+    """The kept logs of the profile's starts, oldest first (not PROFILE-systemd.log, which the
+    rendered unit writes beside them once installed: it is neither a start's log nor pruned)."""
     try:
-        names = [n for n in os.listdir(p["logs"]) if n.endswith(".log")]
+        names = [n for n in os.listdir(p["logs"]) if _LOG_NAME.match(n)]
     except OSError:
         return []
     return [os.path.join(p["logs"], n) for n in sorted(names, key=_log_order)]
