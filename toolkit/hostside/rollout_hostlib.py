@@ -18,10 +18,11 @@ import time
 
 from ._lib import sha256_file
 from .locks import FileLock
-from .patch_hostlib import (Lock, StateDir, full_path, recover, remove_stale_pycache, restore_from_backup,
-                            write_atomic, write_json_atomic)
+from .patch_hostlib import (Lock, Refused, StateDir, full_path, recover, remove_stale_pycache,
+                            restore_from_backup, write_atomic, write_json_atomic)
 
 ROLLOUT_FORMAT = 1
+RESTORE_LOCK_WAIT_S = 600   # a patch run that holds the lock longer ends the rollback as failed
 TERMINAL = ("kept", "rolled-back", "rollback-failed")
 RESULT_MARKER = "@@TOOLKIT-RESULT@@"
 
@@ -103,8 +104,11 @@ def spawn_guard(folder):
 def _run_payload(path, timeout=3600):
     with open(path) as f:
         payload = f.read()
-    done = subprocess.run([sys.executable, "-"], input=payload.encode(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=timeout)
+    try:
+        done = subprocess.run([sys.executable, "-"], input=payload.encode(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"_error": "no answer after %g s" % timeout}
     text = done.stdout.decode(errors="replace")
     for line in reversed(text.splitlines()):
         if line.startswith(RESULT_MARKER):
@@ -141,7 +145,7 @@ def restore_files(journal):
     site = journal["site"]
     sd = StateDir(journal["state_dir"])
     restored, failed = [], {}
-    with Lock(sd, 600):
+    with Lock(sd, RESTORE_LOCK_WAIT_S):
         recovered = recover(sd, site)
         for rel, sha in sorted(journal["before"]["files"].items()):
             if sha256_file(full_path(site, rel)) == sha:
@@ -203,8 +207,19 @@ def bring_back_server(journal):
 
 
 def roll_back(folder, journal):
-    result = {"files": restore_files(journal)}
-    result.update(bring_back_server(journal))
+    """Restore the files, then the server; ends the journal rolled-back or rollback-failed, never
+    cut by an exception (a guard that died here would be started again and fail the same way)."""
+    try:
+        result = {"files": restore_files(journal)}
+    except (Refused, OSError) as exc:   # a patch run holding the lock, a state dir that cannot be read
+        result = {"files": {"restored": [], "failed": {}}, "server": "failed",
+                  "reason": "files not restored, server left as it is: %s" % exc}
+    else:
+        try:
+            result.update(bring_back_server(journal))
+        except Exception as exc:   # whatever it was, the journal must say it
+            result.update(server="failed", reason="the server was not brought back: %s: %s"
+                          % (type(exc).__name__, exc))
     ok = not result["files"]["failed"] and result.get("server") != "failed"
     with journal_lock(folder):
         current = read_journal(folder) or journal
