@@ -1,5 +1,6 @@
-"""A file restored from its backup (the guard's restore, a patch run's rollback) keeps its mode, whatever
-the umask: real files, the host code called directly."""
+"""The guard's rollback on real files, the host code called directly: a file restored from its backup
+keeps its mode whatever the umask; a restore or a server step that cannot finish ends the journal
+rollback-failed with the reason."""
 from __future__ import annotations
 
 import hashlib
