@@ -190,6 +190,32 @@ def test_an_interrupted_start_takes_down_what_it_launched(fake_host):
     assert "launch.sh: starting profile fake-unhealthy" in server.read_log(fake_host)
 
 
+def test_an_interrupted_start_whose_cleanup_fails_is_still_an_interrupt_and_says_so(fake_host, monkeypatch):
+    """A Ctrl-C stays a Ctrl-C (a rollout gate would read a ServerError as a failed check and go on)."""
+    from toolkit.core.transport import TransportError
+
+    real_ctl, said = server._ctl, []
+
+    def lost_on_status(transport, host, action, *args, **kwargs):
+        if action == "status":
+            raise TransportError("connection lost")
+        return real_ctl(transport, host, action, *args, **kwargs)
+
+    def progress(line):
+        said.append(line)
+        if "waiting for" in line:
+            monkeypatch.setattr(server, "_ctl", lost_on_status)   # the cleanup cannot ask the host
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        server.start(fake_host, "fake-unhealthy", timeout=60, wait_chunk=1, progress=progress)
+    assert any("start of fake-unhealthy was interrupted and the cleanup failed (connection lost)" in line
+               for line in said), said
+    monkeypatch.undo()
+    server.stop(fake_host, grace=5)
+    assert server.status(fake_host) is None
+
+
 def test_an_interrupted_start_leaves_a_server_it_did_not_launch_alone(fake_host):
     running = server.start(fake_host, "fake", timeout=30)
     with pytest.raises(KeyboardInterrupt):

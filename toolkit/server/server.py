@@ -361,8 +361,12 @@ def start(host: Host, profile_name: str, *, timeout: float = DEFAULT_TIMEOUT, ov
                 progress(f"{host.name}: start of {profile_name} {what}; stopping what it launched")
                 stop(host, grace=10, memory_wait=0)
         except Exception as cleanup:  # report both: the server may be left running
-            raise ServerError(f"{host.name}: start of {profile_name} {what} and the cleanup failed "
-                              f"({cleanup}); check with: invoke server status --host {host.name}") from exc
+            failed = (f"{host.name}: start of {profile_name} {what} and the cleanup failed "
+                      f"({cleanup}); check with: invoke server status --host {host.name}")
+            if isinstance(exc, KeyboardInterrupt):   # Ctrl-C still stops the caller (a rollout's gate too)
+                progress(failed)
+                raise exc from cleanup
+            raise ServerError(failed) from exc
         raise
     notes += answer.get("notes", [])
     if answer["status"] == "refused":
