@@ -157,3 +157,20 @@ def test_starts_within_one_second_keep_their_order_and_the_units_log_is_not_one_
     assert order == ["fake-20261130T085959Z-old-1.log", "fake-20261130T090000Z-old-2.log",
                      "fake-20261130T090000Z.log", "fake-20261130T090000Z-2.log", "fake-20261130T090000Z-10.log",
                      "fake-20261130T090001Z.log"]
+
+
+def test_following_a_log_moves_past_a_chunk_without_a_line_end(tmp_path, monkeypatch):
+    """A line longer than one read (a dumped tensor, binary noise) must not hold the follower at its
+    offset for good; a short partial line still waits for its end."""
+    from toolkit.hostside import server_ctl
+
+    monkeypatch.setattr(server_ctl, "FOLLOW_CHUNK_BYTES", 64)
+    log = tmp_path / "server.log"
+    log.write_bytes(b"first\n" + b"x" * 100 + b"\nlast part")
+    text, offset = server_ctl._follow_chunk(str(log), 0)
+    assert (text, offset) == ("first\n", 6)
+    text, offset = server_ctl._follow_chunk(str(log), offset)
+    assert (text, offset) == ("x" * 64, 70)
+    text, offset = server_ctl._follow_chunk(str(log), offset)
+    assert (text, offset) == ("x" * 36 + "\n", 107)
+    assert server_ctl._follow_chunk(str(log), offset) == ("", 107)   # "last part" waits for its line end

@@ -943,20 +943,29 @@ def logs(args):
         if scan:
             answer["scan"] = scan
         return answer
+    text, offset = _follow_chunk(path, offset, args.get("rank"))
+    return {"profile": profile, "text": text, "offset": offset, "log_path": path, "latest": latest}
+
+
+FOLLOW_CHUNK_BYTES = 1024 * 1024
+
+
+def _follow_chunk(path, offset, rank=None):
+    """(the whole lines written since `offset`, the offset after them); a partial last line comes
+    with the next call, unless a whole chunk holds no line end (then it is handed back as it is, or
+    the follower would stay at that offset for good)."""
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size < offset:  # truncated by hand
                 offset = 0
             handle.seek(offset)
-            chunk = handle.read(1024 * 1024)
+            chunk = handle.read(FOLLOW_CHUNK_BYTES)
     except OSError:
-        return {"profile": profile, "text": "", "offset": offset, "log_path": path, "latest": latest}
-    # hand back whole lines only; a partial last line comes with the next call
-    cut = chunk.rfind(b"\n") + 1
+        return "", offset
+    cut = chunk.rfind(b"\n") + 1 or (len(chunk) if len(chunk) == FOLLOW_CHUNK_BYTES else 0)
     text = chunk[:cut].decode("utf-8", "replace")
-    text = "".join(_rank_rows(text.splitlines(True), args.get("rank")))
-    return {"profile": profile, "text": text, "offset": offset + cut, "log_path": path, "latest": latest}
+    return "".join(_rank_rows(text.splitlines(True), rank)), offset + cut
 
 
 def main(args):
