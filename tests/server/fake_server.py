@@ -15,6 +15,7 @@ import argparse
 import http.server
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,6 +82,8 @@ def main():
         def log_message(self, fmt, *args):
             pass
 
+    if ":" in options.bind:   # an IPv6 address such as ::1
+        http.server.HTTPServer.address_family = socket.AF_INET6
     server = http.server.HTTPServer((options.bind, options.port), Handler)
     print("fake server: listening on %s:%d (pid %d)" % (options.bind, options.port, os.getpid()), flush=True)
     server.serve_forever()

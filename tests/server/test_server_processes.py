@@ -8,6 +8,7 @@ exercised on the GPU machine.
 from __future__ import annotations
 
 import dataclasses
+import urllib.request
 
 import pytest
 
@@ -223,6 +224,20 @@ def test_an_interrupted_start_leaves_a_server_it_did_not_launch_alone(fake_host)
     current = server.status(fake_host)
     assert current is not None and current.pid == running.pid and current.status == "ready"
     server.stop(fake_host, grace=5)
+
+
+def test_a_server_bound_to_ipv6_loopback_is_health_checked_and_reached_through_ssh(fake_host):
+    host = dataclasses.replace(fake_host, server={**fake_host.server, "bind": "::1"})
+    state = server.start(host, "fake", timeout=30)
+    try:
+        assert state.base_url_on_host == f"http://[::1]:{state.port}"
+        assert server.status(host).healthy is True
+        with server.endpoint(host, state) as url:
+            assert url.startswith("http://127.0.0.1:")
+            with urllib.request.urlopen(url + "/health", timeout=10) as answer:
+                assert answer.status == 200
+    finally:
+        server.stop(host, grace=5)
 
 
 def test_the_same_engine_works_on_this_machine_without_ssh(fake_host):

@@ -83,7 +83,8 @@ class LaunchPlan:
 
     @property
     def base_url_on_host(self) -> str:
-        return f"http://{self.probe_address}:{self.port}"
+        address = self.probe_address
+        return f"http://[{address}]:{self.port}" if ":" in address else f"http://{address}:{self.port}"
 
     def expected_log_lines(self) -> list[str]:
         """Every line the readiness rule waits for, rank-prefixed where it must come from each rank."""

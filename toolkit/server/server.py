@@ -27,6 +27,7 @@ import shlex
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -742,7 +743,7 @@ def endpoint(host: Host, state: ServerState) -> Iterator[str]:
         transport.close()
         yield state.base_url_on_host
         return
-    remote_address = state.base_url_on_host.split("//", 1)[1].rsplit(":", 1)[0]
+    remote_address = urllib.parse.urlsplit(state.base_url_on_host).hostname   # an IPv6 address without brackets
     try:
         transport.connection  # connect now, so a failure shows here and not in the first request
         forwarder = _Forwarder(transport, (remote_address, state.port))
