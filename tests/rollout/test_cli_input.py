@@ -17,8 +17,10 @@ def test_bad_input_is_refused_before_the_host_changes(make_cpu_host, tmp_path):
     env = {"TOOLKIT_INVENTORY": str(write_inventory(tmp_path / "hosts.toml", [host]))}
 
     bad = {("cpu-quiet", "--profile", "nosuch"): "unknown profile 'nosuch'",
-           ("cpu-quiet", "--threshold", "0"): "dyn_threshold must be >= 1, got 0",
-           ("cpu-quiet", "--threshold", "auto", "--hysteresis", "2"): "takes no dyn_hysteresis",
+           ("cpu-quiet", "--threshold", "abc"): "--threshold takes an integer or auto, got 'abc'",
+           # cpu-ref has no threshold: any value for one is refused before its range is looked at
+           ("cpu-quiet", "--threshold", "0"): "profile cpu-ref has no dyn-disable threshold",
+           ("cpu-quiet", "--threshold", "auto", "--hysteresis", "2"): "profile cpu-ref has no dyn-disable threshold",
            ("nosuch",): "unknown patchset 'nosuch'; known: cpu-breaks, cpu-quiet"}
     for args, words in bad.items():
         for dry in ([], ["--dry-run"]):
