@@ -825,9 +825,10 @@ def _launch_of(host: Host) -> Callable[[str, dict], object]:
 def check_input(change: Change, options: Options) -> dict:
     """The known patchsets, once PATCHSET and --profile are known ones (else RolloutInputError)."""
     known = patchsets.load_all()
-    if change.patchset not in known:
-        raise RolloutInputError(f"unknown patchset {change.patchset!r}; known: {', '.join(sorted(known)) or 'none'}"
-                                f" (see `invoke patch list`)")
+    try:
+        patchsets.get(change.patchset, known)
+    except patchsets.PatchsetError as exc:
+        raise RolloutInputError(str(exc)) from None
     if options.profile:
         try:
             profiles.load_profile(options.profile)

@@ -61,7 +61,6 @@ def int_list_option(text: str, what: str) -> list[int]:
     return values
 
 
-
 def seconds_option(value, option: str, default: float | None = None, positive: bool = False) -> float | None:
     """A number of seconds as typed (`default` when not given); exit 2 naming the option when it
     is not a number, is negative, or (`positive`) is 0."""

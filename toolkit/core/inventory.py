@@ -138,7 +138,7 @@ def sandbox_host(folder: Path | None = None, port: int | None = None) -> Host:
 def builtin_hosts() -> dict[str, Host]:
     sandbox = paths.sandbox_dir()
     return {
-        "sandbox": sandbox_host(sandbox, sandbox_port()),
+        "sandbox": sandbox_host(sandbox),
         "local": Host(
             name="local", transport="local",
             venv=os.environ.get("TOOLKIT_LOCAL_VENV", str(sandbox / "local" / "venv")),

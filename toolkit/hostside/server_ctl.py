@@ -652,26 +652,14 @@ def start(args):
     p = _paths(root, profile)
     try:
         with _lock(p["lock"]):
-            notes = _clear_reused(root)
             answer = _launch(args)
     except LockBusy:
         return {"status": "refused", "reason": _busy_reason(p["lock"])}
     if answer["status"] != "launched":
         return answer
     waited = _wait(root, profile, args["wait_s"])
-    waited["notes"] = notes + answer["notes"]
+    waited["notes"] = answer["notes"]
     return waited
-
-
-def _clear_reused(root):
-    """Clear the record of a server whose leader's pid now names another process (that server is
-    gone; Linux reuses a pid only once nothing of its group is left)."""
-    profile, record = _active(root)
-    if not record or not _reused(record.get("pid"), record.get("pid_start")):
-        return []
-    os.unlink(os.path.join(root, "active.json"))
-    return ["previous server %s (pid %s) had died and its pid is now another process's; its record was cleared"
-            % (profile, record.get("pid"))]
 
 
 def _launch(args):
@@ -682,12 +670,14 @@ def _launch(args):
     notes = []
     running_profile, running = _active(root)
     if running_profile:
-        if running and _group_members(running.get("pid")):
+        leader, started = (running or {}).get("pid"), (running or {}).get("pid_start")
+        if _group_members(leader, started):
             return {"status": "refused", "reason": "a server is already running: profile %s, pid %s, port %s; "
                     "stop it first with: invoke server stop --host %s"
-                    % (running_profile, running.get("pid"), running.get("port"), args["meta"]["host"])}
-        notes.append("previous server %s (pid %s) had died; its record was cleared" %
-                     (running_profile, running and running.get("pid")))
+                    % (running_profile, leader, running.get("port"), args["meta"]["host"])}
+        # a pid reused since: Linux gives it out again only once nothing of the group is left
+        reused = " and its pid is now another process's" if _reused(leader, started) else ""
+        notes.append("previous server %s (pid %s) had died%s; its record was cleared" % (running_profile, leader, reused))
         os.unlink(p["active"])
     for need in args.get("required_paths") or []:
         if not os.path.exists(need["path"]):
