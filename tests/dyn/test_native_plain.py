@@ -879,6 +879,60 @@ def test_skip_mode_plain_steps_do_no_draft_work_and_the_resume_takes_the_last_pl
     assert_kv_consistent(e, [a, c, d])
 
 
+@pytest.mark.parametrize("draft_kv", ["write", "defer"])
+def test_a_plain_step_stores_only_its_tokens_and_the_resume_fills_its_rows_speculative_fields(
+        system, monkeypatch, draft_kv):
+    """A plain step stores in the future map what a server without speculation stores (the
+    baseline's one copy a step): the speculative buffers of its rows keep whatever was there
+    (write mode adds fc of the target hidden states, which its resume needs). The resume then
+    takes each row the last plain step stored from that step (its token, the batch's length,
+    the rebuild mark) and a row a prefill stored since from the prefill."""
+    e = system
+    _token_dependent_hidden(e, monkeypatch)
+    e.worker._dyn_native = path = e.native.NativePlainPath(
+        e.worker, skip_draft_kv=draft_kv != "write", defer_draft_prefill=draft_kv == "defer")
+    e.sched.dyn_native = path
+    fmap = e.sched.future_map
+    a, b, c = Req("a", 0, 10), Req("b", 1, 12), Req("c", 2, 14)
+    batch = step(e, prefill(e, [a, b, c], [10, 12, 14], [1, 2, 3]))
+    batch = step(e, batch)
+    assert batch.spec_algorithm.is_none()
+    # leftovers of an earlier use of the ring, in every speculative buffer
+    for buf, junk in ((fmap.verified_id_buf, 77), (fmap.new_seq_lens_buf, 999), (fmap.topk_p_buf, 0.5),
+                      (fmap.topk_index_buf, 8)):
+        buf.fill_(junk)
+    hidden_before = fmap.hidden_states_buf.clone()
+    batch = step(e, batch)
+    plain = fmap.last_plain_interval
+    last_tokens = fmap.token_ids_buf[plain].tolist()
+    assert fmap.verified_id_buf[plain].tolist() == [77] * 3 and fmap.topk_p_buf[plain].flatten().tolist() == [0.5] * 3
+    assert fmap.new_seq_lens_buf[plain].tolist() == [999] * 3
+    assert torch.equal(fmap.hidden_states_buf[plain], hidden_before[plain]) == (draft_kv != "write")
+    # b finishes, d joins from a speculative prefill and asks for logprobs: the next step resumes
+    leave(e, batch, [b])
+    d = Req("d", 3, 6)
+    batch.merge_batch(prefill(e, [d], [6], [30]))
+    batch.return_logprob = True
+    resolved = []
+    stock_resolve = fmap.resolve_future
+
+    def resolve_and_keep(mwb):
+        stock_resolve(mwb)
+        s = mwb.spec_info
+        resolved.append((s.verified_id.tolist(), s.new_seq_lens.tolist(), s.topk_p.flatten().tolist(),
+                         s.topk_index.flatten().tolist(), mwb.seq_lens.tolist()))
+
+    monkeypatch.setattr(fmap, "resolve_future", resolve_and_keep)
+    batch = step(e, batch)
+    assert not batch.spec_algorithm.is_none() and [k[0] for k in e.calls] == ["resync", "verify"]
+    (verified, new_lens, topk_p, topk_index, lens), = resolved
+    assert verified == [last_tokens[0], last_tokens[2], 30]
+    assert new_lens == lens[:2] + [6] and lens[2] == 6
+    assert topk_p == [-1.0, -1.0, pytest.approx(0.8)] and topk_index[2] == 4
+    finish_previous(e)
+    assert_kv_consistent(e, [a, c, d])
+
+
 def test_skip_and_write_modes_run_the_same_target_steps(system, monkeypatch):
     """The two modes differ only in the draft's work: the same requests give the same target
     batches (tokens, lengths, slots) step by step, and the same tokens come out."""
