@@ -1020,9 +1020,16 @@ def test_steps_whose_requests_the_plain_path_would_treat_differently_keep_specul
     sampled (and laid out) the same at any load: the speculative verify ignores custom logit
     processors and min_p, which the target's sampler of a plain step would apply; a plain step
     returns no per-request hidden states."""
-    if "return_hidden_states" in flags and release == "0.5.11":
-        pytest.skip("0.5.11's ModelWorkerBatch has no batch-wide hidden-states flag")
     worker, _ = v2_worker
+    if "return_hidden_states" in flags and release == "0.5.11":
+        # 0.5.11's ModelWorkerBatch has no batch-wide flag; its ScheduleBatch, which the native
+        # plain path asks each step, has one that covers its requests
+        scheduled = types.SimpleNamespace(return_logprob=False, has_grammar=False, sampling_info=sampling(),
+                                          reqs=[REQ(return_hidden_states=False)], **flags)
+        assert runtime.force_spec_reason(scheduled) == reason
+        scheduled.return_hidden_states = False
+        assert runtime.force_spec_reason(scheduled) is None
+        return
     batch = v2_batch(release, **flags)
     assert runtime.force_spec_reason(batch) == reason
     assert worker._dyn_decide(v2_batch(release)) is False  # 3 > threshold 2: plain
