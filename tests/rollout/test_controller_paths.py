@@ -80,25 +80,37 @@ def test_ctrl_c_in_a_wave_of_two_hosts_keeps_neither_and_asks_both_guards_to_rol
         monkeypatch, tmp_path, cache):
     fake = FakeHosts(monkeypatch)
     in_smoke, release = threading.Semaphore(0), threading.Event()
+    main_thread, problems = threading.main_thread().ident, []
 
     def smoke(host, run, max_tokens):   # a smoke that takes a while; Ctrl-C comes while both hosts run it
         in_smoke.release()
-        release.wait(10)
+        release.wait(60)
         return "pass", "7 checks passed"
 
     def ctrl_c():
-        for _ in range(2):
-            assert in_smoke.acquire(timeout=10)
-        os.kill(os.getpid(), signal.SIGINT)
+        if not all(in_smoke.acquire(timeout=60) for _ in range(2)):
+            problems.append("the two smokes did not both start")
+            release.set()
+            return
+        # to the main thread, as a terminal's Ctrl-C reaches an interactive controller
+        signal.pthread_kill(main_thread, signal.SIGINT)
         deadline = time.monotonic() + 5      # let the smokes end once both guards were asked (or at 5 s)
         while fake.requested() != {"h0", "h1"} and time.monotonic() < deadline:
             time.sleep(0.05)
         release.set()
 
     monkeypatch.setattr(rollout, "_smoke_gate", smoke)
-    threading.Thread(target=ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        rollout.run_fleet(_hosts(2, tmp_path), rollout.Change("ps"), rollout.Options(canary=0, parallel=2))
+    # A shell starts a background job with SIGINT ignored, and Python then keeps it ignored: give the
+    # test the handler an interactive `invoke rollout` has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            rollout.run_fleet(_hosts(2, tmp_path), rollout.Change("ps"), rollout.Options(canary=0, parallel=2))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    assert not problems, problems
 
     assert not [c for c in fake.calls if c[3] == "kept"], fake.calls
     assert fake.requested() == {"h0", "h1"}, fake.calls
