@@ -4,7 +4,7 @@ While drafting is off the running batch is a non-speculative batch; when draftin
 speculative state is rebuilt from the future map. What runs here is the patched wheel files' own
 code: the scheduler's update_running_batch and run_batch, ScheduleBatch's prepare_for_decode,
 filter_batch and merge_batch, spec-v2's EagleDraftInput prepare_for_decode / filter_batch /
-merge_batch, the EAGLEWorkerV2's forward_batch_generation and _dyn_resync_draft, 0.5.11's
+merge_batch, the EAGLEWorkerV2's forward_batch_generation, _dyn_resync_draft and _dyn_spec_step, 0.5.11's
 FutureMap, alloc_for_decode, 0001's policy and 0004's dyn_disable_native.py whole, with CPU torch.
 Stand-ins: the KV allocator (a free list), the model forwards (the target's decode forward, the
 draft's KV-only update and one-token extend, the stock draft and verify of a speculative step: they
@@ -406,7 +406,8 @@ def system(env, tree, monkeypatch):
         monkeypatch.setattr(native, "native_decode_forward", models.native_decode_forward)
         e.native = native
 
-        worker_ns = _exec(tree / WORKER_V2, "EAGLEWorkerV2", ["forward_batch_generation", "_dyn_resync_draft"], {
+        worker_ns = _exec(tree / WORKER_V2, "EAGLEWorkerV2", ["forward_batch_generation", "_dyn_resync_draft",
+                                                            "_dyn_spec_step"], {
             "torch": torch, "dataclasses": dataclasses, "EagleDraftInput": PrepareExtend,
             "CaptureHiddenMode": Capture, "fast_topk": lambda p, k, dim: torch.topk(p, k, dim=dim),
             "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext})
@@ -442,7 +443,7 @@ def system(env, tree, monkeypatch):
             dyn_disable=e.policy.SpecSwitch(e.policy.config_from_env(
                 {e.policy.THRESHOLD_ENV: "2", e.policy.HYSTERESIS_ENV: "1"})))
         worker.verify = models.verify
-        for name in ("forward_batch_generation", "_dyn_resync_draft"):
+        for name in ("forward_batch_generation", "_dyn_resync_draft", "_dyn_spec_step"):
             setattr(worker, name, types.MethodType(worker_ns[name], worker))
         worker._dyn_native = native.NativePlainPath(worker)
         e.worker = worker

@@ -26,7 +26,7 @@ from contextlib import nullcontext
 
 import pytest
 
-from tests.dyn.conftest import (PATCHSET, V2_RELEASES, function_source, load_by_path, method_source,
+from tests.dyn.conftest import (PATCHSET, tree_with, V2_RELEASES, function_source, load_by_path, method_source,
                                 public_attrs, stub_modules)
 from toolkit.patch import wheels
 
@@ -1529,6 +1529,122 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
     assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + the warm-up's 0.1
     assert state.warmup_note == "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
     assert "warmed up at start" in runtime.plain_decode_message(state, "note")
+
+
+@pytest.fixture(scope="module")
+def stack_tree_0511(tmp_path_factory):
+    """0.5.11's files with the whole dyn-disable stack (0001-0004) applied: 0004 adds the
+    speculative step to the warm-up."""
+    return tree_with(tmp_path_factory.mktemp("dyn-stack-0.5.11"),
+                     [PATCHSET / "0.5.11" / p for p in ("0001-dyn-disable.patch", "0002-dyn-disable-metrics.patch",
+                                                        "0003-dyn-disable-auto.patch",
+                                                        "0004-dyn-disable-native-plain.patch")])
+
+
+def spec_warmup_sizes_function(stack_tree_0511):
+    namespace = {}
+    exec(compile(function_source(stack_tree_0511 / RUNTIME, "spec_warmup_batch_sizes"), RUNTIME, "exec"), namespace)
+    return namespace["spec_warmup_batch_sizes"]
+
+
+def test_the_speculative_step_is_warmed_at_the_sizes_both_graph_runners_run(stack_tree_0511):
+    sizes_for = spec_warmup_sizes_function(stack_tree_0511)
+    graphs = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 256, 512]
+    draft, verify = types.SimpleNamespace(max_bs=48), types.SimpleNamespace(max_bs=160)
+    sizes = sizes_for(graphs, draft, verify)
+    assert sizes == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]  # eager beyond the draft's graphs: left out
+    # every power of two a batch of up to 48 requests rounds to (the constexprs of the step's
+    # kernels) is among them, and so are sizes of each kind triton specializes an int on
+    pow2 = lambda bs: 1 << (bs - 1).bit_length()  # noqa: E731 (sglang's next_power_of_2)
+    assert {pow2(bs) for bs in range(1, 49)} == {pow2(bs) for bs in sizes}
+    assert 1 in sizes and any(bs % 16 == 0 for bs in sizes) and any(bs > 1 and bs % 16 for bs in sizes)
+    assert sizes_for(graphs, None, verify) == [bs for bs in graphs if bs <= 160]  # a one-step draft: no graphs
+    assert sizes_for([1, 3, 16], None, None) == [1, 3, 16]                        # no CUDA graphs at all
+
+
+@only("0.5.11")
+@pytest.mark.parametrize("kv_only", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path_is_counted(
+        release, runtime, worker_v2, cpu_streams, real_batch_classes, stack_tree_0511, monkeypatch, caplog,
+        kv_only, fails):
+    """With 0004, EAGLEWorkerV2._dyn_warm_up (executed, with _dyn_spec_step) also runs the stock
+    speculative step (draft, verify, draft extend) over each resumed warm-up batch the draft's and
+    the target's graphs run: the first speculative step at each batch size compiled the step's
+    kernels outside its graphs (0.4 s at the first resume, 0.6 s on stock). The step gets the
+    resume's draft state (no rebuild mark left), one token past the plain step, in request row 0.
+    Its memory is reported apart from the plain path's extra memory (stock's own activations). A
+    failing speculative step leaves a warning and a server that starts, as before the change."""
+    worker, calls = worker_v2
+    worker._dyn_draft_kv_only = kv_only
+    worker._dyn_draft_extend_runner = None
+    worker.topk = 1
+    worker.plan_stream = None
+    worker.req_to_token_pool.req_to_token = torch.zeros(4, 32, dtype=torch.int64)  # before any request
+    model_config = types.SimpleNamespace(vocab_size=64)
+    worker.target_worker = worker._target_worker = types.SimpleNamespace(
+        model_config=model_config, model_runner=types.SimpleNamespace(
+            spec_algorithm=Algo.EAGLE3, model_config=model_config, graph_runner=types.SimpleNamespace(max_bs=16)))
+    worker._dyn_plain_state = runtime.PlainDecodeState(
+        "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8, 16]), "graphs", 0.25)
+
+    def draft(batch):
+        if fails and len(batch.seq_lens) == 4:
+            raise RuntimeError("no verify graph for 4")
+        spec = batch.spec_info
+        calls.append(("spec_draft", len(batch.seq_lens), batch.seq_lens.tolist(), batch.req_pool_indices.tolist(),
+                      spec.topk_p.min().item(), spec.verified_id.tolist()))
+        return types.SimpleNamespace(is_verify_input=lambda: True)
+
+    def verify(batch):
+        calls.append(("spec_verify", len(batch.seq_lens)))
+        return Result(accept_lens=torch.ones(len(batch.seq_lens), dtype=torch.int32))
+
+    worker.draft_worker.draft = draft
+    worker.draft_worker.cuda_graph_runner = types.SimpleNamespace(max_bs=8)
+    worker.draft_worker._draft_extend_for_decode = lambda batch, out: calls.append(("spec_extend", len(batch.seq_lens)))
+    worker.verify = verify
+    sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
+        warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch,
+        spec_warmup_batch_sizes=spec_warmup_sizes_function(stack_tree_0511))
+    free = iter([10 * GIB, 9.9 * GIB, 9.7 * GIB])  # before, after the plain path, after the speculative steps
+    monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
+        current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
+        synchronize=lambda: None, mem_get_info=lambda: (next(free), 100 * GIB)))
+    namespace = {"torch": torch, "dataclasses": dataclasses, "EagleDraftInput": DraftInput,
+                 "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
+                 "logger": logging.getLogger("eagle_worker_v2_under_test")}
+    for name in ("_dyn_warm_up", "_dyn_spec_step"):
+        exec(compile("from __future__ import annotations\n"
+                     + method_source(stack_tree_0511 / WORKER_V2, "EAGLEWorkerV2", name), WORKER_V2, "exec"),
+             namespace)
+    worker._dyn_spec_step = types.MethodType(namespace["_dyn_spec_step"], worker)
+    with caplog.at_level(logging.WARNING):
+        namespace["_dyn_warm_up"](worker)
+
+    kinds = [c[0] for c in calls]
+    plain_part = kinds[:kinds.index("spec_draft")] if "spec_draft" in kinds else kinds
+    assert plain_part.count("target") == 5  # every plain graph size, before any speculative step
+    drafts = [c for c in calls if c[0] == "spec_draft"]
+    state = worker._dyn_plain_state
+    assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + its warm-up's 0.1 only
+    assert worker._dyn_resync_pending is False
+    if fails:
+        assert [c[1] for c in drafts] == [1, 2]
+        (record,) = caplog.records
+        assert record.levelno == logging.WARNING and "RuntimeError: no verify graph for 4" in record.getMessage()
+        assert state.warmup_note.endswith("speculative step not warmed up (see the warning); ")
+        return
+    assert caplog.records == []
+    assert kinds[len(plain_part):] == ["spec_draft", "spec_verify", "spec_extend"] * 4
+    assert [c[1] for c in drafts] == [1, 2, 4, 8]  # 16 is past the draft's graphs
+    for _, bs, seq_lens, rows, min_topk_p, verified in drafts:
+        assert seq_lens == [runtime.WARMUP_SEQ_LEN + 1] * bs and rows == [0] * bs
+        assert min_topk_p >= 0  # the resume's draft state, not the plain step's rebuild mark
+        assert verified == [0] * bs  # the plain step's token (the dummy logits' argmax of id 0)
+    assert state.warmup_note == ("plain step and resume warmed up at start for batch sizes 1..16 (5 sizes); "
+                                 "speculative step warmed up for batch sizes 1..8 (4 sizes, 0.20 GiB of SGLang's "
+                                 "own activation memory taken at start); ")
 
 
 @only("0.5.11")
