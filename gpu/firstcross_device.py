@@ -10,6 +10,8 @@ Five servers side by side on one GPU (shapes_device.Server: the profiles' flags,
   old-b  the same, for the smoke
   new-a  eagle3-v2-dyn on the current patch (/tmp/site)
   new-b  the same, for the smoke
+(--dyn-profile gives old-*/new-* another profile, --old-patch / --new-patch the names their records
+carry; run_firstcross.sh's FC_OLD picks the old patch stack.)
 Each server has its own, empty, triton and tvm-ffi (sglang.jit_kernel) caches, as on a host
 that never ran SGLang: otherwise the first server to compile a kernel would hide the
 compile from the others (the fixed servers compile clamp_position at start). FlashInfer's JIT
@@ -53,6 +55,16 @@ JIT_ROOT = "/tmp/fc-jit"
 GROUP_INDEX = 5  # ports 30500.. (the accept run's are 30000..)
 MEMORY_RE = re.compile(r"extra GPU memory ([\d.]+) GiB")
 STARTUP_PREFIX = "Dynamic speculation disable enabled"
+
+
+def configure_servers(dyn_profile="eagle3-v2-dyn", old_patch="before-fix", new_patch="after-fix"):
+    """The old-*/new-* servers' profile and patch names for this run (run_firstcross.sh's FC_PROFILE,
+    FC_OLD): the same profile on both, the old patch stack from its fixture under /tmp/site-r8."""
+    for label in SERVERS:
+        if label.startswith("old-"):
+            SERVERS[label] = (dyn_profile, "/tmp/site-r8", old_patch)
+        elif label.startswith("new-"):
+            SERVERS[label] = (dyn_profile, None, new_patch)
 
 
 def patch_of(label):
@@ -311,7 +323,12 @@ async def main():
     ap.add_argument("--mem", type=float, default=0.8)
     ap.add_argument("--jit-root", default=JIT_ROOT)
     ap.add_argument("--logs", default="/tmp/dyn-logs")
+    ap.add_argument("--dyn-profile", default="eagle3-v2-dyn",
+                    help="the old-*/new-* servers' profile (eagle3-v2-dyn-native for the native plain path)")
+    ap.add_argument("--old-patch", default="before-fix", help="the name the old-* servers' records carry")
+    ap.add_argument("--new-patch", default="after-fix", help="the name the new-* servers' records carry")
     a = ap.parse_args()
+    configure_servers(a.dyn_profile, a.old_patch, a.new_patch)
     import dyn_device
     import shapes_device
     ad.BUDGET = ad.el() + a.budget_s

@@ -9,8 +9,11 @@
 #        /tmp/models has none this small (written to /tmp/models-fc then).
 #      DYN_THRESHOLD (default 12), CROSSINGS (default 10), FC_SERVERS (default all five),
 #      FC_MEM (default 0.8: --mem-fraction-static of each server).
-# Builds /tmp/site-r8: the pristine sglang (/tmp/stock) with the dyn-disable patch as it stood
-# before the fix (gpu/fixtures/dyn-disable-before-fix), for the "old-*" servers.
+#      FC_OLD (default gpu/fixtures/dyn-disable-before-fix): the folder of the old patch stack,
+#        its *.patch files applied in name order; its name is the old servers' patch name.
+#      FC_PROFILE (default eagle3-v2-dyn): the old and new servers' profile.
+# Builds /tmp/site-r8: the pristine sglang (/tmp/stock) with the old patch stack (by default the
+# dyn-disable patch as it stood before the first-crossing fix), for the "old-*" servers.
 # $OUT gets firstcross.json and firstcross.tgz (server logs, records.jsonl, driver log, logs scan).
 set -u
 T0=$(date +%s)
@@ -35,11 +38,13 @@ fi
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
 
-# the patch before the fix, on a fresh copy of the pristine sglang
+# the old patch stack, on a fresh copy of the pristine sglang
 rm -rf /tmp/site-r8 && mkdir -p /tmp/site-r8 && cp -a /tmp/stock/sglang /tmp/site-r8/
-FIX=gpu/fixtures/dyn-disable-before-fix/0001-dyn-disable.patch
-python3 gpu/apply_patch.py $FIX /tmp/site-r8 > "$WORK/apply_before_fix.log" || { cat "$WORK/apply_before_fix.log"; say "old patch failed"; exit 1; }
-python3 -m py_compile $(sed -n 's#^+++ b/#/tmp/site-r8/#p' $FIX | sort -u) && say "/tmp/site-r8: the patch before the fix applied"
+FC_OLD=${FC_OLD:-gpu/fixtures/dyn-disable-before-fix}
+for FIX in $(ls "$FC_OLD"/*.patch | sort); do
+  python3 gpu/apply_patch.py $FIX /tmp/site-r8 >> "$WORK/apply_old.log" || { cat "$WORK/apply_old.log"; say "old patch $FIX failed"; exit 1; }
+done
+python3 -m py_compile $(cat "$FC_OLD"/*.patch | sed -n 's#^+++ b/#/tmp/site-r8/#p' | sort -u) && say "/tmp/site-r8: $FC_OLD applied"
 
 # a Kimi-shape pair small enough for five servers on one H200
 MODELS=/tmp/models
@@ -58,4 +63,5 @@ say "models: $MODELS (kimi: $(experts $MODELS) routed experts)"
 rm -rf /tmp/fc-jit
 python3 gpu/firstcross_device.py --out "$WORK" --budget-s $(( $(left) - 10 )) --models $MODELS \
   --threshold ${DYN_THRESHOLD:-12} --crossings ${CROSSINGS:-10} --mem ${FC_MEM:-0.8} \
+  --dyn-profile ${FC_PROFILE:-eagle3-v2-dyn} --old-patch "$(basename "$FC_OLD")" \
   ${FC_SERVERS:+--servers $FC_SERVERS} 2>&1 | tee "$WORK/driver.log"

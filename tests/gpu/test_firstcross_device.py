@@ -217,6 +217,19 @@ def test_servers_run_the_profiles_on_their_sglang_with_their_own_jit_caches():
     assert len({s.env["TVM_FFI_CACHE_DIR"] for s in servers.values()}) == 5
 
 
+def test_the_old_and_new_servers_can_run_another_profile_and_patch_stack(monkeypatch):
+    """run_firstcross.sh's FC_PROFILE / FC_OLD: both dyn sides on the native plain path, the old one
+    named after its fixture; stock stays stock."""
+    monkeypatch.setattr(fc, "SERVERS", dict(fc.SERVERS))
+    fc.configure_servers("eagle3-v2-dyn-native", "dyn-disable-before-spec-warmup", "spec-warmup")
+    servers = {s.label: s for s in fc.make_servers(list(fc.SERVERS), 12, 0.8, jit_root="/tmp/fc-jit")}
+    assert {label: s.env.get("SGLANG_SPEC_DISABLE_PLAIN_PATH") for label, s in servers.items()} == {
+        "stock": None, "old-a": "native", "old-b": "native", "new-a": "native", "new-b": "native"}
+    assert {label: s.env["PYTHONPATH"].split(":")[0] for label, s in servers.items()}["old-a"] == "/tmp/site-r8"
+    assert [fc.patch_of(label) for label in ("stock", "old-a", "new-b")] == [
+        "stock", "dyn-disable-before-spec-warmup", "spec-warmup"]
+
+
 def run_main(tmp_path, **env_extra):
     """The driver as run_firstcross.sh runs it, its five servers started as processes (a stand-in
     sglang.launch_server on loopback), the real toolkit smoke against the -b ones."""
