@@ -29,8 +29,13 @@ check: the servers start side by side; each answers the 32-prompt equality sched
   (servers marked "profile": true get a torch profile of a few steps under load; the all-reduce
   kernels in it are counted by name; list the servers' labels under "torch_profile").
 sweep: each level a fixed number of requests of exact input length (token ids) and output length
-  (ignore_eos); every record carries the backend, TP size, model architecture, threshold,
-  profile and the server's env (summarize_shapes.py tells servers of one configuration by it). "side_by_side": true starts every profile's server at once (one after another up to
+  (ignore_eos), c at a time as a closed loop; every record carries the backend, TP size, model
+  architecture, threshold, profile and the server's env (summarize_shapes.py tells servers of one
+  configuration by it), and how the loop ran: send_lag_ms_p50 / _max (how long after a completion
+  the request it let in was sent: the client's own delay), last_wave_send_spread_ms (how far apart
+  the last c requests were sent), and from c >= 32 on every request's send and done times
+  (timeline_ms, ms from the round's start). summarize_shapes.py lists the rounds whose last wave
+  came spread out. "side_by_side": true starts every profile's server at once (one after another up to
   its KV-cache allocation) and measures them in turns, level by level, for "rounds" rounds;
   otherwise one server at a time (start, warm up, measure, stop). Every sweep server runs with
   --disable-radix-cache unless the group says "radix_cache": true (Server.radix_cache_off says
@@ -275,18 +280,38 @@ async def gen_ids(s, srv, ids, max_tokens):
     return j["meta_info"]["completion_tokens"], time.time() - t0
 
 
+TIMELINE_MIN_C = 32  # levels whose records keep every request's send and done times
+
+
+def timeline_summary(sends, dones, c):
+    """What a closed loop of c requests tells apart from a round's send and done times (seconds
+    from its start): send_lag_ms, how long after a completion the request it let in was sent
+    (the client's own delay: the k-th send follows the (k-c)-th completion), and
+    last_wave_send_spread_ms, how far apart the last c requests were sent (a late part of the last
+    wave decodes alone at the end of the round)."""
+    sends, dones = sorted(sends), sorted(dones)
+    lags = [1000 * (sends[k] - dones[k - c]) for k in range(c, len(sends))]
+    out = {"last_wave_send_spread_ms": round(1000 * (sends[-1] - sends[-min(c, len(sends))]), 1)}
+    if lags:
+        lags.sort()
+        out.update(send_lag_ms_p50=round(lags[len(lags) // 2], 1), send_lag_ms_max=round(lags[-1], 1))
+    return out
+
+
 async def level(s, srv, c, n, in_len, out_len, seed):
     rnd = random.Random(seed)
     prompts = [[rnd.randrange(10, 1000) for _ in range(in_len)] for _ in range(n)]
     sem = asyncio.Semaphore(c)
-    toks, lat = [], []
+    toks, lat, sends, dones = [], [], [], []
 
     async def one(ids):
         async with sem:
+            sends.append(time.time() - t0)
             try:
                 k, dt = await gen_ids(s, srv, ids, out_len)
             except aiohttp.ServerDisconnectedError:  # a reused keep-alive connection the server closed
                 k, dt = await gen_ids(s, srv, ids, out_len)
+            dones.append(time.time() - t0)
             toks.append(k)
             lat.append(dt)
 
@@ -294,11 +319,16 @@ async def level(s, srv, c, n, in_len, out_len, seed):
     await asyncio.gather(*(one(p) for p in prompts))
     wall = time.time() - t0
     out_tps = sum(toks) / wall
-    return {"conc": c, "requests": n, "input_len": in_len, "output_len": out_len,
-            "out_tokens": sum(toks), "wall_s": round(wall, 3), "out_tok_per_s": round(out_tps, 1),
-            "mean_latency_s": round(sum(lat) / len(lat), 3),
-            # a step serves min(c, n) requests: its time is about c / (tok/s) once all run
-            "approx_step_ms": round(1000 * min(c, n) / out_tps, 2)}
+    r = {"conc": c, "requests": n, "input_len": in_len, "output_len": out_len,
+         "out_tokens": sum(toks), "wall_s": round(wall, 3), "out_tok_per_s": round(out_tps, 1),
+         "mean_latency_s": round(sum(lat) / len(lat), 3),
+         # a step serves min(c, n) requests: its time is about c / (tok/s) once all run
+         "approx_step_ms": round(1000 * min(c, n) / out_tps, 2)}
+    r.update(timeline_summary(sends, dones, c))
+    if c >= TIMELINE_MIN_C:
+        r["timeline_ms"] = {"send": [round(1000 * t) for t in sorted(sends)],
+                            "done": [round(1000 * t) for t in sorted(dones)]}
+    return r
 
 
 profile_spec = plan_memory.profile_spec

@@ -116,6 +116,29 @@ def replica_table(key, records):
     return "\n".join(out) + "\n"
 
 
+LATE_WAVE_STEPS = 10  # a last wave sent over more steps than this ends its round with a part alone
+
+
+def late_waves(key, records):
+    """Rounds whose last wave of a closed loop was sent over more than LATE_WAVE_STEPS decode steps
+    (records from shapes_device.py's timeline: a late part of the last wave decodes alone at the
+    end of the round, which lowers its tok/s), with the client's own largest delay beside it: a
+    small one puts the spread on the completions of the wave before, that is on the server."""
+    lines = []
+    for r in records:
+        if (r.get("group"), r.get("input_len"), r.get("output_len")) != key or "last_wave_send_spread_ms" not in r:
+            continue
+        steps = r["last_wave_send_spread_ms"] / r["approx_step_ms"] if r.get("approx_step_ms") else 0
+        if steps > LATE_WAVE_STEPS:
+            lines.append(f"- c={r['conc']} round {r.get('round', 0)} {name(r)}: the last wave sent over "
+                         f"{r['last_wave_send_spread_ms']:.0f} ms (~{steps:.0f} steps), the client's largest "
+                         f"delay {r.get('send_lag_ms_max', 0):.1f} ms; {r['out_tok_per_s']:.0f} tok/s")
+    if not lines:
+        return ""
+    return ("Rounds whose last wave arrived spread out (a part of it decoded alone at the end):\n"
+            + "\n".join(lines) + "\n")
+
+
 def tables(records):
     by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     profiled = defaultdict(set)   # (key, c, name) -> the profiled_before values seen
@@ -175,6 +198,9 @@ def tables(records):
                        "taken of them before the run (`profiled_before`); in round eight identical "
                        "servers were 26-28 % apart at c=1, the profiled ones slower.")
         out.append("")
+        late = late_waves(key, records)
+        if late:
+            out.append(late)
         replicas = replica_table(key, records)
         if replicas:
             out.append(replicas)

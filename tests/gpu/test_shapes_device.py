@@ -340,3 +340,47 @@ def test_a_group_that_sleeps_on_idle_starts_every_server_with_the_flag(shapes):
     assert all(s.cmd.count("--sleep-on-idle") == 1 and s.meta()["sleep_on_idle"] for s in servers)
     plain = shapes.Server({k: v for k, v in group.items() if k != "sleep_on_idle"}, shapes.profile_spec("baseline"), 0, 8)
     assert "--sleep-on-idle" not in plain.cmd and plain.meta()["sleep_on_idle"] is False
+
+
+def test_the_timeline_summary_tells_a_late_last_wave_from_a_late_client(shapes):
+    # c=2: the third send follows the first completion, the fourth the second
+    on_time = shapes.timeline_summary([0.0, 0.0, 1.0, 1.5], [1.0, 1.5, 2.0, 3.0], 2)
+    assert on_time == {"last_wave_send_spread_ms": 500.0, "send_lag_ms_p50": 0.0, "send_lag_ms_max": 0.0}
+    client_late = shapes.timeline_summary([0.0, 0.0, 1.2, 1.5], [1.0, 1.5, 2.2, 3.0], 2)
+    assert client_late["send_lag_ms_max"] == 200.0 and client_late["last_wave_send_spread_ms"] == 300.0
+    assert shapes.timeline_summary([0.0], [1.0], 4) == {"last_wave_send_spread_ms": 0.0}  # one wave, no lag
+
+
+def test_a_level_keeps_each_requests_send_and_done_times_from_32_requests_on(shapes):
+    """level() against a loopback /generate stand-in that holds every request 20 ms: a closed loop
+    never sends before a completion lets it in, and the record says so."""
+    from aiohttp import web
+
+    async def generate(request):
+        body = await request.json()
+        await asyncio.sleep(0.02)
+        return web.json_response({"meta_info": {"completion_tokens": body["sampling_params"]["max_new_tokens"]}})
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        srv = type("Srv", (), {"base": f"http://127.0.0.1:{port}"})()
+        try:
+            async with aiohttp.ClientSession() as s:
+                wide = await shapes.level(s, srv, 32, 96, 4, 3, 1)
+                narrow = await shapes.level(s, srv, 4, 8, 4, 3, 1)
+        finally:
+            await runner.cleanup()
+        return wide, narrow
+
+    wide, narrow = asyncio.run(run())
+    sends, dones = wide["timeline_ms"]["send"], wide["timeline_ms"]["done"]
+    assert len(sends) == len(dones) == 96 and wide["out_tokens"] == 96 * 3
+    assert all(sends[k] >= dones[k - 32] for k in range(32, 96))  # the closed loop, kept
+    assert wide["send_lag_ms_p50"] >= 0 and wide["send_lag_ms_max"] >= wide["send_lag_ms_p50"]
+    assert "timeline_ms" not in narrow and "last_wave_send_spread_ms" in narrow

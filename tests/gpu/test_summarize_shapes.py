@@ -121,3 +121,16 @@ def test_servers_that_differ_only_in_env_or_whose_records_lack_it_are_not_replic
         del r["env"]
     assert "A/A" not in summarize.tables(old)
     assert "A/A" in summarize.tables([replica("x", 4, 1900.0, 1, 8), replica("y", 4, 1800.0, 1, 8)])
+
+
+def test_a_round_whose_last_wave_came_spread_out_is_listed_with_the_clients_delay(summarize):
+    spread = dict(rec("eagle3-v2-dyn", 64, 9035.0, 3), approx_step_ms=7.1, last_wave_send_spread_ms=300.0,
+                  send_lag_ms_max=1.5)
+    whole = dict(rec("eagle3-v2-dyn", 64, 9868.0, 2), approx_step_ms=6.5, last_wave_send_spread_ms=20.0,
+                 send_lag_ms_max=1.2)
+    older = rec("baseline", 64, 9900.0, 1)  # a record from before the timeline: nothing to say
+    text = summarize.tables([spread, whole, older])
+    assert ("- c=64 round 3 eagle3-v2-dyn: the last wave sent over 300 ms (~42 steps), the client's largest "
+            "delay 1.5 ms; 9035 tok/s") in text
+    assert "round 2" not in text and "round 1 baseline" not in text
+    assert "last wave" not in summarize.tables([whole, older])
