@@ -8,8 +8,14 @@ makes the next speculative step EXTRA ms dearer, the shape of what the first GPU
 The protocol is gpu/run_auto.sh's: one auto server through c = 1, 4, 16, 32, 64 and a bursty load
 (48 <-> 2 running every 3 s), each level 10 s to settle and 40 s measured, against a fresh server
 per fixed threshold (speculate while bs <= N, N = 1..64). Prints auto / best fixed per level.
+With --resume-ms the first speculative step after plain ones costs that much more
+(test_auto.CostlyResume: a rebuild or a compile at the resume; the bursty trace's probes on
+one H200 cost about 110 ms of switches each), and each row runs twice: the controller as it is
+(its probe windows measure the switches) and with the measurement off (a probe's switches
+counted as one speculative step, the model before).
 
     .venv/bin/python benchmarks/bench_auto_controller.py [--extra-ms 0,20,40] [--accept 2.5,1.8]
+    .venv/bin/python benchmarks/bench_auto_controller.py --resume-ms 0,50,100 --accept 1.6,2.5
     .venv/bin/python benchmarks/bench_auto_controller.py --host-cost   # host time per step
 """
 from __future__ import annotations
@@ -50,6 +56,17 @@ def ratios(auto, sim, accept, extra_s):
     return sim.auto_over_best_fixed(lambda: sim.Server(auto, accept=accept, seed=5))
 
 
+def resume_ratios(auto, sim, accept, resume_s, measure):
+    """auto / best fixed per level on servers whose resumes cost resume_s more."""
+    saved = auto.AutoSwitch._close_window
+    if not measure:
+        auto.AutoSwitch._close_window = lambda self, window, now: None
+    try:
+        return sim.auto_over_best_fixed(lambda: sim.CostlyResume(auto, resume=resume_s, accept=accept, seed=5))
+    finally:
+        auto.AutoSwitch._close_window = saved
+
+
 def host_cost(auto, steps=20000):
     """Host time of the controller per decode step (decide, then the step's accept lengths), by
     batch size: the scheduler thread pays it every step, speculative or plain."""
@@ -74,6 +91,8 @@ def main():
     ap.add_argument("--extra-ms", default="0,20,40", help="churn: extra ms of the speculative step after a prefill (0: no churn)")
     ap.add_argument("--accept", default="2.5,1.8", help="simulated accept lengths")
     ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
+    ap.add_argument("--resume-ms", default=None,
+                    help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
     if a.host_cost:
         host_cost(load_controller())
@@ -82,6 +101,17 @@ def main():
     from tests.dyn import test_auto as sim
 
     auto = load_controller()
+    if a.resume_ms is not None:
+        print("| resume (extra ms) | accept | switches | c=1 | c=4 | c=16 | c=32 | c=64 | bursty |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for resume in (float(x) for x in a.resume_ms.split(",")):
+            for accept in (float(x) for x in a.accept.split(",")):
+                for measure in (True, False):
+                    r = resume_ratios(auto, sim, accept, resume / 1e3, measure)
+                    cells = " | ".join(f"{v:.3f}" for v in r.values())
+                    how = "measured" if measure else "one spec step"
+                    print(f"| {resume:g} | {accept:g} | {how} | {cells} |", flush=True)
+        return
     print("| churn (extra ms) | accept | c=1 | c=4 | c=16 | c=32 | c=64 | bursty |")
     print("|---|---|---|---|---|---|---|---|")
     for extra in (float(x) for x in a.extra_ms.split(",")):

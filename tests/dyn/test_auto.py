@@ -865,3 +865,80 @@ def test_time_accounting_adds_up_to_the_decode_time_and_the_tokens(auto):
     server.now += 0.5
     server.step(SIZES[5])
     assert server.switch.as_dict()["time_accounting"]["idle_gaps_s"] >= 0.5
+
+
+class CostlyResume(Server):
+    """A first speculative step after plain ones costs `resume` more (a rebuild, or kernels
+    compiled at the probe): on one H200 the bursty trace's probes on the native path cost about
+    110 ms of switches each."""
+
+    def __init__(self, auto, resume=0.1, **kw):
+        super().__init__(auto, **kw)
+        self.resume = resume
+
+    def spec_extra(self):
+        return self.resume if not self.last_spec else 0.0
+
+
+def probing_rate(auto, size, measure=True, monkeypatch=None):
+    """auto's tokens per second over 40 000 steps at `size` after convergence, against an oracle
+    on the same side that never probes (the same costly resumes, none of which it meets)."""
+    if not measure:
+        monkeypatch.setattr(auto.AutoSwitch, "_close_window", lambda self, window, now: None)
+    server = CostlyResume(auto, accept=2.5, seed=3)
+    server.run(size, 3000)
+    mode = server.switch.buckets[size].applied_speculate
+    assert mode == (true_gain(2.5, size) > 1.02)
+    server.tokens, t0 = 0, sum(server.time.values())
+    server.run(size, 40000)
+    rate = server.tokens / (sum(server.time.values()) - t0)
+    oracle = CostlyResume(auto, accept=2.5, seed=3)
+    for _ in range(40000):
+        oracle.step(size, decide=mode)
+    return rate / (oracle.tokens / sum(oracle.time.values())), server.switch
+
+
+@pytest.mark.parametrize("size", [1, 32])
+def test_probes_whose_switches_cost_more_are_spaced_out_to_keep_the_budget(auto, size, monkeypatch):
+    """A resume costing 100 ms (14 speculative steps at one request, 5 at 32): the probe windows
+    measure it and the bucket's probes space out, so probing stays under 1 % against an oracle
+    that never probes (0.995 here), at one request where the bucket speculates and probes plain,
+    and at 32 where it runs plain and probes speculation. Counting one speculative step for the
+    switches, as the model did before, probes 5-6 times as often and costs 2.3-3 % (0.970 /
+    0.977); at 128 requests a speculative step (52 ms) was near the resume already (0.992)."""
+    ratio, switch = probing_rate(auto, size)
+    assert ratio >= 0.99, ratio
+    b = switch.as_dict()["buckets"][str(size)]
+    assert b["switch_ms"] == pytest.approx(100, rel=0.3)       # the resume, measured
+    assert b["probe_cost_ms"] > b["switch_ms"]                  # and counted in a probe's cost
+    assert "a probe's switches" in switch.buckets[size].costs()
+    unmeasured, _ = probing_rate(auto, size, measure=False, monkeypatch=monkeypatch)
+    assert unmeasured < 0.985, unmeasured
+
+
+def test_a_probe_window_cut_by_an_idle_break_or_left_by_the_load_is_not_measured(auto):
+    server = CostlyResume(auto, accept=2.5, seed=3)
+    server.run(1, 3000)
+    b = server.switch.buckets[1]
+    measured = b.switch_s.n
+    assert measured >= 1
+
+    def run_probe(between):
+        switch = server.switch
+        switch._start_probe(b)
+        while switch.probe_left == 0:   # adopted at the next launch
+            server.step(1)
+        while switch.probe_left > 0:
+            server.step(1)
+        between()
+        server.run(1, auto.CHAIN + 2)
+
+    def idle():
+        server.switch.note_other_forward(idle_before=True)
+        server.now += 1.0
+
+    run_probe(idle)                      # the batch ran empty after the probe
+    run_probe(lambda: server.step(128))  # the load left for a far bucket
+    assert b.switch_s.n == measured
+    run_probe(lambda: None)              # a probe left alone is measured
+    assert b.switch_s.n == measured + 1
