@@ -10,7 +10,7 @@ The protocol is gpu/run_auto.sh's: one auto server through c = 1, 4, 16, 32, 64 
 per fixed threshold (speculate while bs <= N, N = 1..64). Prints auto / best fixed per level.
 With --resume-ms the first speculative step after plain ones costs that much more
 (test_auto.CostlyResume: a rebuild or a compile at the resume; the bursty trace's probes on
-one H200 cost about 110 ms of switches each), and each row runs twice: the controller as it is
+one H200 cost 110-150 ms of switches each), and each row runs twice: the controller as it is
 (its probe windows measure the switches) and with the measurement off (a probe's switches
 counted as one speculative step, the model before).
 

@@ -869,8 +869,8 @@ def test_time_accounting_adds_up_to_the_decode_time_and_the_tokens(auto):
 
 class CostlyResume(Server):
     """A first speculative step after plain ones costs `resume` more (a rebuild, or kernels
-    compiled at the probe): on one H200 the bursty trace's probes on the native path cost about
-    110 ms of switches each."""
+    compiled at the probe): on one H200 the bursty trace's probes on the native path cost
+    110-150 ms of switches each."""
 
     def __init__(self, auto, resume=0.1, **kw):
         super().__init__(auto, **kw)
