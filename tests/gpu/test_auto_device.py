@@ -3,11 +3,10 @@ real driver has not run on a GPU yet: these catch its bugs before device time is
 import asyncio
 import json
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from .scripts import load_gpu_script
+from .scripts import load_gpu_script, on_loopback_server
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +38,8 @@ class StandIn:
 
 async def with_stand_in(fn):
     stand_in = StandIn()
-    app = web.Application()
-    app.router.add_post("/generate", stand_in.generate)
-    app.router.add_get("/server_info", stand_in.server_info)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    srv = type("Srv", (), {"base": f"http://127.0.0.1:{port}"})()
-    try:
-        async with aiohttp.ClientSession() as s:
-            return stand_in, await fn(s, srv)
-    finally:
-        await runner.cleanup()
+    routes = [("POST", "/generate", stand_in.generate), ("GET", "/server_info", stand_in.server_info)]
+    return stand_in, await on_loopback_server(routes, fn)
 
 
 def test_a_level_runs_n_requests_at_concurrency_c_and_counts_their_tokens(driver):

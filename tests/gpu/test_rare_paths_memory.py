@@ -2,13 +2,11 @@
 measured nothing in the 2026-12-02 call: 8196 tokens against the big pair's 4096 context), and the
 bracket from an earlier call is read as written."""
 import asyncio
-import types
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.gpu.scripts import load_gpu_script
+from tests.gpu.scripts import load_gpu_script, on_loopback_server
 
 rare = load_gpu_script("rare_paths_device")
 make_models = load_gpu_script("make_models")
@@ -49,20 +47,9 @@ def test_a_refused_request_is_a_harness_error_not_an_answer(status, error):
         return web.json_response({"text": "ok"} if status == 200 else {"error": {"message": "too long"}},
                                  status=status)
 
-    async def run():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        srv = types.SimpleNamespace(name="s", base=f"http://127.0.0.1:{port}")
-        try:
-            async with aiohttp.ClientSession() as s:
-                return await rare.post(s, srv, {"input_ids": [1]})
-        finally:
-            await runner.cleanup()
+    def run():
+        return on_loopback_server([("POST", "/generate", generate)],
+                                  lambda s, srv: rare.post(s, srv, {"input_ids": [1]}))
 
     if error is None:
         assert asyncio.run(run()) == {"text": "ok"}

@@ -8,7 +8,7 @@ import pytest
 
 from tests.client.fake_openai import FakeOpenAI
 
-from .scripts import load_gpu_script
+from .scripts import load_gpu_script, on_loopback_server
 
 GROUP = {"name": "g", "index": 1, "gpus": "0", "pair": "huge", "tp": 1}
 
@@ -361,24 +361,10 @@ def test_a_level_keeps_each_requests_send_and_done_times_from_32_requests_on(sha
         await asyncio.sleep(0.02)
         return web.json_response({"meta_info": {"completion_tokens": body["sampling_params"]["max_new_tokens"]}})
 
-    async def run():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        srv = type("Srv", (), {"base": f"http://127.0.0.1:{port}"})()
-        try:
-            async with aiohttp.ClientSession() as s:
-                wide = await shapes.level(s, srv, 32, 96, 4, 3, 1)
-                narrow = await shapes.level(s, srv, 4, 8, 4, 3, 1)
-        finally:
-            await runner.cleanup()
-        return wide, narrow
+    async def levels(s, srv):
+        return await shapes.level(s, srv, 32, 96, 4, 3, 1), await shapes.level(s, srv, 4, 8, 4, 3, 1)
 
-    wide, narrow = asyncio.run(run())
+    wide, narrow = asyncio.run(on_loopback_server([("POST", "/generate", generate)], levels))
     sends, dones = wide["timeline_ms"]["send"], wide["timeline_ms"]["done"]
     assert len(sends) == len(dones) == 96 and wide["out_tokens"] == 96 * 3
     assert all(sends[k] >= dones[k - 32] for k in range(32, 96))  # the closed loop, kept
