@@ -27,7 +27,10 @@ interleaved runs, not one long run per server: on the second GPU run (5-s runs, 
 other) every server of a level drifted together by 8-10 % from one round to the next, and
 servers doing identical steps differed by 19-30 % when measured 10-20 s apart. Then
 the bursty trace: a closed loop whose concurrency moves between --burst-low and --burst-high every
---period-s seconds for --bursty-s seconds; tok/s over the trace and its drain. After each level
+--period-s seconds for --bursty-s seconds; tok/s over the trace and its drain, with the load each
+server was offered (mean requests in flight over the trace: a closed loop cannot take back the
+requests of a high phase, so when waves end against the phase edges differs from server to
+server) and every request's start and done times. After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
 --auto-variants adds auto servers with one controller knob changed (not judged; their state in
 DIR/auto_variant_state.jsonl).
@@ -167,13 +170,27 @@ def bursty_order(live, auto, rnd):
     return ([auto] if auto in live else []) + rest[k:] + rest[:k]
 
 
+def offered_load(starts, dones, until_s):
+    """Requests in flight on average over [0, until_s] (seconds from the trace's start). The trace
+    lowers its target at a phase edge but cannot take back requests already sent, so a server
+    whose waves happen to end just after an edge carries more load into the low phase: two
+    servers' tok/s compare fairly only at like loads."""
+    busy = sum(max(0.0, min(d, until_s) - min(t, until_s)) for t, d in zip(starts, dones))
+    return busy / until_s if until_s > 0 else 0.0
+
+
 async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
-    """A closed loop: `high` requests in flight in odd periods, `low` in even ones."""
+    """A closed loop: `high` requests in flight in odd periods, `low` in even ones. Besides tok/s
+    over the trace and its drain, each record keeps every request's start and done times and the
+    load the server was offered (offered_load) over the trace's window."""
     toks, inflight, started = [], set(), 0
+    starts, dones = [], []
     t0 = time.time()
 
     async def one(ids):
+        starts.append(time.time() - t0)
         toks.append(await generate(s, srv, ids, out_tokens))
+        dones.append(time.time() - t0)
 
     while time.time() - t0 < total_s:
         target = high if int((time.time() - t0) / period_s) % 2 else low
@@ -186,7 +203,9 @@ async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
     wall = time.time() - t0
     return {"requests": started, "out_tokens": sum(toks), "wall_s": round(wall, 3),
             "out_tok_per_s": round(sum(toks) / wall, 1), "low": low, "high": high,
-            "period_s": period_s, "total_s": total_s}
+            "period_s": period_s, "total_s": total_s,
+            "mean_inflight": round(offered_load(starts, dones, total_s), 2),
+            "timeline_ms": {"start": [round(1000 * t) for t in starts], "done": [round(1000 * t) for t in dones]}}
 
 
 async def dyn_state(s, srv):

@@ -7,7 +7,8 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
 
 A record: {"workload", "level" ("1", "4", ..., "bursty"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
-"out_tok_per_s", "round"}. Several rounds of one server at one level give their median. The
+"out_tok_per_s", "round"}; a bursty record's "mean_inflight" (the load the server was offered)
+goes beside its level as each server's median. Several rounds of one server at one level give their median. The
 merged file has the issue's shape:
   {"workloads": [{"name": ..., "levels": {"1": {"auto": tok_s, "best_fixed": tok_s,
    "best_fixed_threshold": N, "auto_over_best": r, "fixed": {"N": tok_s, ...},
@@ -31,11 +32,13 @@ def _level_key(level):
 
 def workload_summary(records, name):
     """{"name", "levels"} for one workload's records."""
-    by = {}
+    by, loads = {}, {}
     for r in records:
         if r.get("workload") != name or r.get("out_tok_per_s") is None:
             continue
         by.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["out_tok_per_s"])
+        if r.get("mean_inflight") is not None:  # the bursty trace's offered load (auto_device.offered_load)
+            loads.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["mean_inflight"])
     levels = {}
     for level in sorted(by, key=_level_key):
         medians = {t: statistics.median(v) for t, v in by[level].items()}
@@ -60,6 +63,8 @@ def workload_summary(records, name):
             entry["best_static"] = max(static)
             entry["auto_over_best_static"] = (round(entry["auto"] / entry["best_static"], 4)
                                               if entry["auto"] is not None and entry["best_static"] > 0 else None)
+        if level in loads:
+            entry["mean_inflight"] = {t: statistics.median(v) for t, v in sorted(loads[level].items())}
         levels[level] = entry
     out = {"name": name, "levels": levels}
     # the plain path the threshold servers ran (auto_device --dyn-profile); records before it had no key

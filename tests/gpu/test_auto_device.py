@@ -58,6 +58,18 @@ def test_the_bursty_trace_moves_between_its_two_concurrencies(driver):
     assert res["requests"] == len(stand_in.bodies) and res["out_tokens"] == 5 * res["requests"]
 
 
+def test_the_bursty_trace_keeps_the_load_each_server_was_offered(driver):
+    stand_in, res = asyncio.run(with_stand_in(
+        lambda s, srv: driver.bursty(s, srv, [[1, 2]], 1, 6, 0.4, 1.6, 5)))
+    starts, dones = res["timeline_ms"]["start"], res["timeline_ms"]["done"]
+    assert len(starts) == len(dones) == res["requests"]
+    assert all(d >= t for t, d in zip(sorted(starts), sorted(dones)))
+    assert 1 <= res["mean_inflight"] <= 6   # between the two targets, as the stand-in saw it
+    # the load: request-seconds inside the window over its length
+    assert driver.offered_load([0.0, 0.5], [1.0, 3.0], 2.0) == pytest.approx((1.0 + 1.5) / 2.0)
+    assert driver.offered_load([0.0], [1.0], 0.0) == 0.0
+
+
 def test_the_auto_state_is_read_from_server_info(driver):
     _, state = asyncio.run(with_stand_in(lambda s, srv: driver.dyn_state(s, srv)))
     assert state == {"threshold": "auto"}

@@ -119,3 +119,15 @@ def test_a_workload_run_on_the_native_plain_path_says_so_and_a_step_path_one_sta
     assert summary.merge([part])["workloads"][0]["plain_path"] == "native"
     step = [{**rec("sim", "16", 64, 600.0), "plain_path": "step"}, rec("sim", "16", "auto", 590.0)]
     assert "plain_path" not in summary.workload_summary(step, "sim")
+
+
+def test_the_bursty_level_carries_the_load_each_server_was_offered(summary):
+    records = [dict(rec("sim", "bursty", "auto", 5400.0, 0), mean_inflight=24.1),
+               dict(rec("sim", "bursty", "auto", 5420.0, 1), mean_inflight=24.5),
+               dict(rec("sim", "bursty", "auto", 5000.0, 2), mean_inflight=23.0),
+               dict(rec("sim", "bursty", 2, 5800.0, 0), mean_inflight=26.0),
+               dict(rec("sim", "bursty", "none", 6650.0, 0), mean_inflight=29.9),
+               rec("sim", "4", 2, 900.0)]   # a level without the field
+    levels = summary.workload_summary(records, "sim")["levels"]
+    assert levels["bursty"]["mean_inflight"] == {"2": 26.0, "auto": 24.1, "none": 29.9}
+    assert "mean_inflight" not in levels["4"]
