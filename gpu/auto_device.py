@@ -30,7 +30,10 @@ the bursty trace: a closed loop whose concurrency moves between --burst-low and 
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain, with the load each
 server was offered (mean requests in flight over the trace: a closed loop cannot take back the
 requests of a high phase, so when waves end against the phase edges differs from server to
-server) and every request's start and done times. After each level
+server) and every request's start and done times. With --segment-cycles, the same load as a fixed
+sequence of work beside it (level bursty-segments: segments of --segment-waves waves at the high
+and the low concurrency, each starting when the one before has drained; the same requests for
+every server). After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
 --auto-variants adds auto servers with one controller knob changed (not judged; their state in
 DIR/auto_variant_state.jsonl).
@@ -208,6 +211,36 @@ async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
             "timeline_ms": {"start": [round(1000 * t) for t in starts], "done": [round(1000 * t) for t in dones]}}
 
 
+async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens):
+    """The bursty load as a fixed sequence of work: `cycles` times a segment of waves[0] * high
+    requests at concurrency `high`, then one of waves[1] * low requests at `low`, each segment a
+    closed loop that starts when the one before has drained. Every server gets the same requests
+    at the same concurrency pattern, so tok/s tells the servers apart and not where their waves
+    ended against a clock (the time-based trace's offered load differs from server to server)."""
+    high_waves, low_waves = waves
+    toks, sent, t0 = 0, 0, time.time()
+    for _ in range(cycles):
+        for c, n in ((high, high_waves * high), (low, low_waves * low)):
+            res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, n, out_tokens)
+            toks += res["out_tokens"]
+            sent = (sent + n) % len(prompts)
+    wall = time.time() - t0
+    return {"requests": cycles * (high_waves * high + low_waves * low), "out_tokens": toks,
+            "wall_s": round(wall, 3), "out_tok_per_s": round(toks / wall, 1), "low": low, "high": high,
+            "waves": list(waves), "cycles": cycles}
+
+
+def parse_waves(text):
+    """--segment-waves "3,8" -> (3, 8): waves of the high segment, waves of the low one."""
+    try:
+        high, low = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--segment-waves: {text!r} is not HIGH,LOW (two whole numbers of waves)") from None
+    if high < 1 or low < 1:
+        raise ValueError(f"--segment-waves: {text!r}: each segment needs at least one wave")
+    return high, low
+
+
 async def dyn_state(s, srv):
     try:
         async with s.get(srv.base + "/server_info") as r:
@@ -316,6 +349,11 @@ async def main():
     ap.add_argument("--period-s", type=float, default=3.0)
     ap.add_argument("--bursty-s", type=float, default=10.0)
     ap.add_argument("--bursty-rounds", type=int, default=1)
+    ap.add_argument("--segment-cycles", type=int, default=0,
+                    help="also the segmented bursty load (level bursty-segments) in each bursty round: this many "
+                         "cycles of a high segment and a low one (0: not run)")
+    ap.add_argument("--segment-waves", default="3,8",
+                    help="HIGH,LOW: waves of --burst-high requests in a high segment, of --burst-low in a low one")
     ap.add_argument("--min-s", type=float, default=1.2, help="seconds each round's measurement lasts at least")
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
@@ -326,6 +364,7 @@ async def main():
     a = ap.parse_args()
     try:
         variants = parse_variants(a.auto_variants)
+        waves = parse_waves(a.segment_waves)
     except ValueError as exc:
         ap.error(str(exc))
     BUDGET = a.budget_s
@@ -391,6 +430,16 @@ async def main():
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
                                         "temperature": temperature})
                     say(name, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
+                for srv in bursty_order(live, auto, rnd) if a.segment_cycles > 0 else ():
+                    if left() < 30:
+                        say("budget: no segmented bursty load for", srv.label)
+                        continue
+                    res = await segmented_bursty(s, srv, prompts, a.burst_low, a.burst_high, waves,
+                                                 a.segment_cycles, a.out_tokens)
+                    keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty-segments",
+                                        "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
+                                        "temperature": temperature})
+                    say(name, "bursty-segments", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
         except TimeoutError:
             pass

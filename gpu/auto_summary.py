@@ -5,7 +5,7 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
   python3 gpu/auto_summary.py merge OUT.json PART.json [PART.json ...]  # the evidence file
   python3 gpu/auto_summary.py accounting AUTO_STATE.jsonl  # where auto's decode time went, per level
 
-A record: {"workload", "level" ("1", "4", ..., "bursty"), "server" ("auto", "fixed-N" or
+A record: {"workload", "level" ("1", "4", ..., "bursty", "bursty-segments"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
 "out_tok_per_s", "round"}; a bursty record's "mean_inflight" (the load the server was offered)
 goes beside its level as each server's median. Several rounds of one server at one level give their median. The
@@ -27,7 +27,12 @@ GOAL_BURSTY = 1.0    # and >= 1.0x on the bursty trace
 
 
 def _level_key(level):
-    return (1, 0) if level == "bursty" else (0, int(level))
+    return (0, int(level), "") if level.isdigit() else (1, 0, level)
+
+
+def _bursty(level):
+    """The bursty loads: the time-based trace ("bursty") and the segmented one ("bursty-segments")."""
+    return level.startswith("bursty")
 
 
 def workload_summary(records, name):
@@ -50,7 +55,7 @@ def workload_summary(records, name):
         variants = {t: v for t, v in medians.items() if t.startswith("auto-")}
         if variants:
             entry["auto_variants"] = dict(sorted(variants.items()))
-        if level != "bursty":
+        if level.isdigit():
             entry.update(_replicates(fixed, int(level)))
         if fixed:
             best = max(fixed, key=lambda t: (fixed[t], -int(t)))
@@ -95,7 +100,7 @@ def merge(parts):
     met, met_static = {}, {}
     for w in workloads:
         for level, e in w["levels"].items():
-            goal = GOAL_BURSTY if level == "bursty" else GOAL_LEVEL
+            goal = GOAL_BURSTY if _bursty(level) else GOAL_LEVEL
             for into, key in ((met, "auto_over_best"), (met_static, "auto_over_best_static")):
                 if key in e:
                     ratio = e[key]

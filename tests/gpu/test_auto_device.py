@@ -194,3 +194,27 @@ def test_a_rounds_server_rate_is_its_own_log_at_c_running_since_the_round_began(
     assert driver.server_rate(srv, offset, 4) == {"server_decode_tok_s": None, "server_intervals": 0}
     gone = type("Srv", (), {"log_path": str(tmp_path / "none.log")})()
     assert driver.server_rate(gone, 0, 1) == {"server_decode_tok_s": None, "server_intervals": 0}
+
+
+def test_the_segmented_bursty_load_is_the_same_work_for_every_server(driver):
+    """3 cycles of a high segment (2 waves of 6) and a low one (3 waves of 1): 45 requests, each
+    segment a closed loop at its own concurrency, the prompts moving on (no request repeats the one
+    before it) -- the same sequence whichever server runs it."""
+    prompts = [[i, i + 1] for i in range(50)]
+    stand_in, res = asyncio.run(with_stand_in(
+        lambda s, srv: driver.segmented_bursty(s, srv, prompts, 1, 6, (2, 3), 3, 5)))
+    assert res["requests"] == len(stand_in.bodies) == 3 * (2 * 6 + 3 * 1) and res["out_tokens"] == 5 * 45
+    assert 1 < max(stand_in.peaks) <= 6 and min(stand_in.peaks) == 1
+    sent = [tuple(b["input_ids"]) for b in stand_in.bodies]
+    # the high segment's 12, then (once they are done) the low one's 3: in any order inside each
+    assert set(sent[:12]) == set(map(tuple, prompts[:12])) and set(sent[12:15]) == set(map(tuple, prompts[12:15]))
+    again, _ = asyncio.run(with_stand_in(
+        lambda s, srv: driver.segmented_bursty(s, srv, prompts, 1, 6, (2, 3), 3, 5)))
+    assert sorted(sent) == sorted(tuple(b["input_ids"]) for b in again.bodies)
+
+
+def test_segment_waves_are_two_whole_numbers(driver):
+    assert driver.parse_waves("3,8") == (3, 8)
+    for bad in ("3", "3,x", "0,2", "2,-1"):
+        with pytest.raises(ValueError, match="--segment-waves"):
+            driver.parse_waves(bad)

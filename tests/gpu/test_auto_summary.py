@@ -131,3 +131,15 @@ def test_the_bursty_level_carries_the_load_each_server_was_offered(summary):
     levels = summary.workload_summary(records, "sim")["levels"]
     assert levels["bursty"]["mean_inflight"] == {"2": 26.0, "auto": 24.1, "none": 29.9}
     assert "mean_inflight" not in levels["4"]
+
+
+def test_the_segmented_bursty_load_is_a_level_of_its_own_with_the_bursty_goal(summary):
+    records = [rec("sim", "bursty-segments", "auto", 5900.0), rec("sim", "bursty-segments", 2, 5950.0),
+               rec("sim", "bursty", "auto", 5400.0), rec("sim", "bursty", 2, 5300.0),
+               rec("sim", "4", "auto", 900.0), rec("sim", "4", 2, 910.0)]
+    part = summary.workload_summary(records, "sim")
+    assert list(part["levels"]) == ["4", "bursty", "bursty-segments"]
+    assert "replicate_spread" not in part["levels"]["bursty-segments"]
+    met = summary.merge([part])["met"]
+    # 0.992 would meet the level goal (0.97), not the bursty one (1.0)
+    assert met == {"sim/4": True, "sim/bursty": True, "sim/bursty-segments": False}
