@@ -1748,19 +1748,29 @@ def routing_worker(log, dyn, decisions, verify, plain, **fields):
 
 
 @only("0.5.11")
-def test_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree):
+@pytest.mark.parametrize("stack", [False, True], ids=["0001", "0001-0004"])
+def test_forward_batch_generation_routes_plain_resume_and_stock_steps(release, release_tree, stack_tree_0511,
+                                                                      stack):
     """The decode branch of the patched forward_batch_generation, executed: without the switch
-    it is the stock draft/verify/extend; with it, plain steps and the resume run in order."""
-    source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
+    it is the stock draft/verify/extend; with it, plain steps and the resume run in order. With
+    the whole stack the speculative step is the worker's _dyn_spec_step (0004 moved it there
+    unchanged, for the native path and the warm-up): the same calls in the same order."""
+    tree = stack_tree_0511 if stack else release_tree
+    names = ["forward_batch_generation"] + (["_dyn_spec_step"] if stack else [])
     namespace = {"torch": torch, "CaptureHiddenMode": Capture, "EagleDraftInput": DraftInput,
                  "speculative_moe_backend_context": nullcontext,
                  "speculative_moe_a2a_backend_context": nullcontext}
-    exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    for name in names:
+        exec(compile("from __future__ import annotations\n" + method_source(tree / WORKER_V2, "EAGLEWorkerV2", name),
+                     WORKER_V2, "exec"), namespace)
     log = []
 
     def worker(dyn, decisions):
         verify = lambda b: log.append("verify") or "spec-result"  # noqa: E731
-        return routing_worker(log, dyn, decisions, verify, plain=lambda b: None, plan_stream=None)
+        w = routing_worker(log, dyn, decisions, verify, plain=lambda b: None, plan_stream=None)
+        if stack:
+            w._dyn_spec_step = types.MethodType(namespace["_dyn_spec_step"], w)
+        return w
 
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
                                   is_extend_in_batch=False, spec_info=DraftInput())
