@@ -30,7 +30,7 @@ the bursty trace: a closed loop whose concurrency moves between --burst-low and 
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain, with the load each
 server was offered (mean requests in flight over the trace: a closed loop cannot take back the
 requests of a high phase, so when waves end against the phase edges differs from server to
-server) and every request's start and done times. With --segment-cycles, the same load as a fixed
+server) and every request's send and done times. With --segment-cycles, the same load as a fixed
 sequence of work beside it (level bursty-segments: segments of --segment-waves waves at the high
 and the low concurrency, each starting when the one before has drained; the same requests for
 every server). After each level
@@ -173,25 +173,28 @@ def bursty_order(live, auto, rnd):
     return ([auto] if auto in live else []) + rest[k:] + rest[:k]
 
 
-def offered_load(starts, dones, until_s):
-    """Requests in flight on average over [0, until_s] (seconds from the trace's start). The trace
-    lowers its target at a phase edge but cannot take back requests already sent, so a server
-    whose waves happen to end just after an edge carries more load into the low phase: two
-    servers' tok/s compare fairly only at like loads."""
-    busy = sum(max(0.0, min(d, until_s) - min(t, until_s)) for t, d in zip(starts, dones))
-    return busy / until_s if until_s > 0 else 0.0
+def offered_load(sends, dones, until_s):
+    """Requests in flight on average over [0, until_s] (seconds from the trace's start): the time
+    integral of the in-flight count is the sum of the done times minus the sum of the send times,
+    each clipped to the window, so no request needs pairing with its own. The trace lowers its
+    target at a phase edge but cannot take back requests already sent, so a server whose waves
+    happen to end just after an edge carries more load into the low phase: two servers' tok/s
+    compare fairly only at like loads."""
+    if until_s <= 0:
+        return 0.0
+    return (sum(min(t, until_s) for t in dones) - sum(min(t, until_s) for t in sends)) / until_s
 
 
 async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
     """A closed loop: `high` requests in flight in odd periods, `low` in even ones. Besides tok/s
-    over the trace and its drain, each record keeps every request's start and done times and the
+    over the trace and its drain, each record keeps every request's send and done times and the
     load the server was offered (offered_load) over the trace's window."""
     toks, inflight, started = [], set(), 0
-    starts, dones = [], []
+    sends, dones = [], []
     t0 = time.time()
 
     async def one(ids):
-        starts.append(time.time() - t0)
+        sends.append(time.time() - t0)
         toks.append(await generate(s, srv, ids, out_tokens))
         dones.append(time.time() - t0)
 
@@ -207,8 +210,9 @@ async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
     return {"requests": started, "out_tokens": sum(toks), "wall_s": round(wall, 3),
             "out_tok_per_s": round(sum(toks) / wall, 1), "low": low, "high": high,
             "period_s": period_s, "total_s": total_s,
-            "mean_inflight": round(offered_load(starts, dones, total_s), 2),
-            "timeline_ms": {"start": [round(1000 * t) for t in starts], "done": [round(1000 * t) for t in dones]}}
+            "mean_inflight": round(offered_load(sends, dones, total_s), 2),
+            # in time order each (as shapes_device's records keep theirs), not paired per request
+            "timeline_ms": {"send": [round(1000 * t) for t in sends], "done": [round(1000 * t) for t in dones]}}
 
 
 async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens):
