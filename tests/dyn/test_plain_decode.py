@@ -1490,7 +1490,8 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
     the plain step leaves the draft to be resynced, as the KV-only update does) its own
     _dyn_resync_draft on the next step's batch, once per batch size of the plain DECODE graphs:
     what the first plain step and the first resume run, before the server reports ready. Every
-    KV slot it touches is the padding slot 0 (request row 0 of a fresh req_to_token)."""
+    KV slot it touches is the padding slot 0 (request row 0 of a fresh req_to_token). (0.5.17's and
+    0.5.23's then run the speculative step too, here a stand-in: see the next test.)"""
     worker, calls = v2_worker
     worker._dyn_draft_kv_only = kv_only
     worker._dyn_draft_extend_runner = None
@@ -1504,6 +1505,13 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
         "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "graphs", 0.25)
     sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
         warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch)
+    spec_steps = []
+    if release != "0.5.11":  # 0.5.11's is in 0004
+        sys.modules["sglang.srt.speculative.dyn_disable_runtime"].spec_warmup_batch_sizes = \
+            runtime.spec_warmup_batch_sizes
+        worker.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1)
+        worker.draft_worker.cuda_graph_runner = None
+        worker._dyn_spec_step = lambda batch: spec_steps.append(len(batch.seq_lens))
     monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
         current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
         synchronize=lambda: None, mem_get_info=FakeDevice(10 * GIB, 9.9 * GIB).mem_get_info))
@@ -1527,7 +1535,11 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
     assert worker._dyn_resync_pending is False  # the first real step does not resync a dummy batch
     state = worker._dyn_plain_state
     assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + the warm-up's 0.1
-    assert state.warmup_note == "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+    plain_note = "plain step and resume warmed up at start for batch sizes 1..8 (4 sizes); "
+    if release == "0.5.11":
+        assert state.warmup_note == plain_note
+    else:
+        assert spec_steps == [1, 2, 4, 8] and state.warmup_note.startswith(plain_note)
     assert "warmed up at start" in runtime.plain_decode_message(state, "note")
 
 
@@ -1541,14 +1553,21 @@ def stack_tree_0511(tmp_path_factory):
                                                         "0004-dyn-disable-native-plain.patch")])
 
 
-def spec_warmup_sizes_function(stack_tree_0511):
+@pytest.fixture()
+def spec_warmup_tree(release, request):
+    """The patched files whose v2 worker warms the speculative step up at start: 0.5.11's whole
+    stack (0004 adds it there), 0.5.17's and 0.5.23's 0001."""
+    return request.getfixturevalue("stack_tree_0511" if release == "0.5.11" else "release_tree")
+
+
+def spec_warmup_sizes_function(tree):
     namespace = {}
-    exec(compile(function_source(stack_tree_0511 / RUNTIME, "spec_warmup_batch_sizes"), RUNTIME, "exec"), namespace)
+    exec(compile(function_source(tree / RUNTIME, "spec_warmup_batch_sizes"), RUNTIME, "exec"), namespace)
     return namespace["spec_warmup_batch_sizes"]
 
 
-def test_the_speculative_step_is_warmed_at_the_sizes_both_graph_runners_run(stack_tree_0511):
-    sizes_for = spec_warmup_sizes_function(stack_tree_0511)
+def test_the_speculative_step_is_warmed_at_the_sizes_both_graph_runners_run(release, spec_warmup_tree):
+    sizes_for = spec_warmup_sizes_function(spec_warmup_tree)
     graphs = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 256, 512]
     draft, verify = types.SimpleNamespace(max_bs=48), types.SimpleNamespace(max_bs=160)
     sizes = sizes_for(graphs, draft, verify)
@@ -1562,29 +1581,34 @@ def test_the_speculative_step_is_warmed_at_the_sizes_both_graph_runners_run(stac
     assert sizes_for([1, 3, 16], None, None) == [1, 3, 16]                        # no CUDA graphs at all
 
 
-@only("0.5.11")
 @pytest.mark.parametrize("kv_only", [True, False])
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path_is_counted(
-        release, runtime, worker_v2, cpu_streams, real_batch_classes, stack_tree_0511, monkeypatch, caplog,
+        release, runtime, v2_worker, cpu_streams, real_batch_classes, spec_warmup_tree, monkeypatch, caplog,
         kv_only, fails):
-    """With 0004, EAGLEWorkerV2._dyn_warm_up (executed, with _dyn_spec_step) also runs the stock
-    speculative step (draft, verify, draft extend) over each resumed warm-up batch the draft's and
-    the target's graphs run: the first speculative step at each batch size compiled the step's
-    kernels outside its graphs (0.4 s at the first resume, 0.6 s on stock). The step gets the
-    resume's draft state (no rebuild mark left), one token past the plain step, in request row 0.
-    Its memory is reported apart from the plain path's extra memory (stock's own activations). A
-    failing speculative step leaves a warning and a server that starts, as before the change."""
-    worker, calls = worker_v2
+    """With 0004 on 0.5.11 (0001 on 0.5.17 and 0.5.23), EAGLEWorkerV2._dyn_warm_up (executed, with
+    _dyn_spec_step) also runs the stock speculative step (draft, verify, draft extend) over each
+    resumed warm-up batch the draft's and the target's graphs run: the first speculative step at
+    each batch size compiled the step's kernels outside its graphs (0.4 s at the first resume, 0.6 s
+    on stock). The step gets the resume's draft state (no rebuild mark left), one token past the
+    plain step, in request row 0 (on 0.5.17 and 0.5.23 with the pools a live batch carries, whose
+    allocator the step only reads). Its memory is reported apart from the plain path's extra memory
+    (stock's own activations). A failing speculative step leaves a warning and a server that
+    starts, as before the change."""
+    worker, calls = v2_worker
     worker._dyn_draft_kv_only = kv_only
     worker._dyn_draft_extend_runner = None
     worker.topk = 1
     worker.plan_stream = None
+    worker.speculative_num_steps = 3
     worker.req_to_token_pool.req_to_token = torch.zeros(4, 32, dtype=torch.int64)  # before any request
+    # the allocator as far as the step may use it (any alloc or free would fail the step)
+    worker.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1)
     model_config = types.SimpleNamespace(vocab_size=64)
     worker.target_worker = worker._target_worker = types.SimpleNamespace(
         model_config=model_config, model_runner=types.SimpleNamespace(
-            spec_algorithm=Algo.EAGLE3, model_config=model_config, graph_runner=types.SimpleNamespace(max_bs=16)))
+            spec_algorithm=Algo.EAGLE3, model_config=model_config,
+            **{GRAPH_ATTR[release]: types.SimpleNamespace(max_bs=16)}))
     worker._dyn_plain_state = runtime.PlainDecodeState(
         "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8, 16]), "graphs", 0.25)
 
@@ -1592,31 +1616,45 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
         if fails and len(batch.seq_lens) == 4:
             raise RuntimeError("no verify graph for 4")
         spec = batch.spec_info
-        calls.append(("spec_draft", len(batch.seq_lens), batch.seq_lens.tolist(), batch.req_pool_indices.tolist(),
-                      spec.topk_p.min().item(), spec.verified_id.tolist()))
-        return types.SimpleNamespace(is_verify_input=lambda: True)
+        token = spec.verified_id if release == "0.5.11" else spec.bonus_tokens
+        seen = types.SimpleNamespace(  # the batch as the step gets it
+            seq_lens=batch.seq_lens.tolist(), seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+            seq_lens_sum=batch.seq_lens_sum, rows=batch.req_pool_indices.tolist(),
+            orig_seq_lens=getattr(batch, "orig_seq_lens", None), pools=(
+                getattr(batch, "req_to_token_pool", None), getattr(batch, "token_to_kv_pool_allocator", None)))
+        calls.append(("spec_draft", len(batch.seq_lens), seen, spec.topk_p.min().item(), token.tolist(),
+                      spec.topk_index.tolist(), spec.hidden_states.tolist()))
+        return types.SimpleNamespace(is_verify_input=lambda: True, kv_loc_plan=None)
 
-    def verify(batch):
-        calls.append(("spec_verify", len(batch.seq_lens)))
-        return Result(accept_lens=torch.ones(len(batch.seq_lens), dtype=torch.int32))
+    def verify(batch, **kwargs):  # 0.5.17's and 0.5.23's take the grammar barrier (and 0.5.23 PP's tensors)
+        calls.append(("spec_verify", len(batch.seq_lens), kwargs))
+        return Result(accept_lens=torch.ones(len(batch.seq_lens), dtype=torch.int32), new_seq_lens=None)
 
     worker.draft_worker.draft = draft
     worker.draft_worker.cuda_graph_runner = types.SimpleNamespace(max_bs=8)
-    worker.draft_worker._draft_extend_for_decode = lambda batch, out: calls.append(("spec_extend", len(batch.seq_lens)))
+    worker.draft_worker._draft_extend_for_decode = lambda batch, out, **kw: calls.append(
+        ("spec_extend", len(batch.seq_lens)))
     worker.verify = verify
+    # 0.5.23's step first asks whether the scheduler pre-built a verify input (PP): a draft input is not one
+    monkeypatch.setattr(DraftInput, "is_verify_input", lambda self: False, raising=False)
     sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
         warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch,
-        spec_warmup_batch_sizes=spec_warmup_sizes_function(stack_tree_0511))
+        spec_warmup_batch_sizes=spec_warmup_sizes_function(spec_warmup_tree))
     free = iter([10 * GIB, 9.9 * GIB, 9.7 * GIB])  # before, after the plain path, after the speculative steps
     monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
         current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
         synchronize=lambda: None, mem_get_info=lambda: (next(free), 100 * GIB)))
     namespace = {"torch": torch, "dataclasses": dataclasses, "EagleDraftInput": DraftInput,
                  "speculative_moe_backend_context": nullcontext, "speculative_moe_a2a_backend_context": nullcontext,
-                 "logger": logging.getLogger("eagle_worker_v2_under_test")}
+                 "logger": logging.getLogger("eagle_worker_v2_under_test"),
+                 # 0.5.17's and 0.5.23's speculative step
+                 "spec_stage_span": lambda name: nullcontext(), "draft_tp_context": draft_tp_context,
+                 "get_parallel": lambda: types.SimpleNamespace(pp_size=1),
+                 "envs": types.SimpleNamespace(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=types.SimpleNamespace(
+                     get=lambda: False))}
     for name in ("_dyn_warm_up", "_dyn_spec_step"):
         exec(compile("from __future__ import annotations\n"
-                     + method_source(stack_tree_0511 / WORKER_V2, "EAGLEWorkerV2", name), WORKER_V2, "exec"),
+                     + method_source(spec_warmup_tree / WORKER_V2, "EAGLEWorkerV2", name), WORKER_V2, "exec"),
              namespace)
     worker._dyn_spec_step = types.MethodType(namespace["_dyn_spec_step"], worker)
     with caplog.at_level(logging.WARNING):
@@ -1638,10 +1676,20 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
     assert caplog.records == []
     assert kinds[len(plain_part):] == ["spec_draft", "spec_verify", "spec_extend"] * 4
     assert [c[1] for c in drafts] == [1, 2, 4, 8]  # 16 is past the draft's graphs
-    for _, bs, seq_lens, rows, min_topk_p, verified in drafts:
-        assert seq_lens == [runtime.WARMUP_SEQ_LEN + 1] * bs and rows == [0] * bs
+    for _, bs, seen, min_topk_p, token, topk_index, hidden in drafts:
+        lens = [runtime.WARMUP_SEQ_LEN + 1] * bs
+        assert seen.seq_lens == seen.seq_lens_cpu == lens and seen.seq_lens_sum == sum(lens)
+        assert seen.rows == [0] * bs
         assert min_topk_p >= 0  # the resume's draft state, not the plain step's rebuild mark
-        assert verified == [0] * bs  # the plain step's token (the dummy logits' argmax of id 0)
+        assert token == [0] * bs  # the plain step's token (the dummy logits' argmax of id 0)
+        assert topk_index == [[5]] * bs and hidden == [[7.0, 7.0]] * bs  # the draft's, as the resume left it
+        if release != "0.5.11":  # the ScheduleBatch's original lengths agree, and it carries the live pools
+            assert seen.orig_seq_lens.tolist() == lens
+            assert seen.pools[0] is worker.req_to_token_pool
+            assert seen.pools[1] is worker.token_to_kv_pool_allocator
+    if release != "0.5.11":  # no grammar barrier (nor PP's tensors): a step of greedy dummies
+        assert all(c[2] == {"grammar_barrier": None, **({"pp_proxy_tensors": None} if release == "0.5.23" else {})}
+                   for c in calls if c[0] == "spec_verify")
     assert state.warmup_note == ("plain step and resume warmed up at start for batch sizes 1..16 (5 sizes); "
                                  "speculative step warmed up for batch sizes 1..8 (4 sizes, 0.20 GiB of SGLang's "
                                  "own activation memory taken at start); ")
@@ -1943,41 +1991,59 @@ def test_0517_forward_batch_generation_routes_plain_resume_and_stock_steps(relea
     """The decode branch of the patched forward_batch_generation (0.5.17, 0.5.23), executed: without
     the switch it is the stock draft/verify/publish/extend; with it, plain steps (handed the publish
     callback) and the resume run in order, after 0.5.23's adaptive hook (activate_step_by_batch).
-    Each step gets a fresh draft input, as the scheduler hands the worker the previous step's
-    next_draft_input (a verify input left on the batch is 0.5.23's pre-built PP verify)."""
-    source = method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", "forward_batch_generation")
+    Every speculative step is the worker's _dyn_spec_step (the stock step moved there unchanged, for
+    the start-up warm-up too), handed the publish callback, the grammar barrier (and 0.5.23's PP
+    tensors). Each step gets a fresh draft input, as the scheduler hands the worker the previous
+    step's next_draft_input (a verify input left on the batch is 0.5.23's pre-built PP verify)."""
     namespace = {"torch": torch, "CaptureHiddenMode": Capture, "spec_stage_span": lambda name: nullcontext(),
                  "draft_tp_context": draft_tp_context, "get_parallel": lambda: types.SimpleNamespace(pp_size=1),
                  "envs": types.SimpleNamespace(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=types.SimpleNamespace(
                      get=lambda: False)),
                  "speculative_moe_backend_context": nullcontext,
                  "speculative_moe_a2a_backend_context": nullcontext}
-    exec(compile("from __future__ import annotations\n" + source, WORKER_V2, "exec"), namespace)
+    for name in ("forward_batch_generation", "_dyn_spec_step"):
+        exec(compile("from __future__ import annotations\n"
+                     + method_source(release_tree / WORKER_V2, "EAGLEWorkerV2", name), WORKER_V2, "exec"),
+             namespace)
     log = []
 
     def worker(dyn, decisions):
-        verify = lambda b, grammar_barrier=None, **kw: log.append("verify") or types.SimpleNamespace(  # noqa: E731
-            new_seq_lens="verify-lens")
-        return routing_worker(log, dyn, decisions, verify, plain=lambda b, on_publish: on_publish("plain-lens"),
-                              speculative_num_steps=3, activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
+        def verify(b, grammar_barrier=None, **kw):
+            log.append(f"verify {grammar_barrier} {kw.get('pp_proxy_tensors')}")
+            return types.SimpleNamespace(new_seq_lens="verify-lens")
+
+        w = routing_worker(log, dyn, decisions, verify, plain=lambda b, on_publish: on_publish("plain-lens"),
+                           speculative_num_steps=3, activate_step_by_batch=lambda bs: log.append(f"bs={bs}"))
+        spec_step = types.MethodType(namespace["_dyn_spec_step"], w)
+
+        def logged_spec_step(*args):
+            log.append("spec_step")
+            return spec_step(*args)
+
+        w._dyn_spec_step = logged_spec_step
+        return w
 
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
                                   is_extend_in_batch=False, spec_info=RoutingDraftInput(), seq_lens=torch.tensor([5, 9]))
     publish = lambda lens: log.append(f"publish {lens}")  # noqa: E731
+    # what forward_batch_generation is handed after the batch and the publish callback
+    extra = ("barrier", "pp-tensors") if release == "0.5.23" else ("barrier",)
+    verified = "verify barrier pp-tensors" if release == "0.5.23" else "verify barrier None"
+    stock_step = ["spec_step", "draft", verified, "publish verify-lens", "draft_extend"]
 
     def fresh(b):
         b.spec_info = RoutingDraftInput()
         return b
 
     stock = worker(None, [])
-    assert namespace["forward_batch_generation"](stock, batch, publish).new_seq_lens == "verify-lens"
-    assert log == ["bs=2", "draft", "verify", "publish verify-lens", "draft_extend"]
+    assert namespace["forward_batch_generation"](stock, batch, publish, *extra).new_seq_lens == "verify-lens"
+    assert log == ["bs=2"] + stock_step
     log.clear()
     dyn = worker(object(), [False, False, True])
-    results = [namespace["forward_batch_generation"](dyn, fresh(batch), publish) for _ in range(3)]
+    results = [namespace["forward_batch_generation"](dyn, fresh(batch), publish, *extra) for _ in range(3)]
     assert results[:2] == ["plain-result", "plain-result"] and results[2].new_seq_lens == "verify-lens"
     assert log == ["bs=2", "plain", "publish plain-lens", "bs=2", "plain", "publish plain-lens",
-                   "bs=2", "resync", "draft", "verify", "publish verify-lens", "draft_extend"]
+                   "bs=2", "resync"] + stock_step
 
 
 @only(*V2_RELEASES)
