@@ -1620,7 +1620,8 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
         seen = types.SimpleNamespace(  # the batch as the step gets it
             seq_lens=batch.seq_lens.tolist(), seq_lens_cpu=batch.seq_lens_cpu.tolist(),
             seq_lens_sum=batch.seq_lens_sum, rows=batch.req_pool_indices.tolist(),
-            orig_seq_lens=getattr(batch, "orig_seq_lens", None), pools=(
+            orig_seq_lens=getattr(batch, "orig_seq_lens", None),
+            multimodal_inputs=getattr(batch, "multimodal_inputs", None), pools=(
                 getattr(batch, "req_to_token_pool", None), getattr(batch, "token_to_kv_pool_allocator", None)))
         calls.append(("spec_draft", len(batch.seq_lens), seen, spec.topk_p.min().item(), token.tolist(),
                       spec.topk_index.tolist(), spec.hidden_states.tolist()))
@@ -1687,6 +1688,8 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
             assert seen.orig_seq_lens.tolist() == lens
             assert seen.pools[0] is worker.req_to_token_pool
             assert seen.pools[1] is worker.token_to_kv_pool_allocator
+        if release == "0.5.23":  # text-only requests, as a live batch lists them (an mrope target's step reads it)
+            assert seen.multimodal_inputs == [None] * bs
     if release != "0.5.11":  # no grammar barrier (nor PP's tensors): a step of greedy dummies
         assert all(c[2] == {"grammar_barrier": None, **({"pp_proxy_tensors": None} if release == "0.5.23" else {})}
                    for c in calls if c[0] == "spec_verify")
