@@ -53,8 +53,9 @@ SERVERS = {
 }
 JIT_ROOT = "/tmp/fc-jit"
 GROUP_INDEX = 5  # ports 30500.. (the accept run's are 30000..)
-MEMORY_RE = re.compile(r"extra GPU memory ([\d.]+) GiB")
-STARTUP_PREFIX = "Dynamic speculation disable enabled"
+# negative where another process on the GPU freed memory during the start (side-by-side servers)
+MEMORY_RE = re.compile(r"extra GPU memory (-?[\d.]+) GiB")
+STARTUP_PREFIX = "Dynamic speculation disable"
 
 
 def configure_servers(dyn_profile="eagle3-v2-dyn", old_patch="before-fix", new_patch="after-fix"):
@@ -114,7 +115,8 @@ def jit_modules(entries):
 
 
 def startup_memory(lines):
-    """(the dyn-disable start-up line, its 'extra GPU memory' figure in GiB) or (None, None)."""
+    """(the dyn-disable start-up line that gives the 'extra GPU memory' figure, that figure in GiB),
+    else (the first dyn-disable line, None), or (None, None)."""
     found = [l for l in lines if STARTUP_PREFIX in l]
     for line in found:
         m = MEMORY_RE.search(line)

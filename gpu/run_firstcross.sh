@@ -12,6 +12,7 @@
 #      FC_OLD (default gpu/fixtures/dyn-disable-before-fix): the folder of the old patch stack,
 #        its *.patch files applied in name order; its name is the old servers' patch name.
 #      FC_PROFILE (default eagle3-v2-dyn): the old and new servers' profile.
+#      FC_NEW (default after-fix): the name the new servers' records carry (the checkout's patchset).
 # Builds /tmp/site-r8: the pristine sglang (/tmp/stock) with the old patch stack (by default the
 # dyn-disable patch as it stood before the first-crossing fix), for the "old-*" servers.
 # $OUT gets firstcross.json and firstcross.tgz (server logs, records.jsonl, driver log, logs scan).
@@ -63,5 +64,5 @@ say "models: $MODELS (kimi: $(experts $MODELS) routed experts)"
 rm -rf /tmp/fc-jit
 python3 gpu/firstcross_device.py --out "$WORK" --budget-s $(( $(left) - 10 )) --models $MODELS \
   --threshold ${DYN_THRESHOLD:-12} --crossings ${CROSSINGS:-10} --mem ${FC_MEM:-0.8} \
-  --dyn-profile ${FC_PROFILE:-eagle3-v2-dyn} --old-patch "$(basename "$FC_OLD")" \
+  --dyn-profile ${FC_PROFILE:-eagle3-v2-dyn} --old-patch "$(basename "$FC_OLD")" --new-patch "${FC_NEW:-after-fix}" \
   ${FC_SERVERS:+--servers $FC_SERVERS} 2>&1 | tee "$WORK/driver.log"

@@ -65,7 +65,8 @@ async def run_all(tmp_path, crossings=3, budget=300, smoke_raises=False):
                 f.write("so")
         standin = CompilingStandIn(str(tmp_path / f"{label}.log"), jit_file=lazy if label == "old-a" else None, **kw)
         if label == "new-a":
-            standin.write("[TP0] Dynamic speculation disable enabled: threshold=3 hysteresis=1; "
+            standin.write("[TP0] Dynamic speculation disable enabled: threshold=3 hysteresis=1")
+            standin.write("[TP0] Dynamic speculation disable: plain step is a decode forward on TritonAttnBackend; "
                           "extra GPU memory 0.42 GiB (0.50 GiB kept out of the KV cache for it)")
         h = await sa.serve(label, standin, None)
         h.jit_dirs, h.shared_jit_dirs = dirs, {}
@@ -158,6 +159,18 @@ def test_startup_memory_and_transitions(result):
     assert "stock" not in res["startup"]
     assert res["transitions"]["old-a"]["stopped_lines"] == 3
     assert res["transitions"]["stock"]["stopped_lines"] == 0
+
+
+def test_startup_memory_reads_the_plain_path_line_and_keeps_a_negative_figure():
+    """The figure is on the plain-path line, after the 'enabled' line; beside other servers on one GPU
+    it can be negative (another process freed memory during the start: 2026-12-05, call 10)."""
+    lines = ["[2026-12-05 10:52:02] Dynamic speculation disable enabled: threshold=12 hysteresis=3",
+             "[2026-12-05 10:52:21] Dynamic speculation disable: plain step is a decode forward on "
+             "TritonAttnBackend ...; extra GPU memory -13.58 GiB (0.50 GiB kept out of the KV cache for it)"]
+    line, gib = fc.startup_memory(lines)
+    assert gib == -13.58 and "plain step" in line
+    assert fc.startup_memory(lines[:1]) == (lines[0], None)
+    assert fc.startup_memory(["INFO other"]) == (None, None)
 
 
 def test_smoke_table_of_the_b_servers(result):
