@@ -8,7 +8,11 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
 A record: {"workload", "level" ("1", "4", ..., "bursty", "bursty-segments"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
 "out_tok_per_s", "round"}; a bursty record's "mean_inflight" (the load the server was offered)
-goes beside its level as each server's median. Several rounds of one server at one level give their median. The
+goes beside its level as each server's median, and its "requests" (how many completed in the round)
+as each server's list by round, with "completed_requests_differ" when the servers' lists are not the
+same counts: the time-based trace's tok/s follows the number of waves a round completes (the
+eighteenth session's call: 514 or 558-562 requests on every server, 7-10 % apart in tok/s), so
+there a ratio of medians compares the rounds' counts as much as the servers. Several rounds of one server at one level give their median. The
 merged file has the issue's shape:
   {"workloads": [{"name": ..., "levels": {"1": {"auto": tok_s, "best_fixed": tok_s,
    "best_fixed_threshold": N, "auto_over_best": r, "fixed": {"N": tok_s, ...},
@@ -37,13 +41,16 @@ def _bursty(level):
 
 def workload_summary(records, name):
     """{"name", "levels"} for one workload's records."""
-    by, loads = {}, {}
+    by, loads, completed = {}, {}, {}
     for r in records:
         if r.get("workload") != name or r.get("out_tok_per_s") is None:
             continue
         by.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["out_tok_per_s"])
         if r.get("mean_inflight") is not None:  # the bursty trace's offered load (auto_device.offered_load)
             loads.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["mean_inflight"])
+        if _bursty(str(r["level"])) and r.get("requests") is not None:
+            completed.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(
+                (r.get("round", 0), r["requests"]))
     levels = {}
     for level in sorted(by, key=_level_key):
         medians = {t: statistics.median(v) for t, v in by[level].items()}
@@ -70,6 +77,10 @@ def workload_summary(records, name):
                                               if entry["auto"] is not None and entry["best_static"] > 0 else None)
         if level in loads:
             entry["mean_inflight"] = {t: statistics.median(v) for t, v in sorted(loads[level].items())}
+        if level in completed:
+            counts = {t: [n for _, n in sorted(v)] for t, v in sorted(completed[level].items())}
+            entry["completed_requests"] = counts
+            entry["completed_requests_differ"] = len({tuple(sorted(v)) for v in counts.values()}) > 1
         levels[level] = entry
     out = {"name": name, "levels": levels}
     # the plain path the threshold servers ran (auto_device --dyn-profile); records before it had no key

@@ -133,6 +133,23 @@ def test_the_bursty_level_carries_the_load_each_server_was_offered(summary):
     assert "mean_inflight" not in levels["4"]
 
 
+def test_the_bursty_levels_carry_each_servers_completed_requests_by_round(summary):
+    """The eighteenth session's call: the timed trace's rounds completed 514 or 558-562 requests and
+    the tok/s followed that count; the fixed-work segments complete the same 320 on every server."""
+    timed = [(("auto", 0), 4767.1, 514), (("auto", 2), 5220.0, 562), (("auto", 1), 4781.6, 514),
+             ((2, 0), 5233.8, 560), ((2, 1), 4770.7, 514), ((2, 2), 5183.3, 558)]
+    records = [dict(rec("sim", "bursty", t, v, n), requests=k) for (t, n), v, k in timed]
+    records += [dict(rec("sim", "bursty-segments", t, 4000.0 + n, n), requests=320)
+                for t in ("auto", 2) for n in range(3)]
+    records.append(rec("sim", "4", 2, 900.0))  # a level without the field
+    levels = summary.workload_summary(records, "sim")["levels"]
+    assert levels["bursty"]["completed_requests"] == {"2": [560, 514, 558], "auto": [514, 514, 562]}
+    assert levels["bursty"]["completed_requests_differ"] is True
+    assert levels["bursty-segments"]["completed_requests"] == {"2": [320] * 3, "auto": [320] * 3}
+    assert levels["bursty-segments"]["completed_requests_differ"] is False
+    assert "completed_requests" not in levels["4"]
+
+
 def test_the_segmented_bursty_load_is_a_level_of_its_own_with_the_bursty_goal(summary):
     records = [rec("sim", "bursty-segments", "auto", 5900.0), rec("sim", "bursty-segments", 2, 5950.0),
                rec("sim", "bursty", "auto", 5400.0), rec("sim", "bursty", 2, 5300.0),
