@@ -10,9 +10,9 @@ A record: {"workload", "level" ("1", "4", ..., "bursty", "bursty-segments"), "se
 "out_tok_per_s", "round"}; a bursty record's "mean_inflight" (the load the server was offered)
 goes beside its level as each server's median, and its "requests" (how many completed in the round)
 as each server's list by round, with "completed_requests_differ" when the servers' lists are not the
-same counts: the time-based trace's tok/s follows the number of waves a round completes (the
-eighteenth session's call: 514 or 558-562 requests on every server, 7-10 % apart in tok/s), so
-there a ratio of medians compares the rounds' counts as much as the servers. Several rounds of one server at one level give their median. The
+same counts: the time-based trace's tok/s follows the number of waves a round completes
+(docs/evidence/auto-threshold/9-bursty-segments: 514 or 558-562 requests on every server, 7-10 %
+apart in tok/s), so there a ratio of medians compares the rounds' counts as much as the servers. Several rounds of one server at one level give their median. The
 merged file has the issue's shape:
   {"workloads": [{"name": ..., "levels": {"1": {"auto": tok_s, "best_fixed": tok_s,
    "best_fixed_threshold": N, "auto_over_best": r, "fixed": {"N": tok_s, ...},
