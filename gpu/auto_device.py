@@ -30,7 +30,9 @@ the bursty trace: a closed loop whose concurrency moves between --burst-low and 
 --period-s seconds for --bursty-s seconds; tok/s over the trace and its drain, with the load each
 server was offered (mean requests in flight over the trace: a closed loop cannot take back the
 requests of a high phase, so when waves end against the phase edges differs from server to
-server) and every request's send and done times. With --segment-cycles, the same load as a fixed
+server) and every request's send and done times, and on a dyn server what its controller did in
+that round (`dyn_delta`: /server_info's counters after the round minus before it, read outside
+the timed window). With --segment-cycles, the same load as a fixed
 sequence of work beside it (level bursty-segments: segments of --segment-waves waves at the high
 and the low concurrency, each starting when the one before has drained; the same requests for
 every server). After each level
@@ -254,6 +256,41 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
+ROUND_COUNTERS = ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on", "probe_steps")
+
+
+def dyn_delta(before, after):
+    """What a dyn server's controller did during one round: its /server_info counters after the
+    round minus before it (steps of each kind, switches, probe steps; auto's speculative and
+    plain seconds, counted and left out, and its probes summed over the buckets). None when
+    either read failed or the server has no dyn state (the baseline)."""
+    if not isinstance(before, dict) or not isinstance(after, dict) or "error" in before or "error" in after:
+        return None
+    out = {k: after[k] - before[k] for k in ROUND_COUNTERS
+           if isinstance(after.get(k), (int, float)) and isinstance(before.get(k), (int, float))}
+    ta, tb = after.get("time_accounting") or {}, before.get("time_accounting") or {}
+    for side in ("spec", "plain"):
+        a, b = ta.get(side) or {}, tb.get(side) or {}
+        if all(isinstance(x.get(k), (int, float)) for x in (a, b) for k in ("counted_s", "uncounted_s")):
+            out[f"{side}_s"] = round(a["counted_s"] + a["uncounted_s"] - b["counted_s"] - b["uncounted_s"], 4)
+    if isinstance(after.get("buckets"), dict) and isinstance(before.get("buckets"), dict):
+        def probes(state):
+            return sum(b.get("probes", 0) for b in state["buckets"].values() if isinstance(b, dict))
+        out["probes"] = probes(after) - probes(before)
+    return out or None
+
+
+async def timed_round(s, srv, run):
+    """run() for one server, with its controller's counters read around it (dyn servers only;
+    outside the timed window) and kept as the result's "dyn_delta"."""
+    dyn = srv.threshold_label != "none"
+    before = await dyn_state(s, srv) if dyn else None
+    res = await run()
+    if dyn:
+        res["dyn_delta"] = dyn_delta(before, await dyn_state(s, srv))
+    return res
+
+
 def parse_variants(text):
     """--auto-variants "probe=0.0001,margin=0.05" -> [("auto-probe0.0001", {env}), ...]: auto
     servers beside the judged one, each with one controller knob changed (diagnostics)."""
@@ -428,8 +465,8 @@ async def main():
                     if left() < a.bursty_s + 15:
                         say("budget: no bursty trace for", srv.label)
                         continue
-                    res = await bursty(s, srv, prompts, a.burst_low, a.burst_high, a.period_s,
-                                       a.bursty_s, a.out_tokens)
+                    res = await timed_round(s, srv, lambda: bursty(
+                        s, srv, prompts, a.burst_low, a.burst_high, a.period_s, a.bursty_s, a.out_tokens))
                     keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
                                         "temperature": temperature})
@@ -438,8 +475,8 @@ async def main():
                     if left() < 30:
                         say("budget: no segmented bursty load for", srv.label)
                         continue
-                    res = await segmented_bursty(s, srv, prompts, a.burst_low, a.burst_high, waves,
-                                                 a.segment_cycles, a.out_tokens)
+                    res = await timed_round(s, srv, lambda: segmented_bursty(
+                        s, srv, prompts, a.burst_low, a.burst_high, waves, a.segment_cycles, a.out_tokens))
                     keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty-segments",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
                                         "temperature": temperature})

@@ -12,7 +12,10 @@ goes beside its level as each server's median, and its "requests" (how many comp
 as each server's list by round, with "completed_requests_differ" when the servers' lists are not the
 same counts: the time-based trace's tok/s follows the number of waves a round completes
 (docs/evidence/auto-threshold/9-bursty-segments: 514 or 558-562 requests on every server, 7-10 %
-apart in tok/s), so there a ratio of medians compares the rounds' counts as much as the servers. Several rounds of one server at one level give their median. The
+apart in tok/s), so there a ratio of medians compares the rounds' counts as much as the servers.
+A bursty record's "dyn_delta" (what a dyn server's controller did in that round: steps of each
+kind, switches, probes, seconds) goes beside its level as "controller_by_round", each server's
+rounds in order with their tok/s, so that a low round can be set against its probes. Several rounds of one server at one level give their median. The
 merged file has the issue's shape:
   {"workloads": [{"name": ..., "levels": {"1": {"auto": tok_s, "best_fixed": tok_s,
    "best_fixed_threshold": N, "auto_over_best": r, "fixed": {"N": tok_s, ...},
@@ -41,7 +44,7 @@ def _bursty(level):
 
 def workload_summary(records, name):
     """{"name", "levels"} for one workload's records."""
-    by, loads, completed = {}, {}, {}
+    by, loads, completed, controller = {}, {}, {}, {}
     for r in records:
         if r.get("workload") != name or r.get("out_tok_per_s") is None:
             continue
@@ -51,6 +54,9 @@ def workload_summary(records, name):
         if _bursty(str(r["level"])) and r.get("requests") is not None:
             completed.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(
                 (r.get("round", 0), r["requests"]))
+        if _bursty(str(r["level"])) and r.get("dyn_delta"):
+            controller.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(
+                (r.get("round", 0), {"out_tok_per_s": r["out_tok_per_s"], **r["dyn_delta"]}))
     levels = {}
     for level in sorted(by, key=_level_key):
         medians = {t: statistics.median(v) for t, v in by[level].items()}
@@ -81,6 +87,9 @@ def workload_summary(records, name):
             counts = {t: [n for _, n in sorted(v)] for t, v in sorted(completed[level].items())}
             entry["completed_requests"] = counts
             entry["completed_requests_differ"] = len({tuple(sorted(v)) for v in counts.values()}) > 1
+        if level in controller:
+            entry["controller_by_round"] = {t: [d for _, d in sorted(v, key=lambda x: x[0])]
+                                            for t, v in sorted(controller[level].items())}
         levels[level] = entry
     out = {"name": name, "levels": levels}
     # the plain path the threshold servers ran (auto_device --dyn-profile); records before it had no key

@@ -77,6 +77,50 @@ def test_the_auto_state_is_read_from_server_info(driver):
     assert state == {"threshold": "auto"}
 
 
+def test_a_rounds_controller_delta_is_its_counters_after_minus_before(driver):
+    before = {"spec_steps": 107, "plain_steps": 704, "switches_off": 1, "switches_on": 0, "probe_steps": 14,
+              "time_accounting": {"spec": {"counted_s": 0.609, "uncounted_s": 0.162},
+                                  "plain": {"counted_s": 2.023, "uncounted_s": 0.041}},
+              "buckets": {"1": {"probes": 2}}}
+    after = {"spec_steps": 131, "plain_steps": 3100, "switches_off": 4, "switches_on": 3, "probe_steps": 36,
+             "time_accounting": {"spec": {"counted_s": 0.709, "uncounted_s": 0.262},
+                                 "plain": {"counted_s": 10.023, "uncounted_s": 0.141}},
+             "buckets": {"1": {"probes": 3}, "48": {"probes": 4}}}
+    assert driver.dyn_delta(before, after) == {
+        "spec_steps": 24, "plain_steps": 2396, "switches_off": 3, "switches_on": 3, "probe_steps": 22,
+        "spec_s": 0.2, "plain_s": 8.1, "probes": 5}
+    # a fixed threshold's state has counters but no auto accounting or buckets
+    assert driver.dyn_delta({"spec_steps": 5, "switches_off": 0}, {"spec_steps": 9, "switches_off": 2}) == {
+        "spec_steps": 4, "switches_off": 2}
+    assert driver.dyn_delta({"error": "ConnectionError()"}, after) is None
+    assert driver.dyn_delta(None, after) is None
+
+
+class CountingStandIn(StandIn):
+    """/server_info's speculative steps grow by the requests /generate answered."""
+
+    async def server_info(self, request):
+        return web.json_response({"internal_states": [{"dyn_spec_disable": {
+            "threshold": "auto", "spec_steps": 3 * len(self.bodies)}}]})
+
+
+def test_a_dyn_servers_bursty_round_keeps_its_controller_delta_and_the_baselines_does_not(driver):
+    async def rounds(s, srv):
+        out = {}
+        for label in ("auto", "none"):
+            srv.threshold_label = label
+            out[label] = await driver.timed_round(
+                s, srv, lambda: driver.segmented_bursty(s, srv, [[1, 2]], 1, 3, (1, 1), 1, 4))
+        return out
+
+    stand_in = CountingStandIn()
+    routes = [("POST", "/generate", stand_in.generate), ("GET", "/server_info", stand_in.server_info)]
+    out = asyncio.run(on_loopback_server(routes, rounds))
+    assert out["auto"]["requests"] == 4    # one wave of 3, one of 1
+    assert out["auto"]["dyn_delta"] == {"spec_steps": 12}
+    assert "dyn_delta" not in out["none"]  # the target alone has no controller to read
+
+
 def test_prompts_are_the_held_out_text_or_random_ids_of_the_vocabulary(driver, tmp_path):
     (tmp_path / "target-trained").mkdir()
     (tmp_path / "target-trained" / "config.json").write_text(json.dumps({"vocab_size": 50}))

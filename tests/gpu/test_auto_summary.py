@@ -150,6 +150,25 @@ def test_the_bursty_levels_carry_each_servers_completed_requests_by_round(summar
     assert "completed_requests" not in levels["4"]
 
 
+def test_the_bursty_levels_carry_what_each_controller_did_round_by_round(summary):
+    """The nineteenth session's call: both auto servers' segment rounds fell from round to round
+    while fixed-2's rose; each round's controller counters go beside its tok/s, in round order."""
+    records = [dict(rec("sim", "bursty-segments", "auto", v, n), dyn_delta={"spec_steps": k, "probes": p})
+               for n, v, k, p in ((2, 3851.0, 30, 9), (0, 3952.0, 20, 6), (1, 3947.0, 22, 7))]
+    records += [dict(rec("sim", "bursty-segments", 2, 4023.0 + n, n), dyn_delta={"spec_steps": 40 + n})
+                for n in range(3)]
+    records.append(dict(rec("sim", "bursty-segments", "none", 4100.0), dyn_delta=None))  # the baseline
+    records.append(dict(rec("sim", "bursty", "auto", 4800.0)))                        # before the field
+    levels = summary.workload_summary(records, "sim")["levels"]
+    assert levels["bursty-segments"]["controller_by_round"] == {
+        "2": [{"out_tok_per_s": 4023.0, "spec_steps": 40}, {"out_tok_per_s": 4024.0, "spec_steps": 41},
+              {"out_tok_per_s": 4025.0, "spec_steps": 42}],
+        "auto": [{"out_tok_per_s": 3952.0, "spec_steps": 20, "probes": 6},
+                 {"out_tok_per_s": 3947.0, "spec_steps": 22, "probes": 7},
+                 {"out_tok_per_s": 3851.0, "spec_steps": 30, "probes": 9}]}
+    assert "controller_by_round" not in levels["bursty"]
+
+
 def test_the_segmented_bursty_load_is_a_level_of_its_own_with_the_bursty_goal(summary):
     records = [rec("sim", "bursty-segments", "auto", 5900.0), rec("sim", "bursty-segments", 2, 5950.0),
                rec("sim", "bursty", "auto", 5400.0), rec("sim", "bursty", 2, 5300.0),
