@@ -1,4 +1,6 @@
-"""Does a plan (gpu/plans/*.json) fit the GPU memory of its H200s? An estimate, before any server starts.
+"""Does a plan (gpu/plans/*.json) fit the GPU memory of the machine's GPUs (an H200 or an H100 may
+come; GPU_CAPACITY_GIB overrides, and without a GPU an H200 is assumed)? An estimate, before any
+server starts.
 
     python3 gpu/plan_memory.py PLAN.json [PLAN.json ...]     # prints each plan's peak per GPU
     python3 gpu/plan_memory.py --check PLAN.json             # exit 3 and one line if it does not fit
@@ -32,6 +34,28 @@ import sys
 GIB = 1 << 30
 # H200: "GPU 0 has a total capacity of 139.80 GiB" (kimi16-prefill-and-cap/1, kimi16-prefill-and-cap/2 and dyn-disable-4 OOM lines)
 CAPACITY_GIB = 139.80
+# what CUDA gives a process is about 0.6 GiB under nvidia-smi's memory.total: an H200's 143771 MiB
+# (140.40 GiB) against the 139.80 above; an H100's 81559 MiB (79.65 GiB) against "a total capacity
+# of 79.18 GiB" (plain-at-baseline/10-h100-spec-warmup, whose three-server plan died there)
+SMI_OVERHEAD_GIB = 0.6
+
+
+def gpu_capacity_gib(env=os.environ, smi=None):
+    """The GiB a process can have on the smallest GPU of this machine: GPU_CAPACITY_GIB when set,
+    else nvidia-smi's memory.total less SMI_OVERHEAD_GIB, else (no GPU here: the dev machine)
+    an H200's CAPACITY_GIB. Either kind may come for a call, so a plan is checked against the
+    GPU that came."""
+    if env.get("GPU_CAPACITY_GIB"):
+        return float(env["GPU_CAPACITY_GIB"])
+    if smi is None:
+        import subprocess
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return CAPACITY_GIB
+    totals = [float(x) for x in smi.split() if x.replace(".", "", 1).isdigit()]
+    return round(min(totals) / 1024 - SMI_OVERHEAD_GIB, 2) if totals else CAPACITY_GIB
 # left free for what a server allocates after start-up (the fused-MoE intermediate caches of its first
 # large batches: dyn-disable-4/3's v1 server died asking for 98 MiB in its warm-up, 0.07 GiB short)
 MARGIN_GIB = 2.0
@@ -306,8 +330,10 @@ def estimate(plan, shapes, capacity=CAPACITY_GIB):
     return sorted(worst.values(), key=lambda w: -w["total"])
 
 
-def refusal(plan, shapes, capacity=CAPACITY_GIB, margin=MARGIN_GIB):
-    """None when every GPU's estimate fits capacity - margin, else a one-line message."""
+def refusal(plan, shapes, capacity=None, margin=MARGIN_GIB):
+    """None when every GPU's estimate fits capacity - margin (default: this machine's GPU,
+    gpu_capacity_gib()), else a one-line message."""
+    capacity = gpu_capacity_gib() if capacity is None else capacity
     over = [w for w in estimate(plan, shapes, capacity) if w["total"] > capacity - margin]
     if not over:
         return None
@@ -327,6 +353,7 @@ def main(argv):
     (run_shapes.sh runs this before its setup, so a refused plan costs no device time)."""
     check = "--check" in argv
     status = 0
+    capacity = gpu_capacity_gib()
     for path in [a for a in argv if a != "--check"]:
         with open(path) as f:
             plan = json.load(f)
@@ -334,14 +361,14 @@ def main(argv):
             print(f"{os.path.basename(path)}: not a plan (no \"groups\"); skipped")
             continue
         shapes = shapes_for(plan_pairs(plan), os.environ, os.environ.get("MODELS_DIR", "/tmp/models"))
-        msg = refusal(plan, shapes)
+        msg = refusal(plan, shapes, capacity)
         if check:
             if msg and os.environ.get("SKIP_MEMORY_CHECK") != "1":
                 print(f"{os.path.basename(path)}: {msg}")
                 status = 3
             continue
-        peaks = ", ".join(f"GPU {w['gpu']} {w['total']:.1f} GiB" for w in estimate(plan, shapes))
-        print(f"{os.path.basename(path)}: {msg or 'fits'} (peak {peaks})")
+        peaks = ", ".join(f"GPU {w['gpu']} {w['total']:.1f} GiB" for w in estimate(plan, shapes, capacity))
+        print(f"{os.path.basename(path)}: {msg or 'fits'} (peak {peaks}; {capacity:.1f} GiB a GPU)")
     return status
 
 

@@ -41,6 +41,12 @@ def pm():
     return load_gpu_script("plan_memory")
 
 
+@pytest.fixture(autouse=True)
+def h200(monkeypatch):
+    """The plans here were written for an H200; a machine with another GPU must not change them."""
+    monkeypatch.setenv("GPU_CAPACITY_GIB", "139.80")
+
+
 def load(path):
     return json.loads(path.read_text())
 
@@ -264,3 +270,21 @@ def test_run_shapes_stops_when_its_setup_fails(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env=dict(os.environ, OUT=str(out)))
     assert (tmp_path / "started").exists(), done.stdout + done.stderr
+
+
+def test_the_capacity_is_the_gpu_that_came(pm):
+    """An H100 came for nvidia-h200 on 2026-12-05 and a plan sized for an H200 died loading its
+    third server ("a total capacity of 79.18 GiB")."""
+    env = {}
+    assert pm.gpu_capacity_gib(env, smi="81559\n") == pytest.approx(79.05)          # an H100
+    assert pm.gpu_capacity_gib(env, smi="143771\n143771\n") == pytest.approx(139.8)  # H200s
+    assert pm.gpu_capacity_gib(env, smi="143771\n81559\n") == pytest.approx(79.05)   # the smallest counts
+    assert pm.gpu_capacity_gib(env, smi="") == pm.CAPACITY_GIB                       # no GPU: an H200 assumed
+    assert pm.gpu_capacity_gib({"GPU_CAPACITY_GIB": "50"}, smi="81559") == 50.0
+
+
+def test_a_plan_sized_for_an_h200_is_refused_on_an_h100_and_its_h100_variant_fits(pm, monkeypatch):
+    monkeypatch.setenv("GPU_CAPACITY_GIB", "79.05")
+    msg = refusal(pm, PLANS / "native-plain-kimi6-tp1-defer-whole-waves.json")
+    assert msg is not None and "> 77.0 GiB" in msg and "eagle3-v2-dyn-native-defer" in msg
+    assert refusal(pm, PLANS / "native-plain-kimi6-tp1-defer-h100.json") is None
