@@ -38,7 +38,8 @@ and the low concurrency, each starting when the one before has drained; the same
 every server). After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
 --auto-variants adds auto servers with one controller knob changed (not judged; their state in
-DIR/auto_variant_state.jsonl).
+DIR/auto_variant_state.jsonl). --fixed-twins N adds a second fixed-N server (`fixed-N-twin`, not
+judged), the fixed side's A/A pair.
 Writes DIR/records.jsonl, DIR/auto_state.jsonl, DIR/part-WORKLOAD.json (auto_summary's shape).
 """
 import argparse
@@ -305,11 +306,24 @@ def parse_variants(text):
     return out
 
 
+def parse_fixed_twins(text, fixed):
+    """--fixed-twins "2" with --fixed "2,8" -> [2]: each a threshold of the sweep, once."""
+    sweep = {int(t) for t in fixed.split(",")}
+    out = []
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        if not item.isdigit() or int(item) not in sweep:
+            raise ValueError(f"--fixed-twins: {item!r} is not one of the --fixed thresholds {sorted(sweep)}")
+        if int(item) in out:
+            raise ValueError(f"--fixed-twins: {item} is given twice")
+        out.append(int(item))
+    return out
+
+
 DYN_PROFILES = ("eagle3-v2-dyn", "eagle3-v2-dyn-native")   # the plain step path, the native one (defer)
 
 
 def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=(),
-                 dyn_profile="eagle3-v2-dyn"):
+                 dyn_profile="eagle3-v2-dyn", fixed_twins=()):
     """The fixed-threshold and auto servers all run `dyn_profile`, so that a sweep compares
     thresholds on one plain path. Every server with --sleep-on-idle (the group's sleep_on_idle):
     an idle 0.5.11 scheduler busy-polls its sockets (one core at 100 %), and six idle servers
@@ -330,6 +344,15 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
         srv = shapes_device.Server(group, spec, k, threshold)
         srv.threshold_label = threshold
         servers.append(srv)
+    # an identical fixed-N server beside fixed-N (an A/A pair on the fixed side), labelled apart so that
+    # auto_summary keeps it beside the sweep, not in it
+    for threshold in fixed_twins:
+        label = f"fixed-{threshold}-twin"
+        spec = {"profile": dyn_profile, "label": label, "pair": pair,
+                "env": {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}}
+        srv = shapes_device.Server(group, spec, len(servers), threshold)
+        srv.threshold_label = f"{threshold}-twin"
+        servers.insert(len(servers) - 1, srv)
     # the judged auto server stays last (main() takes servers[-1]); variants go before it
     for label, knob_env in variants:
         env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env}
@@ -399,6 +422,9 @@ async def main():
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
                          "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS)")
+    ap.add_argument("--fixed-twins", default="",
+                    help="thresholds of --fixed to run twice, the second server not judged (fixed-N-twin): "
+                         "the spread of identical fixed servers beside auto's twin")
     ap.add_argument("--dyn-profile", choices=DYN_PROFILES, default="eagle3-v2-dyn",
                     help="the profile of the fixed and auto servers: eagle3-v2-dyn (plain steps inside a "
                          "speculative batch) or eagle3-v2-dyn-native (plain steps as a non-speculative batch, defer)")
@@ -406,6 +432,7 @@ async def main():
     try:
         variants = parse_variants(a.auto_variants)
         waves = parse_waves(a.segment_waves)
+        fixed_twins = parse_fixed_twins(a.fixed_twins, a.fixed)
     except ValueError as exc:
         ap.error(str(exc))
     BUDGET = a.budget_s
@@ -421,6 +448,7 @@ async def main():
     prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens, pair=a.pair)
     servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline,
                            pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants,
+                           fixed_twins=fixed_twins,
                            dyn_profile=a.dyn_profile)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")

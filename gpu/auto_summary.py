@@ -68,6 +68,10 @@ def workload_summary(records, name):
         variants = {t: v for t, v in medians.items() if t.startswith("auto-")}
         if variants:
             entry["auto_variants"] = dict(sorted(variants.items()))
+        # identical fixed-N servers (auto_device --fixed-twins): beside, as auto's variants are
+        twins = {t[:-len("-twin")]: v for t, v in medians.items() if t.endswith("-twin")}
+        if twins:
+            entry["fixed_twins"] = {t: twins[t] for t in sorted(twins, key=int)}
         if level.isdigit():
             entry.update(_replicates(fixed, int(level)))
         if fixed:

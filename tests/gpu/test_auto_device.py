@@ -209,6 +209,23 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
     assert [srv.label for srv in driver.auto_variants(servers)] == ["auto-probe0.0001", "auto-margin0.05"]
 
 
+def test_a_fixed_twin_is_a_second_identical_fixed_server_labelled_apart(driver):
+    """Four auto servers in two calls sat 0.964-1.006 of one fixed-2 server, with identical servers
+    1-3 % apart: a question of 1-2 % needs an A/A pair on the fixed side too."""
+    servers = driver.make_servers([2, 8], 0.12, pair="big", variants=driver.parse_variants("probe=0.005"),
+                                  fixed_twins=driver.parse_fixed_twins("2", "2,8"))
+    by_label = {srv.label: srv for srv in servers}
+    assert [srv.label for srv in servers] == ["baseline", "fixed-2", "fixed-8", "fixed-2-twin", "auto-probe0.005", "auto"]
+    assert by_label["fixed-2-twin"].plan.env["SGLANG_SPEC_DISABLE_THRESHOLD"] == "2"
+    assert by_label["fixed-2-twin"].threshold_label == "2-twin"       # kept apart from fixed-2's rounds
+    assert by_label["fixed-2-twin"].port != by_label["fixed-2"].port
+    assert driver.auto_variants(servers) == [by_label["auto-probe0.005"]]
+    assert servers[-1].label == "auto"                               # the judged one stays last
+    for bad in ("16", "x", "2,2"):
+        with pytest.raises(ValueError, match="--fixed-twins"):
+            driver.parse_fixed_twins(bad, "2,8")
+
+
 def test_the_auto_servers_start_between_the_others_not_after_them(driver):
     variants = driver.parse_variants("probe=0.0001, margin=0.02")
     servers = driver.make_servers([2, 8, 16, 64], 0.7, pair="big", variants=variants)

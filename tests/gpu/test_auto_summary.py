@@ -169,6 +169,16 @@ def test_the_bursty_levels_carry_what_each_controller_did_round_by_round(summary
     assert "controller_by_round" not in levels["bursty"]
 
 
+def test_a_fixed_twin_goes_beside_the_sweep_and_never_into_it(summary):
+    records = [rec("sim", "bursty-segments", t, v, n) for t, vs in
+               (("auto", (3950, 3947, 3851)), (2, (4023, 4096, 4108)), ("2-twin", (4300, 4310, 4320)))
+               for n, v in enumerate(vs)]
+    entry = summary.workload_summary(records, "sim")["levels"]["bursty-segments"]
+    assert entry["fixed"] == {"2": 4096} and entry["best_fixed"] == 4096   # the twin is not the best fixed
+    assert entry["fixed_twins"] == {"2": 4310}
+    assert entry["auto_over_best"] == round(3947 / 4096, 4)
+
+
 def test_the_segmented_bursty_load_is_a_level_of_its_own_with_the_bursty_goal(summary):
     records = [rec("sim", "bursty-segments", "auto", 5900.0), rec("sim", "bursty-segments", 2, 5950.0),
                rec("sim", "bursty", "auto", 5400.0), rec("sim", "bursty", 2, 5300.0),
