@@ -329,6 +329,13 @@ def window_max_gap_ms(records, t0, t1):
     return round(1000 * max(gaps), 2) if gaps else None
 
 
+def window_max_gap_end(records, t0, t1):
+    """When the window's longest gap ended (its later arrival), or None."""
+    ends = [(b - a, b) for r in ok(records) for a, b in zip(r.get("arrivals") or [], (r.get("arrivals") or [])[1:])
+            if t0 <= b <= t1]
+    return max(ends)[1] if ends else None
+
+
 def median_gap_ms(records):
     gaps = [g for r in ok(records) for g in stream_gaps(r.get("arrivals") or [], float("-inf"), float("inf"))]
     return round(1000 * statistics.median(gaps), 2) if gaps else None
@@ -343,13 +350,18 @@ def crossing_windows(windows):
 def stall_gaps(records, windows):
     """Per crossing: the longest inter-chunk gap of any stream while the burst ran (the
     crossing: drafting stops) and after it drained up to the last resume request (drafting
-    resumes). Streams: the burst's and the requests spanning it."""
+    resumes). Streams: the burst's and the requests spanning it. With each resume gap, when it
+    ended after the burst did (ms): a gap at the switch itself ends within a step or two of the
+    burst's end (the nineteenth session's first resumes: 111-130 ms after it, the gap 115-125 ms),
+    one from later work ends later."""
     out = []
     for w in crossing_windows(windows):
         rs = [r for r in records if r.get("crossing") == w["crossing"]]
+        end = window_max_gap_end(rs, w["burst_t1"], w["resume_t1"])
         out.append({"crossing": w["crossing"],
                     "crossing_max_gap_ms": window_max_gap_ms(rs, w["burst_t0"], w["burst_t1"]),
-                    "resume_max_gap_ms": window_max_gap_ms(rs, w["burst_t1"], w["resume_t1"])})
+                    "resume_max_gap_ms": window_max_gap_ms(rs, w["burst_t1"], w["resume_t1"]),
+                    "resume_max_gap_end_ms": None if end is None else round(1000 * (end - w["burst_t1"]), 1)})
     return out
 
 
@@ -369,7 +381,8 @@ def stall_summary(gaps, tp=1, server=None, median_step_ms=None):
             "goal_met": (None if None in (first_c, later_c, first_r, later_r) else
                          first_c <= 1.5 * later_c and first_r <= 1.5 * later_r),
             "median_step_ms": median_step_ms,
-            "crossing_max_gap_ms": cg, "resume_max_gap_ms": rg}
+            "crossing_max_gap_ms": cg, "resume_max_gap_ms": rg,
+            "resume_max_gap_end_ms": [g.get("resume_max_gap_end_ms") for g in gaps]}
 
 
 def log_transitions(lines):

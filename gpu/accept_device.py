@@ -644,7 +644,8 @@ async def main():
             for r in first["runs"]:
                 say("stall", r["server"], json.dumps({k: r[k] for k in (
                     "first_crossing_max_gap_ms", "later_crossings_max_gap_ms_median",
-                    "first_resume_max_gap_ms", "later_resumes_max_gap_ms_median", "median_step_ms")}))
+                    "first_resume_max_gap_ms", "later_resumes_max_gap_ms_median", "median_step_ms",
+                    "resume_max_gap_ms", "resume_max_gap_end_ms")}))
                 say("  jit new after healthy:", (r["jit_new_after_healthy"] or [])[:12])
         finally:
             stop_all(servers)

@@ -158,6 +158,8 @@ def test_stall_summary_first_crossing_and_resume_against_later_medians():
     gaps = an.stall_gaps(recs, windows)
     assert [g["crossing_max_gap_ms"] for g in gaps] == pytest.approx([2000.0, 10.0, 10.0, 10.0])
     s = an.stall_summary(gaps, tp=1, server="d")
+    # when each resume's longest gap ended, after the burst's end: the first at t + 10.51 (burst_t1 t + 5)
+    assert s["resume_max_gap_end_ms"] == pytest.approx([5510.0, 5030.0, 5030.0, 5030.0])
     assert s["first_crossing_max_gap_ms"] == pytest.approx(2000.0)
     assert s["later_crossings_max_gap_ms_median"] == pytest.approx(10.0)
     assert s["first_resume_max_gap_ms"] == pytest.approx(500.0)
