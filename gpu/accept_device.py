@@ -35,7 +35,9 @@ next round nc stock dyn dyn stock nc), so that noise common to the pair and a li
 accept_analysis.ab_summary takes the median over rounds of dyn/stock and after/before of those.
 Writes DIR/records.jsonl (one line per request), DIR/summary.json (issue #24),
 DIR/first_crossing.json (issue #25) and DIR/accept_raw.json (JIT cache snapshots, log lines
-after healthy, transitions); server logs under /tmp/dyn-logs.
+after healthy, transitions); server logs under /tmp/dyn-logs. With --profile-resume LABEL, a torch
+profile (no Python stacks) across crossings 1's and 2's resumes on that server, under
+/tmp/dyn-logs/traces/LABEL/crossing-N (gpu/trace_steps.py reads them).
 """
 import argparse
 import asyncio
@@ -99,7 +101,9 @@ class Plan:
 
     def __init__(self, threshold=8, crossings=10, before_n=8, before_tokens=64, eq_n=64,
                  eq_conc=4, eq_tokens=48, burst_extra=4, burst_tokens=128, span_n=4, span_tokens=384,
-                 span_lead=16, control_n=64, ab_rounds=8, ab_prompts=1, ab_tokens=192, late_n=0):
+                 span_lead=16, control_n=64, ab_rounds=8, ab_prompts=1, ab_tokens=192, late_n=0,
+                 profile_label=None, profile_crossings=(1, 2), profile_steps=60, profile_lead=24,
+                 profile_dir="/tmp/dyn-logs/traces"):
         self.threshold, self.crossings = threshold, crossings
         self.before_n, self.before_tokens = before_n, before_tokens
         self.eq_n, self.eq_conc, self.eq_tokens = eq_n, eq_conc, eq_tokens
@@ -115,6 +119,12 @@ class Plan:
         # tok/s (~550 with prefill and HTTP) ~34 s, so ~67 s for both phases out of --budget-s (8 rounds:
         # the median of 8 per-round ratios; the MLA call of 2026-12-02 left 108 s of its 540 unused)
         self.ab_rounds, self.ab_prompts, self.ab_tokens = ab_rounds, ab_prompts, ab_tokens
+        # --profile-resume: a torch profile of profile_steps forward steps on the server
+        # profile_label, started when one of its burst requests is profile_lead tokens from its end,
+        # so that it holds the burst's last plain steps, the resume and the first speculative steps
+        # (the first resume's 115-125 ms gap sat at the resume itself: plain-at-baseline section 11)
+        self.profile_label, self.profile_crossings = profile_label, tuple(profile_crossings)
+        self.profile_steps, self.profile_lead, self.profile_dir = profile_steps, profile_lead, profile_dir
 
     def burst_base(self, c):
         """The prompt index of crossing c's first burst request (its spanning ones come before,
@@ -260,11 +270,41 @@ class Run:
                                                        stream=True, progress=started[-1])))
         return tasks, started
 
+    async def profile_at_burst_end(self, srv, c):
+        """Ask srv for a torch profile once one of crossing c's burst requests is profile_lead
+        tokens from its end (polled every 2 ms; given up when the burst ends first). Kept in
+        raw["profiles"]: when it was asked after the burst began, and any error."""
+        p = self.plan
+        out = self.raw.setdefault("profiles", {}).setdefault(srv.label, {})
+        entry = out[str(c)] = {"asked_at_s": None, "error": None,
+                               "output_dir": os.path.join(p.profile_dir, srv.label, f"crossing-{c}")}
+        t0 = time.time()
+        while True:
+            burst = [r for r in self.records
+                     if r["server"] == srv.label and r["phase"] == "burst" and r["crossing"] == c]
+            if any(r["counts"] and r["counts"][-1] >= p.burst_tokens - p.profile_lead for r in burst):
+                break
+            if (burst and all(r["t_end"] is not None for r in burst)) or time.time() - t0 > 60:
+                entry["error"] = "the burst ended before the profile was asked"
+                return
+            await asyncio.sleep(0.002)
+        entry["asked_at_s"] = round(time.time() - t0, 3)
+        try:
+            async with self.s.post(srv.base + "/start_profile", json={
+                    "output_dir": entry["output_dir"], "num_steps": p.profile_steps,
+                    "activities": ["CPU", "GPU"], "with_stack": False}) as r:
+                if r.status != 200:
+                    entry["error"] = f"HTTP {r.status}: {(await r.text())[:200]}"
+        except Exception as exc:  # noqa: BLE001 - kept as evidence; the crossing goes on
+            entry["error"] = repr(exc)[:300]
+
     async def crossing(self, srv, c):
         p = self.plan
         first = p.burst_base(c)
         tasks, started = self.start_spans(srv, "span", range(first - p.span_n, first), c)
         await all_set(started)
+        if srv.label == p.profile_label and c in p.profile_crossings:
+            tasks.append(asyncio.ensure_future(self.profile_at_burst_end(srv, c)))
         w = {"crossing": c, "burst_t0": time.time()}
         if p.late_n:
             streaming = [asyncio.Event() for _ in range(p.burst)]
@@ -592,6 +632,9 @@ async def main():
     ap.add_argument("--control-n", type=int, default=64)
     ap.add_argument("--late-spans", type=int, default=0,
                     help="spanning requests per crossing that arrive while drafting is off (default 0)")
+    ap.add_argument("--profile-resume", default=None, metavar="LABEL",
+                    help="a torch profile across the resumes of crossings 1 and 2 on this server "
+                         "(its stall figures are then taken with the profiler on)")
     # the A/B c=1 rounds: Plan's defaults (~67 s, Plan's comment)
     ab = {k: v.default for k, v in inspect.signature(Plan).parameters.items() if k.startswith("ab_")}
     ap.add_argument("--c1-rounds", type=int, default=ab["ab_rounds"])
@@ -604,6 +647,8 @@ async def main():
         ap.error(f"--late-spans {a.late_spans}: {span_n} spanning + {a.late_spans} late requests stay above the "
                  f"resume point {resume_at} (threshold {a.threshold}) after the burst, so their tails would "
                  f"be plain steps; at most {max(0, resume_at - span_n)}")
+    if a.profile_resume and (a.profile_resume not in a.servers.split(",") or "-dyn" not in a.profile_resume):
+        ap.error(f"--profile-resume {a.profile_resume}: not one of the dyn servers of --servers {a.servers}")
     BUDGET = a.budget_s
     import shapes_device
     shapes_device.BUDGET = a.budget_s
@@ -618,7 +663,7 @@ async def main():
             live = [srv for srv in servers if health.get(srv.name) is not None]
             plan = Plan(a.threshold, a.crossings, span_tokens=a.span_tokens, burst_tokens=a.burst_tokens,
                         control_n=a.control_n, ab_rounds=a.c1_rounds, ab_prompts=a.c1_prompts, ab_tokens=a.c1_tokens,
-                        late_n=a.late_spans)
+                        late_n=a.late_spans, profile_label=a.profile_resume)
             summary, first = await measure(s, live, heldout["prompts"], plan, a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",

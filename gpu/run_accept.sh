@@ -20,6 +20,9 @@
 #        without the draft's prefill); summary.json's late_tail_over_stock; at most
 #        threshold - hysteresis - 4 (the driver says so). For defer against skip:
 #        LATE_SPANS=2 ACCEPT_SERVERS=baseline,eagle3-v2,eagle3-v2-dyn-native-skip,eagle3-v2-dyn-native-defer
+#      PROFILE_RESUME (a dyn server's label, e.g. eagle3-v2-dyn-native-skip): a torch profile across
+#        crossings 1's and 2's resumes on it (traces in evidence.tgz under traces/; that server's
+#        stall figures are then taken with the profiler on).
 #      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
@@ -60,4 +63,5 @@ python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
   --threshold ${DYN_THRESHOLD:-8} --crossings ${CROSSINGS:-10} --span-tokens ${SPAN_TOKENS:-384} \
   --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} --late-spans ${LATE_SPANS:-0} \
   --c1-rounds ${C1_ROUNDS:-8} --c1-prompts ${C1_PROMPTS:-1} --c1-tokens ${C1_TOKENS:-192} \
-  ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} 2>&1 | tee "$WORK/driver.log"
+  ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} ${PROFILE_RESUME:+--profile-resume $PROFILE_RESUME} \
+  2>&1 | tee "$WORK/driver.log"

@@ -50,6 +50,8 @@ class StandIn:
         self.running, self.off, self.switches, self.stalled = 0, False, [0, 0], False
         self.stall_until = 0.0
         self.slow_after_cross_s, self.noise = slow_after_cross_s, noise
+        self.profiles = []   # (body, requests running, the longest stream's tokens so far) per /start_profile
+        self.streamed = 0    # the most tokens any request has streamed
         self.log = open(log_path, "w")
         self.log.write("Dynamic speculation disable enabled\n" if threshold else "ready\n")
         self.log.flush()
@@ -137,6 +139,7 @@ class StandIn:
                         t += 2
                     ctx.append(t)
                     out.append(t)
+                self.streamed = max(self.streamed, len(out))
                 if stream:
                     chunk = {"output_ids": out, "meta_info": {"completion_tokens": len(out)}}
                     await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -155,10 +158,15 @@ class StandIn:
     async def health(self, request):
         return web.Response(text="ok")
 
+    async def start_profile(self, request):
+        self.profiles.append((await request.json(), self.running, self.streamed))
+        return web.Response(text="Start profiling.")
+
     def app(self):
         a = web.Application()
         a.router.add_post("/generate", self.generate)
         a.router.add_get("/health_generate", self.health)
+        a.router.add_post("/start_profile", self.start_profile)
         return a
 
 

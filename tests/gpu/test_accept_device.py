@@ -36,7 +36,7 @@ def plan(crossings=3, **kw):
                    span_lead=4, control_n=12, **kw)
 
 
-async def run_all(tmp_path, crossings=3, budget=300, standins=None, **plan_kw):
+async def run_all(tmp_path, crossings=3, budget=300, standins=None, handles_out=None, **plan_kw):
     ad.BUDGET = ad.el() + budget
     handles = []
     for label, knobs in (standins or STANDINS).items():
@@ -44,6 +44,8 @@ async def run_all(tmp_path, crossings=3, budget=300, standins=None, **plan_kw):
         tdir.mkdir()
         (tdir / "warm.json").write_text("{}")
         handles.append(await sa.serve(label, sa.StandIn(str(tmp_path / f"{label}.log"), **knobs), str(tdir)))
+    if handles_out is not None:
+        handles_out.extend(handles)
     prompts = [[i, 7, 9, 11] for i in range(100)]
     report = {"arch": "mla", "size": "tiny", "seed": 0, "target": {"train_loss": 3.1, "heldout_loss": 3.4, "steps": 5},
               "draft": {"heldout_top1_per_position": [0.9, 0.8]}, "simulated_accept_len": {"mean": 2.4}}
@@ -376,3 +378,34 @@ def test_late_spans_that_would_keep_drafting_off_after_the_burst_are_refused(mon
         asyncio.run(ad.main())
     assert e.value.code == 2
     assert "--late-spans 3: 4 spanning + 3 late requests stay above the resume point 6" in capsys.readouterr().err
+
+
+def test_a_profile_is_asked_across_the_first_two_resumes_of_one_server_only(tmp_path, monkeypatch):
+    """The first resume's 115-125 ms gap sat at the resume itself (plain-at-baseline section 11);
+    --profile-resume asks the named server for a torch profile while its burst's last plain steps
+    run, at crossings 1 and 2, and nothing of the others."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    handles = []
+    asyncio.run(run_all(tmp_path, crossings=3, standins=LATE_STANDINS, handles_out=handles, late_n=1,
+                        profile_label="eagle3-v2-dyn-native-skip", profile_lead=4,
+                        profile_dir=str(tmp_path / "traces")))
+    by = {h.label: h.standin for h in handles}
+    asked = by["eagle3-v2-dyn-native-skip"].profiles
+    assert [b["output_dir"] for b, _, _ in asked] == [
+        str(tmp_path / "traces" / "eagle3-v2-dyn-native-skip" / f"crossing-{c}") for c in (1, 2)]
+    assert all(b["num_steps"] == 60 and b["with_stack"] is False for b, _, _ in asked)
+    # asked while the burst still ran, its requests 4 tokens or less from their end (12 tokens each)
+    assert all(running > THRESHOLD and streamed >= 12 - 4 for _, running, streamed in asked)
+    assert all(not sa_.profiles for label, sa_ in by.items() if label != "eagle3-v2-dyn-native-skip")
+    raw = json.loads((tmp_path / "accept_raw.json").read_text())
+    kept = raw["profiles"]["eagle3-v2-dyn-native-skip"]
+    assert sorted(kept) == ["1", "2"] and all(e["error"] is None and e["asked_at_s"] >= 0 for e in kept.values())
+
+
+def test_profile_resume_names_a_dyn_server_of_the_run(tmp_path, monkeypatch):
+    for label in ("eagle3-v2", "eagle3-v2-dyn-native-defer"):
+        monkeypatch.setattr("sys.argv", ["accept_device.py", "--out", str(tmp_path), "--servers",
+                                         "baseline,eagle3-v2,eagle3-v2-dyn-native-skip", "--profile-resume", label])
+        with pytest.raises(SystemExit) as stop:
+            asyncio.run(ad.main())
+        assert stop.value.code == 2 and not any(tmp_path.iterdir())   # refused before anything started
