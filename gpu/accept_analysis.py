@@ -321,19 +321,25 @@ def margin_from_top_logprobs(top):
 
 def stream_gaps(arrivals, t0, t1):
     """Gaps between consecutive chunk arrivals of one stream whose later arrival lies in [t0, t1]."""
-    return [b - a for a, b in zip(arrivals, arrivals[1:]) if t0 <= b <= t1]
+    return [gap for gap, _ in stream_gap_ends(arrivals, t0, t1)]
+
+
+def stream_gap_ends(arrivals, t0, t1):
+    """stream_gaps with each gap's end (its later arrival): [(gap, end)]."""
+    return [(b - a, b) for a, b in zip(arrivals, arrivals[1:]) if t0 <= b <= t1]
+
+
+def window_max_gap(records, t0, t1):
+    """(the window's longest gap in ms, when it ended), or (None, None)."""
+    gaps = [ge for r in ok(records) for ge in stream_gap_ends(r.get("arrivals") or [], t0, t1)]
+    if not gaps:
+        return None, None
+    gap, end = max(gaps)
+    return round(1000 * gap, 2), end
 
 
 def window_max_gap_ms(records, t0, t1):
-    gaps = [g for r in ok(records) for g in stream_gaps(r.get("arrivals") or [], t0, t1)]
-    return round(1000 * max(gaps), 2) if gaps else None
-
-
-def window_max_gap_end(records, t0, t1):
-    """When the window's longest gap ended (its later arrival), or None."""
-    ends = [(b - a, b) for r in ok(records) for a, b in zip(r.get("arrivals") or [], (r.get("arrivals") or [])[1:])
-            if t0 <= b <= t1]
-    return max(ends)[1] if ends else None
+    return window_max_gap(records, t0, t1)[0]
 
 
 def median_gap_ms(records):
@@ -357,10 +363,10 @@ def stall_gaps(records, windows):
     out = []
     for w in crossing_windows(windows):
         rs = [r for r in records if r.get("crossing") == w["crossing"]]
-        end = window_max_gap_end(rs, w["burst_t1"], w["resume_t1"])
+        resume_gap, end = window_max_gap(rs, w["burst_t1"], w["resume_t1"])
         out.append({"crossing": w["crossing"],
                     "crossing_max_gap_ms": window_max_gap_ms(rs, w["burst_t0"], w["burst_t1"]),
-                    "resume_max_gap_ms": window_max_gap_ms(rs, w["burst_t1"], w["resume_t1"]),
+                    "resume_max_gap_ms": resume_gap,
                     "resume_max_gap_end_ms": None if end is None else round(1000 * (end - w["burst_t1"]), 1)})
     return out
 

@@ -270,18 +270,23 @@ class Run:
                                                        stream=True, progress=started[-1])))
         return tasks, started
 
-    async def profile_at_burst_end(self, srv, c):
+    async def profile_at_burst_end(self, srv, c, since):
         """Ask srv for a torch profile once one of crossing c's burst requests is profile_lead
-        tokens from its end (polled every 2 ms; given up when the burst ends first). Kept in
-        raw["profiles"]: when it was asked after the burst began, and any error."""
+        tokens from its end (polled every 2 ms; given up when the burst ends first). The burst's
+        records are among those appended from index `since` on (the crossing's start: every
+        server's crossing runs at once, so a few dozen, not the run's whole list on the event
+        loop that times the streams). Kept in raw["profiles"]: when it was asked after the burst
+        began, and any error."""
         p = self.plan
         out = self.raw.setdefault("profiles", {}).setdefault(srv.label, {})
         entry = out[str(c)] = {"asked_at_s": None, "error": None,
                                "output_dir": os.path.join(p.profile_dir, srv.label, f"crossing-{c}")}
         t0 = time.time()
+        burst = []
         while True:
-            burst = [r for r in self.records
-                     if r["server"] == srv.label and r["phase"] == "burst" and r["crossing"] == c]
+            if len(burst) < p.burst:
+                burst = [r for r in self.records[since:]
+                         if r["server"] == srv.label and r["phase"] == "burst" and r["crossing"] == c]
             if any(r["counts"] and r["counts"][-1] >= p.burst_tokens - p.profile_lead for r in burst):
                 break
             if (burst and all(r["t_end"] is not None for r in burst)) or time.time() - t0 > 60:
@@ -304,7 +309,7 @@ class Run:
         tasks, started = self.start_spans(srv, "span", range(first - p.span_n, first), c)
         await all_set(started)
         if srv.label == p.profile_label and c in p.profile_crossings:
-            tasks.append(asyncio.ensure_future(self.profile_at_burst_end(srv, c)))
+            tasks.append(asyncio.ensure_future(self.profile_at_burst_end(srv, c, len(self.records))))
         w = {"crossing": c, "burst_t0": time.time()}
         if p.late_n:
             streaming = [asyncio.Event() for _ in range(p.burst)]

@@ -39,23 +39,6 @@ CAPACITY_GIB = 139.80
 # of 79.18 GiB" (plain-at-baseline/10-h100-spec-warmup, whose three-server plan died there)
 SMI_OVERHEAD_GIB = 0.6
 
-
-def gpu_capacity_gib(env=os.environ, smi=None):
-    """The GiB a process can have on the smallest GPU of this machine: GPU_CAPACITY_GIB when set,
-    else nvidia-smi's memory.total less SMI_OVERHEAD_GIB, else (no GPU here: the dev machine)
-    an H200's CAPACITY_GIB. Either kind may come for a call, so a plan is checked against the
-    GPU that came."""
-    if env.get("GPU_CAPACITY_GIB"):
-        return float(env["GPU_CAPACITY_GIB"])
-    if smi is None:
-        import subprocess
-        try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout
-        except (OSError, subprocess.SubprocessError):
-            return CAPACITY_GIB
-    totals = [float(x) for x in smi.split() if x.replace(".", "", 1).isdigit()]
-    return round(min(totals) / 1024 - SMI_OVERHEAD_GIB, 2) if totals else CAPACITY_GIB
 # left free for what a server allocates after start-up (the fused-MoE intermediate caches of its first
 # large batches: dyn-disable-4/3's v1 server died asking for 98 MiB in its warm-up, 0.07 GiB short)
 MARGIN_GIB = 2.0
@@ -101,6 +84,24 @@ SPEC_OVERHEAD_GIB = {("v2", 1): 1.3, ("v2", 2): 1.9, ("v1", 1): 2.3, ("v1", 2): 
 
 KIMI_VOCAB = 163840
 TINY = {"sharp", "random", "const", "tinymla", "mlasharp", "trained"}
+
+
+def gpu_capacity_gib(env=os.environ, smi=None):
+    """The GiB a process can have on the smallest GPU of this machine: GPU_CAPACITY_GIB when set,
+    else nvidia-smi's memory.total less SMI_OVERHEAD_GIB, else (no GPU here: the dev machine)
+    an H200's CAPACITY_GIB. Either kind may come for a call, so a plan is checked against the
+    GPU that came."""
+    if env.get("GPU_CAPACITY_GIB"):
+        return float(env["GPU_CAPACITY_GIB"])
+    if smi is None:
+        import subprocess
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return CAPACITY_GIB
+    totals = [float(x) for x in smi.split() if x.replace(".", "", 1).isdigit()]
+    return round(min(totals) / 1024 - SMI_OVERHEAD_GIB, 2) if totals else CAPACITY_GIB
 
 
 def model_shape(pair, env=None):
