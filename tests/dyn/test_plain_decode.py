@@ -1509,10 +1509,12 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
         "backend", types.SimpleNamespace(capture_bs=[1, 2, 4, 8]), "graphs", 0.25)
     sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
         warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch)
-    spec_steps = []
+    spec_steps, assigned = [], []
     if release != "0.5.11":  # 0.5.11's is in 0004
-        sys.modules["sglang.srt.speculative.dyn_disable_runtime"].spec_warmup_batch_sizes = \
-            runtime.spec_warmup_batch_sizes
+        sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
+            spec_warmup_batch_sizes=runtime.spec_warmup_batch_sizes,
+            warm_up_req_to_token_assign=lambda *args: runtime.warm_up_req_to_token_assign(
+                *args, assign=lambda *launch: assigned.append(launch[5])))
         worker.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1)
         worker.draft_worker.cuda_graph_runner = None
         worker._dyn_spec_step = lambda batch: spec_steps.append(len(batch.seq_lens))
@@ -1544,6 +1546,7 @@ def test_the_warmup_runs_a_plain_step_and_a_resume_at_every_plain_graph_size(
         assert state.warmup_note == plain_note
     else:
         assert spec_steps == [1, 2, 4, 8] and state.warmup_note.startswith(plain_note)
+        assert assigned == [1, 1, 2, 2, 4, 4, 8, 8]  # the scheduler's req_to_token kernel (next test file)
     assert "warmed up at start" in runtime.plain_decode_message(state, "note")
 
 
@@ -1642,9 +1645,20 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
     worker.verify = verify
     # 0.5.23's step first asks whether the scheduler pre-built a verify input (PP): a draft input is not one
     monkeypatch.setattr(DraftInput, "is_verify_input", lambda self: False, raising=False)
+    assigned = []
+
+    def assign(*launch):  # the scheduler's req_to_token kernel (tests/dyn/test_req_to_token_warmup.py)
+        if fails:
+            raise RuntimeError("triton: out of resources")
+        assigned.append(launch[5])
+
+    runtime_part = {"torch": torch}
+    exec(compile(function_source(spec_warmup_tree / RUNTIME, "warm_up_req_to_token_assign"), RUNTIME, "exec"),
+         runtime_part)
     sys.modules["sglang.srt.speculative.dyn_disable_runtime"].__dict__.update(
         warmup_batch_sizes=runtime.warmup_batch_sizes, warmup_decode_batch=runtime.warmup_decode_batch,
-        spec_warmup_batch_sizes=spec_warmup_sizes_function(spec_warmup_tree))
+        spec_warmup_batch_sizes=spec_warmup_sizes_function(spec_warmup_tree),
+        warm_up_req_to_token_assign=lambda *args: runtime_part["warm_up_req_to_token_assign"](*args, assign=assign))
     free = iter([10 * GIB, 9.9 * GIB, 9.7 * GIB])  # before, after the plain path, after the speculative steps
     monkeypatch.setattr(torch, "get_device_module", lambda device: types.SimpleNamespace(
         current_stream=lambda: None, Event=lambda: types.SimpleNamespace(record=lambda: None),
@@ -1672,13 +1686,18 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
     state = worker._dyn_plain_state
     assert state.extra_memory_gib == pytest.approx(0.35)  # the plain path's 0.25 + its warm-up's 0.1 only
     assert worker._dyn_resync_pending is False
-    if fails:
+    if fails:  # each part that fails leaves a warning and a server that starts
         assert [c[1] for c in drafts] == [1, 2]
-        (record,) = caplog.records
-        assert record.levelno == logging.WARNING and "RuntimeError: no verify graph for 4" in record.getMessage()
-        assert state.warmup_note.endswith("speculative step not warmed up (see the warning); ")
+        kernel, step = caplog.records
+        assert kernel.levelno == step.levelno == logging.WARNING
+        assert "req_to_token kernel did not compile at start (RuntimeError: triton: out of resources)" \
+            in kernel.getMessage()
+        assert "RuntimeError: no verify graph for 4" in step.getMessage()
+        assert state.warmup_note.endswith("req_to_token assignment not warmed up (see the warning); "
+                                          "speculative step not warmed up (see the warning); ")
         return
     assert caplog.records == []
+    assert assigned == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]  # every plain size's power of two, both alignments
     assert kinds[len(plain_part):] == ["spec_draft", "spec_verify", "spec_extend"] * 4
     assert [c[1] for c in drafts] == [1, 2, 4, 8]  # 16 is past the draft's graphs
     for _, bs, seen, min_topk_p, token, topk_index, hidden in drafts:
@@ -1698,6 +1717,8 @@ def test_the_stacks_warmup_adds_a_speculative_step_per_size_after_the_plain_path
         assert all(c[2] == {"grammar_barrier": None, **({"pp_proxy_tensors": None} if release == "0.5.23" else {})}
                    for c in calls if c[0] == "spec_verify")
     assert state.warmup_note == ("plain step and resume warmed up at start for batch sizes 1..16 (5 sizes); "
+                                 "the scheduler's req_to_token assignment compiled for batch sizes up to 16 "
+                                 "(5 powers of two); "
                                  "speculative step warmed up for batch sizes 1..8 (4 sizes, 0.20 GiB of SGLang's "
                                  "own activation memory taken at start); ")
 
