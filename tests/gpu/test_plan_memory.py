@@ -24,6 +24,9 @@ KNOBS = {
     "kimi16-prefill-and-kimi6-at-measured-acceptance": {"KIMI_DEEP_LAYERS": "16"},
     "native-plain-dense-flashinfer-tp1-at-baseline-cost": {"HUGE_LAYERS": "16"},
     "native-plain-dense-triton-tp1-at-baseline-cost": {"HUGE_LAYERS": "16"},
+    "native-plain-dense-flashinfer-tp1-defer-h100": {"HUGE_LAYERS": "16"},
+    "native-plain-dense-triton-tp1-defer-h100": {"HUGE_LAYERS": "16"},
+    "native-plain-dense-triton-tp1-c1-aa": {"HUGE_LAYERS": "16"},
     "native-plain-kimi32-tp1-at-baseline-cost": {"KIMI_DEEP_LAYERS": "32", "KIMI_DEEP_EXPERTS": "16"},
     "native-plain-kimi16-tp2-at-baseline-cost": {"KIMI_DEEP_LAYERS": "16"},
 }
@@ -33,7 +36,8 @@ RAN = ["equal-outputs-and-kimi-tp1-speed", "kimi-and-dense-tp1-speed-by-backend"
        "gpu-bound-kimi-tp2-speed", "kimi-tp2-speed", "kimi-tp1-why-dyn-is-slower-at-c1",
        "sglang-0517-serves-and-vs-adaptive", "sglang-0517-sm120-under-dyn-tp1", "sglang-0517-sm120-under-dyn-tp2",
        "kimi32-tp1-gpu-bound-speed", "kimi-tp2-c1-do-two-stock-servers-agree", "tiny-tp1-does-a-torch-profile-slow-a-server",
-       "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost"]
+       "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost",
+       "native-plain-dense-flashinfer-tp1-defer-h100", "native-plain-dense-triton-tp1-defer-h100"]
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +292,10 @@ def test_a_plan_sized_for_an_h200_is_refused_on_an_h100_and_its_h100_variant_fit
     msg = refusal(pm, PLANS / "native-plain-kimi6-tp1-defer-whole-waves.json")
     assert msg is not None and "> 77.0 GiB" in msg and "eagle3-v2-dyn-native-defer" in msg
     assert refusal(pm, PLANS / "native-plain-kimi6-tp1-defer-h100.json") is None
+    # the dense target's five- and four-server plans (100.5 and 82.4 GiB) and their H100 variants, which ran
+    # there with every server up (docs/evidence/plain-at-baseline section 12), and the c=1 A/A plan
+    for full, h100 in (("native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-dense-flashinfer-tp1-defer-h100"),
+                       ("native-plain-dense-triton-tp1-at-baseline-cost", "native-plain-dense-triton-tp1-defer-h100")):
+        assert "> 77.0 GiB" in refusal(pm, PLANS / f"{full}.json")
+        assert refusal(pm, PLANS / f"{h100}.json") is None
+    assert refusal(pm, PLANS / "native-plain-dense-triton-tp1-c1-aa.json") is None
