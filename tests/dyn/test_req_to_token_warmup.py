@@ -8,7 +8,7 @@ variant per constexpr (the row length, the batch size's next power of two) and p
 compiled the variants it met while every running request waited (88 and 113 ms at one resume on
 an H100, two variants: docs/evidence/plain-at-baseline section 12).
 
-Here the scheduler's own functions (executed from each release's files, with CPU torch, a free
+Here the scheduler's own functions (executed from each release's files, patched where the stack touches them, with CPU torch, a free
 list that hands out slices as SGLang's allocator does, and a recording stand-in for the kernel)
 run every batch size a speculative step may have; the warm-up function of each release's patch
 stack (executed) must launch every variant they launched, and write nothing."""
@@ -26,15 +26,27 @@ from toolkit.patch import wheels
 torch = pytest.importorskip("torch")
 
 RUNTIME = "sglang/srt/speculative/dyn_disable_runtime.py"
+# where each release's scheduler prepares a speculative decode step
+SCHEDULER_FILES = {"0.5.11": ["sglang/srt/speculative/eagle_info_v2.py"],
+                   "0.5.17": ["sglang/srt/mem_cache/allocation.py", "sglang/srt/speculative/eagle_utils.py"],
+                   "0.5.23": ["sglang/srt/mem_cache/allocation.py", "sglang/srt/mem_cache/allocation_sizing.py",
+                              "sglang/srt/speculative/eagle_utils.py"]}
 SIZES = list(range(1, 65))  # a server whose largest plain decode graph is 64
 
 
 @pytest.fixture(scope="module")
 def stack_tree(tmp_path_factory, release):
     """The release's files with its whole dyn-disable stack applied (the warm-up is 0004's on
-    0.5.11, 0001's on 0.5.17 and 0.5.23)."""
-    return tree_with(tmp_path_factory.mktemp(f"stack-{release}"),
-                     sorted((PATCHSET / release).glob("*.patch")), release)
+    0.5.11, 0001's on 0.5.17 and 0.5.23), and its scheduler files (as the wheel has them where the
+    stack does not touch them)."""
+    root = tree_with(tmp_path_factory.mktemp(f"stack-{release}"), sorted((PATCHSET / release).glob("*.patch")),
+                     release)
+    wheel = wheels.pristine("sglang", release)
+    for path in SCHEDULER_FILES[release]:
+        if not (root / path).exists():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(wheel.read(path))
+    return root
 
 
 def variant(args) -> tuple:
@@ -84,14 +96,13 @@ def speculative_batch(bs, req_to_token):
         batch_size=lambda: bs, maybe_evict_swa=lambda: None, maybe_wait_verify_done=lambda: None)
 
 
-def scheduler_launches(release, monkeypatch) -> list:
+def scheduler_launches(release, tree, monkeypatch) -> list:
     """Every assign_req_to_token_pool_func launch of the release's own speculative
-    prepare_for_decode over batches of every size in SIZES, in turn."""
+    prepare_for_decode (in `tree`) over batches of every size in SIZES, in turn."""
     launches = []
     record = lambda *args: launches.append(args)  # noqa: E731
     allocator = FreeList()
     req_to_token = torch.zeros((80, 256), dtype=torch.int32)  # SGLang's req_to_token is int32
-    wheel = wheels.pristine("sglang", release)
     if release == "0.5.11":
         spec_utils = types.ModuleType("sglang.srt.speculative.spec_utils")
         spec_utils.assign_req_to_token_pool_func = record
@@ -100,45 +111,26 @@ def scheduler_launches(release, monkeypatch) -> list:
         monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_utils", spec_utils)
         path = "sglang/srt/speculative/eagle_info_v2.py"
         namespace = {"torch": torch, "get_alloc_len_per_decode": lambda: 4, "alloc_token_slots": allocator.alloc}
-        source = method_source_of(wheel, path, "EagleDraftInputV2Mixin", "prepare_for_decode")
+        source = method_source(tree / path, "EagleDraftInputV2Mixin", "prepare_for_decode")
         exec(compile("from __future__ import annotations\n" + source, path, "exec"), namespace)
         prepare = functools.partial(namespace["prepare_for_decode"], types.SimpleNamespace())
     else:
         allocation = {"torch": torch, "alloc_token_slots": allocator.alloc, "assign_req_to_token_pool_func": record}
-        exec(compile("from __future__ import annotations\n" + function_source_of(
-            wheel, "sglang/srt/mem_cache/allocation.py", "alloc_for_spec_decode"), "allocation.py", "exec"),
-            allocation)
+        exec(compile("from __future__ import annotations\n" + function_source(
+            tree / "sglang/srt/mem_cache/allocation.py", "alloc_for_spec_decode"), "allocation.py", "exec"), allocation)
         namespace = {"torch": torch, "get_alloc_reserve_per_decode": lambda: 4,
                      "alloc_for_spec_decode": allocation["alloc_for_spec_decode"],
                      "get_spec": lambda: types.SimpleNamespace(speculative_eagle_topk=1)}
-        sizing = "sglang/srt/mem_cache/allocation_sizing.py"  # 0.5.23 moved the lengths' arithmetic here
-        if wheel.has(sizing) and b"def page_aligned_decode_alloc_lens" in wheel.read(sizing):
-            exec(compile(function_source_of(wheel, sizing, "page_aligned_decode_alloc_lens"), sizing, "exec"),
-                 namespace)
-        exec(compile("from __future__ import annotations\n" + function_source_of(
-            wheel, "sglang/srt/speculative/eagle_utils.py", "eagle_prepare_for_decode"), "eagle_utils.py", "exec"),
+        sizing = tree / "sglang/srt/mem_cache/allocation_sizing.py"  # 0.5.23 moved the lengths' arithmetic here
+        if sizing.exists():
+            exec(compile(function_source(sizing, "page_aligned_decode_alloc_lens"), str(sizing), "exec"), namespace)
+        exec(compile("from __future__ import annotations\n" + function_source(
+            tree / "sglang/srt/speculative/eagle_utils.py", "eagle_prepare_for_decode"), "eagle_utils.py", "exec"),
             namespace)
         prepare = namespace["eagle_prepare_for_decode"]
     for bs in SIZES:
         prepare(speculative_batch(bs, req_to_token))
     return launches
-
-
-def method_source_of(wheel, path, class_name, func_name):
-    return _from_wheel(wheel, path, lambda p: method_source(p, class_name, func_name))
-
-
-def function_source_of(wheel, path, func_name):
-    return _from_wheel(wheel, path, lambda p: function_source(p, func_name))
-
-
-def _from_wheel(wheel, path, read):
-    import tempfile
-    from pathlib import Path
-    with tempfile.TemporaryDirectory() as tmp:
-        file = Path(tmp) / "source.py"
-        file.write_bytes(wheel.read(path))
-        return read(file)
 
 
 def warm_up_function(stack_tree):
@@ -148,7 +140,7 @@ def warm_up_function(stack_tree):
 
 
 def test_the_warmup_launches_every_variant_the_schedulers_own_steps_launch(release, stack_tree, monkeypatch):
-    scheduled = {variant(args) for args in scheduler_launches(release, monkeypatch)}
+    scheduled = {variant(args) for args in scheduler_launches(release, stack_tree, monkeypatch)}
     # the stand-in allocator met both alignments of out_cache_loc, as a running server does
     assert {v[1][4] for v in scheduled} == {True, False}
     assert {v[3] for v in scheduled} == {1, 2, 4, 8, 16, 32, 64}
