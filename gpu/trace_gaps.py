@@ -10,21 +10,18 @@ resume profiles of gpu/accept_device.py --profile-resume:
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import os
+import sys
 
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def load_events(path: str) -> list[dict]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_steps import gpu_events, load  # noqa: E402
 
 
 def gaps(events: list[dict], min_ms: float) -> list[dict]:
-    gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
-    host = [e for e in events if e.get("cat") not in GPU_CATEGORIES]
+    gpu = sorted(gpu_events(events), key=lambda e: e["ts"])
+    gpu_ids = {id(e) for e in gpu}
+    host = [e for e in events if id(e) not in gpu_ids]
     found = []
     if not gpu:
         return found
@@ -53,7 +50,7 @@ def main() -> None:
     parser.add_argument("trace")
     parser.add_argument("--min-ms", type=float, default=20.0, help="the shortest idle gap listed (default 20)")
     args = parser.parse_args()
-    found = gaps(load_events(args.trace), args.min_ms)
+    found = gaps(load(args.trace), args.min_ms)
     print(f"{args.trace}: {len(found)} GPU idle gap(s) of at least {args.min_ms} ms")
     for gap in found:
         print(json.dumps(gap))
