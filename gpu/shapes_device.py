@@ -277,7 +277,8 @@ async def gen_ids(s, srv, ids, max_tokens):
         j = await r.json()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {str(j)[:200]}")
-    return j["meta_info"]["completion_tokens"], time.time() - t0
+    meta = j["meta_info"]
+    return meta["completion_tokens"], time.time() - t0, meta.get("spec_verify_ct")
 
 
 TIMELINE_MIN_C = 32  # levels whose records keep every request's send and done times
@@ -298,22 +299,40 @@ def timeline_summary(sends, dones, c):
     return out
 
 
+def acceptance_summary(toks, verify, wall, c):
+    """What the level's requests accepted, from /generate's per-request spec_verify_ct (a speculative
+    server's verify steps; plain steps count none): accept_len, the tokens per verify step over the
+    requests that speculated; at c=1 also ms_per_verify_step, the round's wall time per verify step of
+    a server that speculated in every step, which sets servers side by side apart from the draws of a
+    simulated acceptance (SGLANG_SIMULATE_ACC_LEN draws each step's length, so a short c=1 round's
+    tokens vary by a few per cent with the draws alone). Empty for a server without speculation."""
+    steps = sum(v for v in verify if v)
+    if not steps:
+        return {}
+    spec_tokens = sum(k for k, v in zip(toks, verify) if v)
+    out = {"spec_verify_steps": steps, "accept_len": round(spec_tokens / steps, 3)}
+    if c == 1 and all(verify):
+        out["ms_per_verify_step"] = round(1000 * wall / steps, 3)
+    return out
+
+
 async def level(s, srv, c, n, in_len, out_len, seed):
     rnd = random.Random(seed)
     prompts = [[rnd.randrange(10, 1000) for _ in range(in_len)] for _ in range(n)]
     sem = asyncio.Semaphore(c)
-    toks, lat, sends, dones = [], [], [], []
+    toks, lat, sends, dones, verify = [], [], [], [], []
 
     async def one(ids):
         async with sem:
             sends.append(time.time() - t0)
             try:
-                k, dt = await gen_ids(s, srv, ids, out_len)
+                k, dt, v = await gen_ids(s, srv, ids, out_len)
             except aiohttp.ServerDisconnectedError:  # a reused keep-alive connection the server closed
-                k, dt = await gen_ids(s, srv, ids, out_len)
+                k, dt, v = await gen_ids(s, srv, ids, out_len)
             dones.append(time.time() - t0)
             toks.append(k)
             lat.append(dt)
+            verify.append(v)
 
     t0 = time.time()
     await asyncio.gather(*(one(p) for p in prompts))
@@ -325,6 +344,7 @@ async def level(s, srv, c, n, in_len, out_len, seed):
          # a step serves min(c, n) requests: its time is about c / (tok/s) once all run
          "approx_step_ms": round(1000 * min(c, n) / out_tps, 2)}
     r.update(timeline_summary(sends, dones, c))
+    r.update(acceptance_summary(toks, verify, wall, c))
     if c >= TIMELINE_MIN_C:
         r["timeline_ms"] = {"send": [round(1000 * t) for t in sorted(sends)],
                             "done": [round(1000 * t) for t in sorted(dones)]}

@@ -16,6 +16,10 @@ each configuration's median over all its servers' rounds, how far apart its serv
 are (the spread a difference has to beat), and for every two such configurations the ratio of
 those medians with a 90 % bootstrap interval (rounds resampled within each server) and the range
 of the per-round ratios (rounds run in turns, so a round's ratio leaves out drift they share).
+
+Where records carry ms_per_verify_step (c=1 levels of speculative servers), a table of the time
+per verify step beside the tokens per verify step: a simulated acceptance's draws move a short
+c=1 round's tok/s, not its step time.
 """
 import json
 import random
@@ -139,6 +143,39 @@ def late_waves(key, records):
             + "\n".join(lines) + "\n")
 
 
+def verify_step_table(key, records):
+    """At c=1, the wall time per verify step of each speculative server (records' ms_per_verify_step,
+    shapes_device.py) with its measured tokens per verify step: tok/s at c=1 is about accept_len /
+    step time, and a simulated acceptance draws accept_len anew in every step, so a short round's
+    tok/s moves by a few per cent with the draws alone; the step time does not. The last column is
+    each dyn server's step time against its own stock worker's (stock / dyn: above 1, dyn is faster)."""
+    steps, accept, profiles, flagged = defaultdict(list), defaultdict(list), {}, set()
+    for r in records:
+        if (r.get("group"), r.get("input_len"), r.get("output_len")) != key or r.get("conc") != 1:
+            continue
+        if "ms_per_verify_step" in r:
+            steps[name(r)].append(r["ms_per_verify_step"])
+            accept[name(r)].append(r["accept_len"])
+            profiles[name(r)] = r["profile"]
+            if r.get("extra_flags"):
+                flagged.add(name(r))
+    if not steps:
+        return ""
+    med = {n: statistics.median(v) for n, v in steps.items()}
+    out = ["At c=1, the time per verify step (the round's wall time over its verify steps) and the "
+           "tokens each verify step gave:\n",
+           "| server | ms / verify step (rounds) | tokens / verify step | stock / dyn step time |",
+           "|---|---|---|---|"]
+    for n in sorted(steps):
+        vs = "-"
+        if "-dyn" in profiles[n]:
+            stock = stock_of(n, profiles, flagged, med)
+            vs = f"{med[stock] / med[n]:.3f}" if stock in med else "-"
+        rounds = ", ".join(f"{v:.3f}" for v in steps[n])
+        out.append(f"| {n} | {med[n]:.3f} ({rounds}) | {statistics.median(accept[n]):.2f} | {vs} |")
+    return "\n".join(out) + "\n"
+
+
 def tables(records):
     by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     profiled = defaultdict(set)   # (key, c, name) -> the profiled_before values seen
@@ -201,6 +238,9 @@ def tables(records):
         late = late_waves(key, records)
         if late:
             out.append(late)
+        per_step = verify_step_table(key, records)
+        if per_step:
+            out.append(per_step)
         replicas = replica_table(key, records)
         if replicas:
             out.append(replicas)

@@ -370,3 +370,38 @@ def test_a_level_keeps_each_requests_send_and_done_times_from_32_requests_on(sha
     assert all(sends[k] >= dones[k - 32] for k in range(32, 96))  # the closed loop, kept
     assert wide["send_lag_ms_p50"] >= 0 and wide["send_lag_ms_max"] >= wide["send_lag_ms_p50"]
     assert "timeline_ms" not in narrow and "last_wave_send_spread_ms" in narrow
+
+
+def test_a_level_counts_verify_steps_so_c1_rounds_compare_apart_from_simulated_draws(shapes):
+    """level() against a loopback /generate stand-in that answers as a speculative server does
+    (spec_verify_ct in meta_info) and as a plain one does (none): the speculative level's record
+    carries the tokens per verify step and, at c=1, the wall time per verify step; the plain one
+    carries neither."""
+    from aiohttp import web
+
+    async def spec(request):
+        body = await request.json()
+        n = body["sampling_params"]["max_new_tokens"]
+        await asyncio.sleep(0.02)  # a wall time that its 3-decimal rounding does not swamp
+        return web.json_response({"meta_info": {"completion_tokens": n, "spec_verify_ct": n // 4}})
+
+    async def plain(request):
+        body = await request.json()
+        return web.json_response({"meta_info": {"completion_tokens": body["sampling_params"]["max_new_tokens"]}})
+
+    async def levels(s, srv):
+        return await shapes.level(s, srv, 1, 4, 4, 40, 1), await shapes.level(s, srv, 2, 4, 4, 40, 1)
+
+    one, two = asyncio.run(on_loopback_server([("POST", "/generate", spec)], levels))
+    assert one["spec_verify_steps"] == 4 * 10 and one["accept_len"] == 4.0
+    assert one["ms_per_verify_step"] == pytest.approx(1000 * one["wall_s"] / 40, rel=0.02)
+    assert two["accept_len"] == 4.0 and "ms_per_verify_step" not in two  # c=2: steps overlap
+    flat, _ = asyncio.run(on_loopback_server([("POST", "/generate", plain)], levels))
+    assert not {"spec_verify_steps", "accept_len", "ms_per_verify_step"} & set(flat)
+
+
+def test_the_acceptance_summary_leaves_out_requests_that_never_speculated(shapes):
+    # a dyn server above its threshold: a request decoded plain throughout reports no verify steps
+    assert shapes.acceptance_summary([100, 100], [25, 0], 2.0, 2) == {"spec_verify_steps": 25, "accept_len": 4.0}
+    assert "ms_per_verify_step" not in shapes.acceptance_summary([100, 100], [25, None], 2.0, 1)
+    assert shapes.acceptance_summary([100], [None], 1.0, 1) == {}

@@ -134,3 +134,18 @@ def test_a_round_whose_last_wave_came_spread_out_is_listed_with_the_clients_dela
             "delay 1.5 ms; 9035 tok/s") in text
     assert "round 2" not in text and "round 1 baseline" not in text
     assert "last wave" not in summarize.tables([whole, older])
+
+
+def test_c1_step_times_set_a_dyn_server_against_its_stock_apart_from_the_draws(summarize):
+    # stock's rounds drew more accepted tokens (higher tok/s) at the same step time as the dyn server
+    def c1(label, tok_s, round_no, ms, acc):
+        return dict(rec(label, 1, tok_s, round_no), ms_per_verify_step=ms, accept_len=acc)
+
+    records = [c1("eagle3-v2", 290.0, 1, 5.0, 2.7), c1("eagle3-v2", 280.0, 2, 5.2, 2.6),
+               c1("eagle3-v2-dyn", 270.0, 1, 5.0, 2.5), c1("eagle3-v2-dyn", 268.0, 2, 4.8, 2.5),
+               rec("baseline", 1, 160.0, 1)]
+    text = summarize.tables(records)
+    assert "| eagle3-v2 | 5.100 (5.000, 5.200) | 2.65 | - |" in text
+    # stock 5.1 ms / dyn 4.9 ms: the dyn step is the faster one although its tok/s is lower
+    assert "| eagle3-v2-dyn | 4.900 (5.000, 4.800) | 2.50 | 1.041 |" in text
+    assert "verify step" not in summarize.tables([rec("eagle3-v2", 1, 290.0, 1), rec("baseline", 1, 160.0, 1)])
