@@ -36,8 +36,8 @@ accept_analysis.ab_summary takes the median over rounds of dyn/stock and after/b
 Writes DIR/records.jsonl (one line per request), DIR/summary.json (issue #24),
 DIR/first_crossing.json (issue #25) and DIR/accept_raw.json (JIT cache snapshots, log lines
 after healthy, transitions); server logs under /tmp/dyn-logs. With --profile-resume LABEL, a torch
-profile (no Python stacks) across crossings 1's and 2's resumes on that server, under
-/tmp/dyn-logs/traces/LABEL/crossing-N (gpu/trace_steps.py reads them).
+profile (no Python stacks) across crossings 1's and 2's resumes on that server (--profile-crossings
+picks others), under /tmp/dyn-logs/traces/LABEL/crossing-N (gpu/trace_steps.py reads them).
 """
 import argparse
 import asyncio
@@ -640,6 +640,9 @@ async def main():
     ap.add_argument("--profile-resume", default=None, metavar="LABEL",
                     help="a torch profile across the resumes of crossings 1 and 2 on this server "
                          "(its stall figures are then taken with the profiler on)")
+    ap.add_argument("--profile-crossings", default="1,2", metavar="N,N",
+                    help="with --profile-resume: which crossings' resumes to profile (default 1,2; "
+                         "later ones, e.g. 3,4,5, catch a long resume that is not the first)")
     # the A/B c=1 rounds: Plan's defaults (~67 s, Plan's comment)
     ab = {k: v.default for k, v in inspect.signature(Plan).parameters.items() if k.startswith("ab_")}
     ap.add_argument("--c1-rounds", type=int, default=ab["ab_rounds"])
@@ -654,6 +657,13 @@ async def main():
                  f"be plain steps; at most {max(0, resume_at - span_n)}")
     if a.profile_resume and (a.profile_resume not in a.servers.split(",") or "-dyn" not in a.profile_resume):
         ap.error(f"--profile-resume {a.profile_resume}: not one of the dyn servers of --servers {a.servers}")
+    try:
+        profile_crossings = tuple(int(c) for c in a.profile_crossings.split(","))
+    except ValueError:
+        profile_crossings = ()
+    if not profile_crossings or not all(1 <= c <= a.crossings for c in profile_crossings):
+        ap.error(f"--profile-crossings {a.profile_crossings}: crossing numbers from 1 to --crossings "
+                 f"{a.crossings}, comma-separated")
     BUDGET = a.budget_s
     import shapes_device
     shapes_device.BUDGET = a.budget_s
@@ -668,7 +678,8 @@ async def main():
             live = [srv for srv in servers if health.get(srv.name) is not None]
             plan = Plan(a.threshold, a.crossings, span_tokens=a.span_tokens, burst_tokens=a.burst_tokens,
                         control_n=a.control_n, ab_rounds=a.c1_rounds, ab_prompts=a.c1_prompts, ab_tokens=a.c1_tokens,
-                        late_n=a.late_spans, profile_label=a.profile_resume)
+                        late_n=a.late_spans, profile_label=a.profile_resume,
+                        profile_crossings=profile_crossings)
             summary, first = await measure(s, live, heldout["prompts"], plan, a.out, report)
             say("summary:", json.dumps({k: summary.get(k) for k in (
                 "accept_len_before", "accept_len_after_resume", "after_over_before",

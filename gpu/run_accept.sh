@@ -22,7 +22,8 @@
 #        LATE_SPANS=2 ACCEPT_SERVERS=baseline,eagle3-v2,eagle3-v2-dyn-native-skip,eagle3-v2-dyn-native-defer
 #      PROFILE_RESUME (a dyn server's label, e.g. eagle3-v2-dyn-native-skip): a torch profile across
 #        crossings 1's and 2's resumes on it (traces in evidence.tgz under traces/; that server's
-#        stall figures are then taken with the profiler on).
+#        stall figures are then taken with the profiler on); PROFILE_CROSSINGS (default 1,2) picks
+#        the crossings, e.g. PROFILE_CROSSINGS=3,4,5 for the long later resumes.
 #      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
@@ -64,4 +65,5 @@ python3 gpu/accept_device.py --out "$WORK" --budget-s $(( $(left) - 15 )) \
   --burst-tokens ${BURST_TOKENS:-128} --control-n ${CONTROL_N:-64} --late-spans ${LATE_SPANS:-0} \
   --c1-rounds ${C1_ROUNDS:-8} --c1-prompts ${C1_PROMPTS:-1} --c1-tokens ${C1_TOKENS:-192} \
   ${ACCEPT_SERVERS:+--servers $ACCEPT_SERVERS} ${PROFILE_RESUME:+--profile-resume $PROFILE_RESUME} \
+  ${PROFILE_CROSSINGS:+--profile-crossings $PROFILE_CROSSINGS} \
   2>&1 | tee "$WORK/driver.log"

@@ -402,6 +402,30 @@ def test_a_profile_is_asked_across_the_first_two_resumes_of_one_server_only(tmp_
     assert sorted(kept) == ["1", "2"] and all(e["error"] is None and e["asked_at_s"] >= 0 for e in kept.values())
 
 
+def test_later_crossings_can_be_profiled_instead_of_the_first_two(tmp_path, monkeypatch):
+    """The warm-up took the first resume's compiles away; later resumes still ran 60-83 ms on skip
+    (plain-at-baseline section 13): profile_crossings puts the profiles on the crossings asked for."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    handles = []
+    asyncio.run(run_all(tmp_path, crossings=3, standins=LATE_STANDINS, handles_out=handles, late_n=1,
+                        profile_label="eagle3-v2-dyn-native-skip", profile_lead=4, profile_crossings=(3,),
+                        profile_dir=str(tmp_path / "traces")))
+    asked = {h.label: h.standin for h in handles}["eagle3-v2-dyn-native-skip"].profiles
+    assert [b["output_dir"] for b, _, _ in asked] == [
+        str(tmp_path / "traces" / "eagle3-v2-dyn-native-skip" / "crossing-3")]
+
+
+@pytest.mark.parametrize("crossings", ["0,1", "2,11", "x", ""])
+def test_profile_crossings_outside_the_run_are_refused_before_anything_starts(tmp_path, monkeypatch, capsys, crossings):
+    monkeypatch.setattr("sys.argv", ["accept_device.py", "--out", str(tmp_path), "--servers",
+                                     "baseline,eagle3-v2,eagle3-v2-dyn-native-skip", "--profile-resume",
+                                     "eagle3-v2-dyn-native-skip", "--profile-crossings", crossings])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(ad.main())
+    assert stop.value.code == 2 and not any(tmp_path.iterdir())
+    assert "--profile-crossings" in capsys.readouterr().err
+
+
 def test_profile_resume_names_a_dyn_server_of_the_run(tmp_path, monkeypatch):
     for label in ("eagle3-v2", "eagle3-v2-dyn-native-defer"):
         monkeypatch.setattr("sys.argv", ["accept_device.py", "--out", str(tmp_path), "--servers",
