@@ -39,12 +39,21 @@ def stock_of(n, profiles, flagged, present):
     eagle3-v2 (eagle3 for a v1 dyn) on n's backend, started without extra server flags (upstream's
     adaptive mode runs as profile eagle3-v2 with a flag: not the stock worker), whatever its label;
     of several, the one labelled as its profile; None where there is none or no telling which."""
-    stock = "eagle3-v2" if "v2" in profiles[n] else "eagle3"
-    backend = n.partition("@")[2]
-    same = [m for m in present if profiles[m] == stock and m.partition("@")[2] == backend and m not in flagged]
+    same = stock_candidates(n, profiles, flagged, present)
     if len(same) > 1:
-        same = [m for m in same if m.partition("@")[0] == stock]
+        same = [m for m in same if m.partition("@")[0] == stock_profile(n, profiles)]
     return same[0] if len(same) == 1 else None
+
+
+def stock_profile(n, profiles):
+    return "eagle3-v2" if "v2" in profiles[n] else "eagle3"
+
+
+def stock_candidates(n, profiles, flagged, present):
+    """Every stock worker beside dyn server n (stock_of's candidates before it picks one)."""
+    backend = n.partition("@")[2]
+    return sorted(m for m in present if profiles[m] == stock_profile(n, profiles)
+                  and m.partition("@")[2] == backend and m not in flagged)
 
 
 CONFIG_KEYS = ("profile", "pair", "attention_backend", "tp_size", "threshold", "sglang", "sleep_on_idle")
@@ -148,7 +157,9 @@ def verify_step_table(key, records):
     shapes_device.py) with its measured tokens per verify step: tok/s at c=1 is about accept_len /
     step time, and a simulated acceptance draws accept_len anew in every step, so a short round's
     tok/s moves by a few per cent with the draws alone; the step time does not. The last column is
-    each dyn server's step time against its own stock worker's (stock / dyn: above 1, dyn is faster)."""
+    each dyn server's step time against its own stock worker's (stock / dyn: above 1, dyn is faster);
+    where several stock workers stand beside it and none is its own (an A/A pair of stock servers),
+    against the median of all their rounds."""
     steps, accept, profiles, flagged = defaultdict(list), defaultdict(list), {}, set()
     for r in records:
         if (r.get("group"), r.get("input_len"), r.get("output_len")) != key or r.get("conc") != 1:
@@ -170,7 +181,11 @@ def verify_step_table(key, records):
         vs = "-"
         if "-dyn" in profiles[n]:
             stock = stock_of(n, profiles, flagged, med)
-            vs = f"{med[stock] / med[n]:.3f}" if stock in med else "-"
+            pooled = [v for m in stock_candidates(n, profiles, flagged, med) for v in steps[m]]
+            if stock in med:
+                vs = f"{med[stock] / med[n]:.3f}"
+            elif pooled:
+                vs = f"{statistics.median(pooled) / med[n]:.3f} (stock servers pooled)"
         rounds = ", ".join(f"{v:.3f}" for v in steps[n])
         out.append(f"| {n} | {med[n]:.3f} ({rounds}) | {statistics.median(accept[n]):.2f} | {vs} |")
     return "\n".join(out) + "\n"

@@ -149,3 +149,15 @@ def test_c1_step_times_set_a_dyn_server_against_its_stock_apart_from_the_draws(s
     # stock 5.1 ms / dyn 4.9 ms: the dyn step is the faster one although its tok/s is lower
     assert "| eagle3-v2-dyn | 4.900 (5.000, 4.800) | 2.50 | 1.041 |" in text
     assert "verify step" not in summarize.tables([rec("eagle3-v2", 1, 290.0, 1), rec("baseline", 1, 160.0, 1)])
+
+
+def test_beside_an_aa_pair_of_stock_servers_the_c1_step_time_is_set_against_their_pooled_rounds(summarize):
+    def c1(label, profile, round_no, ms):
+        return dict(rec(label, 1, 280.0, round_no), profile=profile, ms_per_verify_step=ms, accept_len=2.6)
+
+    records = [c1("stock-a", "eagle3-v2", 1, 9.0), c1("stock-a", "eagle3-v2", 2, 9.2),
+               c1("stock-b", "eagle3-v2", 1, 9.1), c1("stock-b", "eagle3-v2", 2, 9.3),
+               c1("dyn", "eagle3-v2-dyn", 1, 9.0), c1("dyn", "eagle3-v2-dyn", 2, 9.0)]
+    text = summarize.tables(records)
+    # the stock rounds pooled: median of 9.0, 9.1, 9.2, 9.3 = 9.15; 9.15 / 9.0
+    assert "| dyn | 9.000 (9.000, 9.000) | 2.60 | 1.017 (stock servers pooled) |" in text
