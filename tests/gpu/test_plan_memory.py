@@ -27,6 +27,7 @@ KNOBS = {
     "native-plain-dense-flashinfer-tp1-defer-h100": {"HUGE_LAYERS": "16"},
     "native-plain-dense-triton-tp1-defer-h100": {"HUGE_LAYERS": "16"},
     "native-plain-dense-triton-tp1-c1-aa": {"HUGE_LAYERS": "16"},
+    "native-plain-dense-fi-tp1-c1-ab": {"HUGE_LAYERS": "16"},
     "native-plain-kimi32-tp1-at-baseline-cost": {"KIMI_DEEP_LAYERS": "32", "KIMI_DEEP_EXPERTS": "16"},
     "native-plain-kimi16-tp2-at-baseline-cost": {"KIMI_DEEP_LAYERS": "16"},
 }
@@ -37,7 +38,8 @@ RAN = ["equal-outputs-and-kimi-tp1-speed", "kimi-and-dense-tp1-speed-by-backend"
        "sglang-0517-serves-and-vs-adaptive", "sglang-0517-sm120-under-dyn-tp1", "sglang-0517-sm120-under-dyn-tp2",
        "kimi32-tp1-gpu-bound-speed", "kimi-tp2-c1-do-two-stock-servers-agree", "tiny-tp1-does-a-torch-profile-slow-a-server",
        "native-plain-dense-flashinfer-tp1-at-baseline-cost", "native-plain-kimi32-tp1-at-baseline-cost",
-       "native-plain-dense-flashinfer-tp1-defer-h100", "native-plain-dense-triton-tp1-defer-h100"]
+       "native-plain-dense-flashinfer-tp1-defer-h100", "native-plain-dense-triton-tp1-defer-h100",
+       "native-plain-dense-triton-tp1-c1-aa"]
 
 
 @pytest.fixture(scope="module")
@@ -298,4 +300,5 @@ def test_a_plan_sized_for_an_h200_is_refused_on_an_h100_and_its_h100_variant_fit
                        ("native-plain-dense-triton-tp1-at-baseline-cost", "native-plain-dense-triton-tp1-defer-h100")):
         assert "> 77.0 GiB" in refusal(pm, PLANS / f"{full}.json")
         assert refusal(pm, PLANS / f"{h100}.json") is None
-    assert refusal(pm, PLANS / "native-plain-dense-triton-tp1-c1-aa.json") is None
+    assert refusal(pm, PLANS / "native-plain-dense-triton-tp1-c1-aa.json") is None   # ran there (section 13)
+    assert refusal(pm, PLANS / "native-plain-dense-fi-tp1-c1-ab.json") is None
