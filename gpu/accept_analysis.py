@@ -371,6 +371,28 @@ def stall_gaps(records, windows):
     return out
 
 
+def burst_completion_spread_ms(records, windows):
+    """Per crossing, how far apart the burst's requests finished (ms, first to last). A server that
+    decodes them plain finishes a burst of equal-length requests within a few steps, and the tail of
+    its streams' gaps at the burst's end comes with that (the baseline too); speculation spreads the
+    completions over hundreds of ms."""
+    out = []
+    for w in crossing_windows(windows):
+        ends = [r["t_end"] for r in records
+                if r.get("crossing") == w["crossing"] and r.get("phase") == "burst" and r.get("t_end") is not None]
+        out.append(round(1000 * (max(ends) - min(ends)), 1) if ends else None)
+    return out
+
+
+def burst_end_reference(records, windows, server="baseline"):
+    """The same resume-window gaps on a server that never switches (the baseline): what a burst's end
+    costs the streams with no resume in it, to set the dyn servers' resume gaps against."""
+    gaps = [g["resume_max_gap_ms"] for g in stall_gaps(records, windows)]
+    return {"server": server, "resume_window_max_gap_ms": gaps,
+            "median_ms": median_or_none(gaps), "max_ms": max((g for g in gaps if g is not None), default=None),
+            "burst_completion_spread_ms": burst_completion_spread_ms(records, windows)}
+
+
 def stall_summary(gaps, tp=1, server=None, median_step_ms=None):
     """Issue #25's first-crossing figures from stall_gaps(): the first crossing's and the first
     resume's longest gap against the median of the later ones."""

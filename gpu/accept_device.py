@@ -526,11 +526,16 @@ def summarize(run, pair_report, threshold, tp=1):
         st = an.stall_summary(gaps, tp=tp, server=srv.label,
                               median_step_ms=an.median_gap_ms([r for r in by[srv.label]
                                                                if r["phase"] == "span"]))
+        st["burst_completion_spread_ms"] = an.burst_completion_spread_ms(by[srv.label], run.windows[srv.label])
         st["jit_new_after_healthy"] = run.raw["jit"].get(srv.label, {}).get("new_after_healthy")
         st["log_after_healthy"] = run.raw["log_after_healthy"].get(srv.label, {}).get("lines")
         runs.append(st)
-    return summary, {"runs": runs, "note": "gaps are client-side inter-chunk gaps of streamed "
-                                           "/generate requests; eagle3-v2 (stock) is the reference"}
+    first = {"runs": runs, "note": "gaps are client-side inter-chunk gaps of streamed /generate requests; "
+                                   "eagle3-v2 (stock) is the reference for the switches; baseline_burst_end "
+                                   "is the baseline's resume-window gaps, a burst's end with no switch in it"}
+    if "baseline" in by and run.windows.get("baseline"):
+        first["baseline_burst_end"] = an.burst_end_reference(by["baseline"], run.windows["baseline"])
+    return summary, first
 
 
 def all_mismatches(summary_per, control):

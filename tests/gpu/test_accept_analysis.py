@@ -169,6 +169,26 @@ def test_stall_summary_first_crossing_and_resume_against_later_medians():
     assert even["goal_met"] is True
 
 
+def test_the_baseline_gives_the_gaps_a_bursts_end_costs_with_no_switch_in_it():
+    """The twenty-first session: the native path's later resumes ran 60-83 ms, and the baseline's
+    resume windows, with no switch in them, ran up to 87 ms where its burst finished within 16-90 ms."""
+    recs, windows = [], []
+    for c in (1, 2):
+        t = 100.0 * c
+        windows.append({"crossing": c, "burst_t0": t - 1, "burst_t1": t, "resume_t1": t + 5})
+        for k in range(3):  # the burst's requests end 0, 20 and 40 ms apart (crossing 2: 0, 200, 400)
+            recs.append(dict(rec("b", "burst", 10 * c + k, [1] * 3, crossing=c), t_end=t - 0.04 * c * k))
+        gap = 0.060 if c == 1 else 0.015
+        recs.append(rec("b", "span", c, [1] * 3, crossing=c, arrivals=[t - 0.05, t - 0.05 + gap, t + 0.1]))
+    assert an.burst_completion_spread_ms(recs, windows) == [80.0, 160.0]
+    ref = an.burst_end_reference(recs, windows)
+    # gaps ending inside [burst_t1, resume_t1]: crossing 1's 60 ms (to t + 10 ms) and 90 ms (to t + 100 ms);
+    # crossing 2's 15 ms ends before the burst did, its 135 ms (to t + 100 ms) inside
+    assert ref["resume_window_max_gap_ms"] == pytest.approx([90.0, 135.0])
+    assert ref["server"] == "baseline" and ref["max_ms"] == pytest.approx(135.0)
+    assert ref["burst_completion_spread_ms"] == [80.0, 160.0]
+
+
 def test_log_transitions_counts_switch_lines_and_reads_the_last_counters():
     lines = ["[2026 TP0] Dynamic speculation disable: drafting stopped at 20 running decode requests (a)",
              "Decode batch, #running-req: 20, spec off/on switches: 1/0",
@@ -312,3 +332,25 @@ def test_c1_verdict_is_given_only_where_the_rounds_resolve_the_goal():
     assert met is None and "harness" in why
     # too few rounds to estimate their spread
     assert an.c1_verdict(1.0, tight[:3], tight)[:2] == (None, None)
+
+
+def test_burst_end_script_rederives_every_servers_burst_end_from_a_runs_records(tmp_path):
+    import json
+
+    from .scripts import load_gpu_script
+
+    burst_end = load_gpu_script("burst_end")
+    (tmp_path / "accept").mkdir()
+    windows = {"baseline": [{"crossing": 1, "burst_t0": 9.0, "burst_t1": 10.0, "resume_t1": 11.0}],
+               "eagle3-v2": [{"crossing": 1, "burst_t0": 19.0, "burst_t1": 20.0, "resume_t1": 21.0}]}
+    recs = [dict(rec("baseline", "burst", 0, [1], crossing=1), t_end=9.98),
+            dict(rec("baseline", "burst", 1, [1], crossing=1), t_end=10.0),
+            rec("baseline", "span", 2, [1, 1], crossing=1, arrivals=[9.95, 10.02]),
+            dict(rec("eagle3-v2", "burst", 0, [1], crossing=1), t_end=19.7),
+            dict(rec("eagle3-v2", "burst", 1, [1], crossing=1), t_end=20.0)]
+    (tmp_path / "accept" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "accept" / "accept_raw.json").write_text(json.dumps({"windows": windows}))
+    base, stock = burst_end.report(str(tmp_path))
+    assert base["server"] == "baseline" and base["resume_window_max_gap_ms"] == pytest.approx([70.0])
+    assert base["burst_completion_spread_ms"] == [20.0] and stock["burst_completion_spread_ms"] == [300.0]
+    assert stock["resume_window_max_gap_ms"] == [None] and stock["median_ms"] is None

@@ -156,6 +156,10 @@ def test_first_crossing_stall_is_seen(result):
     tmp, _, first = result
     runs = {r["server"]: r for r in first["runs"]}
     assert "baseline" not in runs and "eagle3-v2" in runs  # the stock server is the reference
+    # the baseline's own burst ends, with no switch in them, for the dyn servers' resume gaps
+    ref = first["baseline_burst_end"]
+    assert len(ref["resume_window_max_gap_ms"]) == len(ref["burst_completion_spread_ms"]) == 3
+    assert all(len(r["burst_completion_spread_ms"]) == 3 for r in runs.values())
     r = runs["eagle3-v2-dyn"]
     assert r["tp"] == 1 and len(r["crossing_max_gap_ms"]) == 3
     # the stand-in stalls 1 s once; the client reads chunks in the same event loop, so a gap can
