@@ -24,9 +24,6 @@
 #        crossings 1's and 2's resumes on it (traces in evidence.tgz under traces/; that server's
 #        stall figures are then taken with the profiler on); PROFILE_CROSSINGS (default 1,2) picks
 #        the crossings, e.g. PROFILE_CROSSINGS=3,4,5 for the long later resumes.
-#      GC_LOG_MS (unset: off): every server logs each garbage collection of that many ms or more
-#        (gpu/gc_log/sitecustomize.py), which `python3 gpu/gc_pauses.py EVIDENCE_DIR` sets against
-#        the resume gaps; the site's own sitecustomize, if it had one, would be shadowed.
 #      C1_ROUNDS / C1_PROMPTS / C1_TOKENS (default 8 / 1 / 192): the c=1 measure of the goal
 #        (after the bursts >= 0.98x before): A/B rounds before and after the crossings in which each
 #        dyn server, its stock peer and its negative control decode the same prompts one at a time
@@ -60,11 +57,6 @@ else
 fi
 . gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
-if [ -n "${GC_LOG_MS:-}" ]; then
-  # every server logs its garbage collections of GC_LOG_MS ms or more (gpu/gc_log/sitecustomize.py)
-  export LAB_GC_LOG_MS=$GC_LOG_MS EXTRA_PYTHONPATH=$PWD/gpu/gc_log${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
-  say "servers log garbage collections of ${GC_LOG_MS} ms or more ([lab-gc] lines; gpu/gc_pauses.py)"
-fi
 say "training the ${PAIR_ARCH:-llama} pair ($(left) s left)"
 bash gpu/make_trained_pair.sh $(( $(left) - 120 )) "$WORK" || { say "no trained pair"; exit 1; }
 say "pair trained ($(left) s left)"

@@ -181,10 +181,9 @@ def verify_step_table(key, records):
         vs = "-"
         if "-dyn" in profiles[n]:
             stock = stock_of(n, profiles, flagged, med)
-            pooled = [v for m in stock_candidates(n, profiles, flagged, med) for v in steps[m]]
-            if stock in med:
+            if stock is not None:
                 vs = f"{med[stock] / med[n]:.3f}"
-            elif pooled:
+            elif pooled := [v for m in stock_candidates(n, profiles, flagged, med) for v in steps[m]]:
                 vs = f"{statistics.median(pooled) / med[n]:.3f} (stock servers pooled)"
         rounds = ", ".join(f"{v:.3f}" for v in steps[n])
         out.append(f"| {n} | {med[n]:.3f} ({rounds}) | {statistics.median(accept[n]):.2f} | {vs} |")
