@@ -12,6 +12,8 @@
 #      TINY_MLA=1: also write the small DeepseekV3 (MLA + MoE) pair (make_models.py --tiny-mla).
 #      BIG_LAYERS (default 16): layers of the config-only dummy target (see make_models.py).
 #      FI_COMM_PREWARM=1: build FlashInfer's trtllm all-reduce fusion kernel in the background.
+#      SIM_ACCEPT (per-step | per-request, default per-step): how SGLANG_SIMULATE_ACC_LEN draws
+#        (gpu/sim_accept.py: SGLang's one length per step, or one per request; 0.5.11 only).
 #      OUT: results folder (set by the GPU machine).
 set -u
 T0=$(date +%s)
@@ -82,6 +84,10 @@ if [ ! -d /tmp/site/sglang ]; then
   python3 -m py_compile $patched && say "patched files compile (${DYN_PATCHSETS:-dyn-disable}: $(echo $patched | wc -w) files)"
   fi
 fi
+# the simulated acceptance's draw, on every call (a warm machine keeps the last call's site):
+# SIM_ACCEPT=per-request draws each request's accept length apart (gpu/sim_accept.py, 0.5.11 only)
+python3 gpu/sim_accept.py "${SIM_ACCEPT:-per-step}" /tmp/site /tmp/stock /tmp/naive /tmp/noisy \
+  || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }
 export PYTHONPATH=/tmp/site
 EXTRA=$STUBS
 say "site ready (extra pythonpath: '$EXTRA')"

@@ -76,6 +76,7 @@ Writes DIR/shapes_<group>.json (updated as it goes), DIR/records.jsonl and serve
 """
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -90,6 +91,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dyn_device  # noqa: E402  (shared with the first rounds' driver)
 import lab_launch  # noqa: E402
 import plan_memory  # noqa: E402
+import sim_accept  # noqa: E402
 import summarize_shapes  # noqa: E402
 from dyn_device import (  # noqa: E402
     ERROR_RE, HARMLESS, LOGS, MODELS, PROMPTS, compare, el, equality_schedule, generate, run_smoke,
@@ -126,6 +128,15 @@ def left():
 
 
 DYN_SUFFIXES = ("-dyn", "-dyn-full", "-dyn-native")  # the dyn-disable profiles
+
+
+
+@functools.lru_cache(maxsize=None)
+def accept_draw(site="/tmp/site"):
+    """How the site's simulated acceptance draws (gpu/sim_accept.py): "per-step" (SGLang's own: one
+    length for every request of a step) or "per-request"; None without a site. Read once a run:
+    run_dyn.sh sets it before any server starts."""
+    return sim_accept.mode(site)
 
 
 class Server(dyn_device.Server):
@@ -205,6 +216,8 @@ class Server(dyn_device.Server):
                 "plain_path": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_PATH", "step") if dyn else None,
                 "plain_draft_kv": self.env_shown.get("SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV", "write") if dyn else None,
                 "simulated_accept_len": self.env_shown.get("SGLANG_SIMULATE_ACC_LEN"),
+                "simulated_accept_draw": (accept_draw() if self.env_shown.get("SGLANG_SIMULATE_ACC_LEN")
+                                          else None),
                 "sglang": os.environ.get("SGLANG_RELEASE", "0.5.11"), "extra_flags": list(self.flags),
                 "sleep_on_idle": bool(self.group.get("sleep_on_idle")),
                 "profiled_before": self.profiled, "radix_cache": not self.radix_cache_off(self.group),
