@@ -37,6 +37,12 @@ sequence of work beside it (level bursty-segments: segments of --segment-waves w
 and the low concurrency, each starting when the one before has drained; the same requests for
 every server). After each level
 auto's /server_info dyn_spec_disable (its buckets' estimates) is kept.
+With --acc-mix (a config-only pair, the site's simulated acceptance drawn per request: SIM_ACCEPT=per-request,
+gpu/sim_accept.py), level acc-mix: phases of the given mean accept lengths at one concurrency
+(--acc-mix-c), --acc-mix-waves waves each, --acc-mix-cycles times a round, --acc-mix-rounds rounds, the
+same requests for every server; each server reads the phase's acceptance from its own file
+(acc_file), written by the driver before each phase. There the crossover itself moves, so every fixed
+threshold is wrong in part of the load; auto_summary judges it by the bursty goal.
 --auto-variants adds auto servers with one controller knob changed (not judged; their state in
 DIR/auto_variant_state.jsonl). --fixed-twins N adds a second fixed-N server (`fixed-N-twin`, not
 judged), the fixed side's A/A pair.
@@ -55,6 +61,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import auto_summary  # noqa: E402
+import sim_accept  # noqa: E402
 import steady_state  # noqa: E402
 
 T0 = time.time()
@@ -237,6 +244,65 @@ async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens
             "waves": list(waves), "cycles": cycles}
 
 
+SITE = "/tmp/site"         # the sglang tree run_dyn.sh prepares
+ACC_DIR = "/tmp/lab-acc"   # one file per server: the mean accept length of the current phase
+
+
+def acc_file(label):
+    return os.path.join(ACC_DIR, label)
+
+
+def set_acc(path, value):
+    """The phase's mean accept length where the server reads it (gpu/sim_accept.py); None removes it
+    (the server's own SGLANG_SIMULATE_ACC_LEN again). One rename, so the server never reads half."""
+    if value is None:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{value}\n")
+    os.replace(path + ".tmp", path)
+
+
+async def acc_mix(s, srv, prompts, c, phases, waves, cycles, out_tokens, path):
+    """A load whose crossover moves and whose concurrency does not: `cycles` times, for each
+    (acceptance, waves) of the phases, waves * c requests at concurrency c with the server's mean
+    accept length set to that acceptance, each phase starting when the one before has drained. At
+    one concurrency every fixed threshold takes one side in every phase, so where speculation pays at
+    one acceptance and not at the other each is wrong in part of the trace; auto can follow it. The
+    same requests and phases for every server."""
+    toks, sent, t0 = 0, 0, time.time()
+    try:
+        for _ in range(cycles):
+            for acc, w in zip(phases, waves):
+                set_acc(path, acc)
+                res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, w * c, out_tokens)
+                toks += res["out_tokens"]
+                sent = (sent + w * c) % len(prompts)
+    finally:
+        set_acc(path, None)
+    wall = time.time() - t0
+    return {"requests": cycles * c * sum(waves), "out_tokens": toks, "wall_s": round(wall, 3),
+            "out_tok_per_s": round(toks / wall, 1), "c": c, "acc_phases": list(phases), "waves": list(waves),
+            "cycles": cycles}
+
+
+def parse_acc_mix(acc_text, waves_text):
+    """--acc-mix "2.5,1.6" --acc-mix-waves "20,20" -> ([2.5, 1.6], [20, 20])."""
+    try:
+        phases = [float(x) for x in acc_text.split(",")]
+        waves = [int(x) for x in waves_text.split(",")]
+    except ValueError:
+        raise ValueError(f"--acc-mix {acc_text!r} / --acc-mix-waves {waves_text!r}: numbers, comma-separated") from None
+    if len(phases) < 2 or any(p <= 0 for p in phases):
+        raise ValueError(f"--acc-mix {acc_text!r}: two or more accept lengths, each above 0")
+    if len(waves) != len(phases) or any(w < 1 for w in waves):
+        raise ValueError(f"--acc-mix-waves {waves_text!r}: one whole number of waves (at least 1) per phase of "
+                         f"--acc-mix ({len(phases)})")
+    return phases, waves
+
+
 def parse_waves(text):
     """--segment-waves "3,8" -> (3, 8): waves of the high segment, waves of the low one."""
     try:
@@ -323,22 +389,27 @@ DYN_PROFILES = ("eagle3-v2-dyn", "eagle3-v2-dyn-native")   # the plain step path
 
 
 def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_tokens=32768, variants=(),
-                 dyn_profile="eagle3-v2-dyn", fixed_twins=()):
+                 dyn_profile="eagle3-v2-dyn", fixed_twins=(), acc_files=False):
     """The fixed-threshold and auto servers all run `dyn_profile`, so that a sweep compares
     thresholds on one plain path. Every server with --sleep-on-idle (the group's sleep_on_idle):
     an idle 0.5.11 scheduler busy-polls its sockets (one core at 100 %), and six idle servers
     beside the measured one put host noise into its
     host-bound steps (the real-acceptance c=1 rounds scattered by up to 40 % with seven servers
     resident). The scheduler sleeps only when it has no request at all (Scheduler.on_idle), and a
-    request wakes its poll at once, so a measured server runs as without the flag."""
+    request wakes its poll at once, so a measured server runs as without the flag. With acc_files
+    every server reads its mean accept length from its own file (acc_file, for --acc-mix)."""
     import shapes_device
+
+    def lab_env(label, env):
+        return {**env, sim_accept.ACC_LEN_FILE_ENV: acc_file(label)} if acc_files else env
+
     group = {"name": "auto", "index": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
              "mem": mem, "kv_tokens": kv_tokens, "max_running": 64, "pair": pair, "acc_len": acc_len,
              "sleep_on_idle": True}
     servers = []
     for k, threshold in enumerate([*fixed, "auto"]):
         label = "auto" if threshold == "auto" else f"fixed-{threshold}"
-        env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}
+        env = lab_env(label, {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"})
         # the threshold, "auto" included, goes through the profile as `invoke server start --threshold` passes it
         spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env}
         srv = shapes_device.Server(group, spec, k, threshold)
@@ -349,13 +420,13 @@ def make_servers(fixed, mem, baseline=True, pair="trained", acc_len=2.5, kv_toke
     for threshold in fixed_twins:
         label = f"fixed-{threshold}-twin"
         spec = {"profile": dyn_profile, "label": label, "pair": pair,
-                "env": {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"}}
+                "env": lab_env(label, {"TRITON_CACHE_DIR": f"/tmp/triton-{label}"})}
         srv = shapes_device.Server(group, spec, len(servers), threshold)
         srv.threshold_label = f"{threshold}-twin"
         servers.insert(len(servers) - 1, srv)
     # the judged auto server stays last (main() takes servers[-1]); variants go before it
     for label, knob_env in variants:
-        env = {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env}
+        env = lab_env(label, {"TRITON_CACHE_DIR": f"/tmp/triton-{label}", **knob_env})
         spec = {"profile": dyn_profile, "label": label, "pair": pair, "env": env}
         srv = shapes_device.Server(group, spec, len(servers), "auto")
         srv.threshold_label = label
@@ -418,6 +489,13 @@ async def main():
                          "cycles of a high segment and a low one (0: not run)")
     ap.add_argument("--segment-waves", default="3,8",
                     help="HIGH,LOW: waves of --burst-high requests in a high segment, of --burst-low in a low one")
+    ap.add_argument("--acc-mix", default="",
+                    help='level acc-mix: phases of these mean accept lengths at one concurrency, e.g. "2.5,1.6" '
+                         "(--workload sim on a site whose draw is per request: SIM_ACCEPT=per-request; TP=1)")
+    ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix level's concurrency")
+    ap.add_argument("--acc-mix-waves", default="20,20", help="waves of --acc-mix-c requests in each phase")
+    ap.add_argument("--acc-mix-cycles", type=int, default=2, help="times the acc-mix phases run in a round")
+    ap.add_argument("--acc-mix-rounds", type=int, default=2, help="rounds of the acc-mix level")
     ap.add_argument("--min-s", type=float, default=1.2, help="seconds each round's measurement lasts at least")
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
@@ -433,6 +511,7 @@ async def main():
         variants = parse_variants(a.auto_variants)
         waves = parse_waves(a.segment_waves)
         fixed_twins = parse_fixed_twins(a.fixed_twins, a.fixed)
+        mix = parse_acc_mix(a.acc_mix, a.acc_mix_waves) if a.acc_mix else None
     except ValueError as exc:
         ap.error(str(exc))
     BUDGET = a.budget_s
@@ -442,13 +521,19 @@ async def main():
     import shapes_device
     if (a.workload == "sim") != (a.pair in shapes_device.CONFIG_ONLY):
         ap.error("--workload sim goes with a config-only --pair (dummy weights), and only with one")
+    if mix and a.workload != "sim":
+        ap.error("--acc-mix sets a simulated acceptance: it goes with --workload sim")
+    if mix and sim_accept.mode(SITE) != sim_accept.PER_REQUEST:
+        ap.error(f"--acc-mix needs {SITE}'s simulated acceptance drawn per request, which reads its mean "
+                 f"from a file (it is {sim_accept.mode(SITE) or 'not there'}): SIM_ACCEPT=per-request bash "
+                 "gpu/run_dyn.sh setup, or SIM_ACCEPT=per-request in front of gpu/run_auto.sh")
     shapes_device.BUDGET = a.budget_s
     os.makedirs(a.out, exist_ok=True)
     levels = [int(c) for c in a.levels.split(",")]
     prompts = prompts_for(a.workload, a.models, 4 * max(levels), a.in_tokens, pair=a.pair)
     servers = make_servers([int(t) for t in a.fixed.split(",")], a.mem, baseline=not a.no_baseline,
                            pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants,
-                           fixed_twins=fixed_twins,
+                           fixed_twins=fixed_twins, acc_files=bool(mix),
                            dyn_profile=a.dyn_profile)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
@@ -510,6 +595,20 @@ async def main():
                                         "temperature": temperature})
                     say(name, "bursty-segments", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
+            for rnd in range(a.acc_mix_rounds if mix else 0):
+                for srv in bursty_order(live, auto, rnd):
+                    if left() < 45:
+                        say("budget: no acc-mix round for", srv.label)
+                        continue
+                    res = await timed_round(s, srv, lambda: acc_mix(
+                        s, srv, prompts, a.acc_mix_c, mix[0], mix[1], a.acc_mix_cycles, a.out_tokens,
+                        acc_file(srv.label)))
+                    keep(records_path, {**res, **srv.meta(), "workload": name, "level": "acc-mix",
+                                        "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
+                                        "temperature": temperature})
+                    say(name, "acc-mix", srv.label, res["out_tok_per_s"], "tok/s")
+            if mix:
+                keep(state_path, {"after": "acc-mix", "state": await dyn_state(s, auto)})
         except TimeoutError:
             pass
         finally:

@@ -38,8 +38,10 @@ def _level_key(level):
 
 
 def _bursty(level):
-    """The bursty loads: the time-based trace ("bursty") and the segmented one ("bursty-segments")."""
-    return level.startswith("bursty")
+    """The loads that move across the crossover, judged by the bursty goal: the time-based trace
+    ("bursty"), the segmented one ("bursty-segments") and acceptance phases at one concurrency
+    ("acc-mix", where the crossover itself moves)."""
+    return level.startswith("bursty") or level == "acc-mix"
 
 
 def workload_summary(records, name):

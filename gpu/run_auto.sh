@@ -15,7 +15,9 @@
 #      (SGLANG_SIMULATE_ACC_LEN of a config-only pair, default 2.5), BUDGET_S (default 570), SKIP_SETUP=1 (/tmp/site is
 #      there: a warm machine), TARGET_S / DRAFT_S (default 70 / 35: training on the GPU),
 #      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (3),
-#      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla).
+#      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla),
+#      SIM_ACCEPT (per-step | per-request: how the simulated acceptance draws, gpu/sim_accept.py;
+#      --acc-mix in AUTO_ARGS needs per-request).
 # $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl, train_report.json (trained pair) and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u

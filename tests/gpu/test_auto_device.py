@@ -281,3 +281,77 @@ def test_segment_waves_are_two_whole_numbers(driver):
     for bad in ("3", "3,x", "0,2", "2,-1"):
         with pytest.raises(ValueError, match="--segment-waves"):
             driver.parse_waves(bad)
+
+
+def test_the_acc_mix_level_sets_each_phases_acceptance_for_its_requests_and_then_clears_it(driver, tmp_path):
+    """2 cycles of phases 2.5 (2 waves of 3) and 1.6 (1 wave of 3): every request is sent while its
+    phase's value is in the server's file, one concurrency throughout, and the file is gone after."""
+    control = str(tmp_path / "acc" / "auto")
+    seen = []
+
+    class Reading(StandIn):
+        async def generate(self, request):
+            with open(control) as f:
+                seen.append(f.read().strip())
+            return await super().generate(request)
+
+    stand_in = Reading()
+    prompts = [[i] for i in range(40)]
+
+    async def run(s, srv):
+        return await driver.acc_mix(s, srv, prompts, 3, [2.5, 1.6], [2, 1], 2, 5, control)
+
+    res = asyncio.run(on_loopback_server([("POST", "/generate", stand_in.generate)], run))
+    assert seen == ["2.5"] * 6 + ["1.6"] * 3 + ["2.5"] * 6 + ["1.6"] * 3
+    assert res["requests"] == len(stand_in.bodies) == 18 and res["out_tokens"] == 90
+    assert 1 < max(stand_in.peaks) <= 3
+    assert (res["acc_phases"], res["waves"], res["cycles"], res["c"]) == ([2.5, 1.6], [2, 1], 2, 3)
+    assert not (tmp_path / "acc" / "auto").exists()
+
+
+def test_the_acc_mix_file_is_cleared_when_a_phase_fails(driver, tmp_path):
+    control = str(tmp_path / "auto")
+
+    async def refuse(request):
+        return web.json_response({"error": "no"}, status=500)
+
+    async def run(s, srv):
+        return await driver.acc_mix(s, srv, [[1]], 2, [2.5, 1.6], [1, 1], 1, 5, control)
+
+    with pytest.raises(RuntimeError, match="HTTP 500"):
+        asyncio.run(on_loopback_server([("POST", "/generate", refuse)], run))
+    assert not (tmp_path / "auto").exists()
+
+
+def test_acc_mix_phases_and_waves_pair_up(driver):
+    assert driver.parse_acc_mix("2.5,1.6", "20,10") == ([2.5, 1.6], [20, 10])
+    for acc, waves in (("2.5", "20"), ("2.5,0", "1,1"), ("2.5,x", "1,1"), ("2.5,1.6", "20"), ("2.5,1.6", "1,0")):
+        with pytest.raises(ValueError, match="--acc-mix"):
+            driver.parse_acc_mix(acc, waves)
+
+
+def test_with_acc_files_every_server_reads_its_own(driver):
+    servers = driver.make_servers([8, 16], 0.12, pair="big", variants=driver.parse_variants("probe=0.005"),
+                                  fixed_twins=[8], acc_files=True)
+    files = {srv.label: srv.plan.env.get("LAB_SIM_ACC_LEN_FILE") for srv in servers}
+    assert files.pop("baseline") is None   # the target alone draws nothing
+    assert files == {label: driver.acc_file(label) for label in files} and len(set(files.values())) == len(files)
+    assert sorted(files) == ["auto", "auto-probe0.005", "fixed-16", "fixed-8", "fixed-8-twin"]
+    plain = driver.make_servers([8], 0.12, pair="big")
+    assert all("LAB_SIM_ACC_LEN_FILE" not in srv.plan.env for srv in plain)
+
+
+@pytest.mark.parametrize("workload,draw", [("sim", "per-step"), ("own", "per-request")])
+def test_acc_mix_is_refused_unless_simulated_and_drawn_per_request(driver, monkeypatch, tmp_path, workload, draw):
+    site = tmp_path / "site"
+    spec_utils = site / "sglang" / "srt" / "speculative" / "spec_utils.py"
+    spec_utils.parent.mkdir(parents=True)
+    spec_utils.write_text("# toolkit lab: gpu/sim_accept.py per-request\n" if draw == "per-request" else "x = 1\n")
+    monkeypatch.setattr(driver, "SITE", str(site))
+    out = tmp_path / "out"
+    pair = ["--pair", "big"] if workload == "sim" else []
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--workload", workload, *pair,
+                                     "--acc-mix", "2.5,1.6"])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(driver.main())
+    assert stop.value.code == 2 and not out.exists()   # refused before anything started
