@@ -73,20 +73,21 @@ def generate_simulated_accept_index(
     # match-expected's floor / ceiling with the fraction's weight)
     simulate_acc_len = _lab_acc_len(simulate_acc_len)
     assert simulate_acc_len > 0.0
+    # drawn where the index lives (no copy to the GPU, no wait); the ranks' generators are seeded alike
+    device = accept_index.device
     if simulate_acc_method == "multinomial":
-        lengths = torch.normal(mean=simulate_acc_len, std=1.0, size=(bs,), device="cpu")
+        lengths = torch.normal(mean=simulate_acc_len, std=1.0, size=(bs,), device=device)
         lengths = torch.clamp(lengths, min=1.0, max=spec_steps + 1).round().to(torch.int64)
     elif simulate_acc_method == "match-expected":
         expected = max(1.0, min(spec_steps + 1, simulate_acc_len))
         lower = int(expected // 1)
         upper = lower + 1 if lower < spec_steps + 1 else lower
-        up = torch.rand(bs, device="cpu") < (expected - lower)
+        up = torch.rand(bs, device=device) < (expected - lower)
         lengths = torch.where(up, upper, lower).to(torch.int64)
     else:
         raise ValueError(f"Invalid simulate_acc_method: {{SIMULATE_ACC_METHOD}}")
 
-    lengths = lengths.to(accept_index.device)
-    columns = torch.arange(spec_steps + 1, device=accept_index.device)
+    columns = torch.arange(spec_steps + 1, device=device)
     first = accept_index[:, 0].view(-1, 1)
     sim_accept_index = torch.where(
         columns.view(1, -1) < lengths.view(-1, 1), first + columns.view(1, -1), -1
