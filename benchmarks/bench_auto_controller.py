@@ -17,6 +17,12 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py [--extra-ms 0,20,40] [--accept 2.5,1.8]
     .venv/bin/python benchmarks/bench_auto_controller.py --resume-ms 0,50,100 --accept 1.6,2.5
     .venv/bin/python benchmarks/bench_auto_controller.py --host-cost   # host time per step
+    .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.5,1.6 --acc-mix-c 16
+
+--acc-mix: gpu/auto_device.py's acc-mix level on the simulated server (the acceptance changes between
+phases of fixed work at one concurrency, so the crossover moves; gpu/README row 1r): auto against
+speculating and plain throughout (at one concurrency every fixed threshold is one of the two), per
+phase length in tokens (the GPU row's phase: 20 waves of 16 requests x 96 tokens = 30,720).
 """
 from __future__ import annotations
 
@@ -67,6 +73,42 @@ def resume_ratios(auto, sim, accept, resume_s, measure):
         auto.AutoSwitch._close_window = saved
 
 
+def acc_mix_rates(auto, sim, phases, c, phase_tokens, cycles=4, seed=5):
+    """tok/s of auto, of speculating throughout, of plain throughout and of an oracle that knows
+    each phase's side, over `cycles` times the phases (each `phase_tokens` tokens at acceptance
+    phases[k], c requests running), after one untimed cycle (the GPU run's servers have run levels
+    before this one). decide(acc): None (the controller decides) or the side for that phase."""
+    def run(decide):
+        server = sim.Server(auto, accept=phases[0], seed=seed)
+
+        def cycle():
+            for acc in phases:
+                server.accept = acc
+                start = server.tokens
+                while server.tokens - start < phase_tokens:
+                    server.step(c, decide=decide(acc))
+
+        cycle()
+        t0, tok0 = sum(server.time.values()), server.tokens
+        for _ in range(cycles):
+            cycle()
+        return (server.tokens - tok0) / (sum(server.time.values()) - t0)
+
+    oracle = lambda acc: sim.true_gain(acc, sim.bucket(c)) > 1.0  # noqa: E731
+    return run(lambda acc: None), run(lambda acc: True), run(lambda acc: False), run(oracle)
+
+
+def acc_mix_table(auto, sim, phases, c):
+    gains = ", ".join(f"{a:g}: {sim.true_gain(a, sim.bucket(c)):.2f}" for a in phases)
+    print(f"acceptance phases {phases} at c={c} (the model's true gain of speculation there: {gains})")
+    print("| tokens per phase | auto tok/s | speculating | plain | oracle | auto / best of the two | auto / oracle |")
+    print("|---|---|---|---|---|---|---|")
+    for tokens in (8000, 30720, 120000):
+        got, spec, plain, ideal = acc_mix_rates(auto, sim, phases, c, tokens)
+        print(f"| {tokens} | {got:.0f} | {spec:.0f} | {plain:.0f} | {ideal:.0f} | {got / max(spec, plain):.3f} | "
+              f"{got / ideal:.3f} |", flush=True)
+
+
 def host_cost(auto, steps=20000):
     """Host time of the controller per decode step (decide, then the step's accept lengths), by
     batch size: the scheduler thread pays it every step, speculative or plain."""
@@ -91,6 +133,8 @@ def main():
     ap.add_argument("--extra-ms", default="0,20,40", help="churn: extra ms of the speculative step after a prefill (0: no churn)")
     ap.add_argument("--accept", default="2.5,1.8", help="simulated accept lengths")
     ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
+    ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
+    ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
     ap.add_argument("--resume-ms", default=None,
                     help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
@@ -101,6 +145,9 @@ def main():
     from tests.dyn import test_auto as sim
 
     auto = load_controller()
+    if a.acc_mix:
+        acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c)
+        return
     if a.resume_ms is not None:
         print("| resume (extra ms) | accept | switches | c=1 | c=4 | c=16 | c=32 | c=64 | bursty |")
         print("|---|---|---|---|---|---|---|---|---|")
