@@ -220,3 +220,8 @@ def test_only_a_close_or_reset_of_a_kept_alive_connection_is_retried():
     assert not _stale_connection(aiohttp.ClientOSError(errno.ETIMEDOUT, "timed out"))
     refused = aiohttp.ClientConnectorError(None, OSError(errno.ECONNREFUSED, "refused"))
     assert not _stale_connection(refused)
+    # the body written onto a transport the server had closed: no errno, a reset as its cause
+    unwritten = aiohttp.ClientOSError(None, "Can not write request body for http://127.0.0.1:1/v1/chat/completions")
+    assert not _stale_connection(unwritten)
+    unwritten.__cause__ = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    assert _stale_connection(unwritten)
