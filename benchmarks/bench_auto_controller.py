@@ -94,7 +94,9 @@ def acc_mix_rates(auto, sim, phases, c, phase_tokens, cycles=4, seed=5):
             cycle()
         return (server.tokens - tok0) / (sum(server.time.values()) - t0)
 
-    oracle = lambda acc: sim.true_gain(acc, sim.bucket(c)) > 1.0  # noqa: E731
+    def oracle(acc):
+        return sim.true_gain(acc, sim.bucket(c)) > 1.0
+
     return run(lambda acc: None), run(lambda acc: True), run(lambda acc: False), run(oracle)
 
 

@@ -225,6 +225,20 @@ async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
             "timeline_ms": {"send": [round(1000 * t) for t in sends], "done": [round(1000 * t) for t in dones]}}
 
 
+async def run_segments(s, srv, prompts, segments, out_tokens):
+    """Segments of fixed work in order, each (c, n, before): before() (or nothing), then n requests
+    as a closed loop at concurrency c, starting when the segment before has drained; the prompts
+    move on from segment to segment, so every server gets the same requests. (tokens, wall s)."""
+    toks, sent, t0 = 0, 0, time.time()
+    for c, n, before in segments:
+        if before is not None:
+            before()
+        res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, n, out_tokens)
+        toks += res["out_tokens"]
+        sent = (sent + n) % len(prompts)
+    return toks, time.time() - t0
+
+
 async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens):
     """The bursty load as a fixed sequence of work: `cycles` times a segment of waves[0] * high
     requests at concurrency `high`, then one of waves[1] * low requests at `low`, each segment a
@@ -232,19 +246,13 @@ async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens
     at the same concurrency pattern, so tok/s tells the servers apart and not where their waves
     ended against a clock (the time-based trace's offered load differs from server to server)."""
     high_waves, low_waves = waves
-    toks, sent, t0 = 0, 0, time.time()
-    for _ in range(cycles):
-        for c, n in ((high, high_waves * high), (low, low_waves * low)):
-            res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, n, out_tokens)
-            toks += res["out_tokens"]
-            sent = (sent + n) % len(prompts)
-    wall = time.time() - t0
+    segments = [(high, high_waves * high, None), (low, low_waves * low, None)] * cycles
+    toks, wall = await run_segments(s, srv, prompts, segments, out_tokens)
     return {"requests": cycles * (high_waves * high + low_waves * low), "out_tokens": toks,
             "wall_s": round(wall, 3), "out_tok_per_s": round(toks / wall, 1), "low": low, "high": high,
             "waves": list(waves), "cycles": cycles}
 
 
-SITE = "/tmp/site"         # the sglang tree run_dyn.sh prepares
 ACC_DIR = "/tmp/lab-acc"   # one file per server: the mean accept length of the current phase
 
 
@@ -272,17 +280,11 @@ async def acc_mix(s, srv, prompts, c, phases, waves, cycles, out_tokens, path):
     one concurrency every fixed threshold takes one side in every phase, so where speculation pays at
     one acceptance and not at the other each is wrong in part of the trace; auto can follow it. The
     same requests and phases for every server."""
-    toks, sent, t0 = 0, 0, time.time()
+    segments = [(c, w * c, lambda acc=acc: set_acc(path, acc)) for acc, w in zip(phases, waves)] * cycles
     try:
-        for _ in range(cycles):
-            for acc, w in zip(phases, waves):
-                set_acc(path, acc)
-                res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, w * c, out_tokens)
-                toks += res["out_tokens"]
-                sent = (sent + w * c) % len(prompts)
+        toks, wall = await run_segments(s, srv, prompts, segments, out_tokens)
     finally:
         set_acc(path, None)
-    wall = time.time() - t0
     return {"requests": cycles * c * sum(waves), "out_tokens": toks, "wall_s": round(wall, 3),
             "out_tok_per_s": round(toks / wall, 1), "c": c, "acc_phases": list(phases), "waves": list(waves),
             "cycles": cycles}
@@ -523,9 +525,10 @@ async def main():
         ap.error("--workload sim goes with a config-only --pair (dummy weights), and only with one")
     if mix and a.workload != "sim":
         ap.error("--acc-mix sets a simulated acceptance: it goes with --workload sim")
-    if mix and sim_accept.mode(SITE) != sim_accept.PER_REQUEST:
-        ap.error(f"--acc-mix needs {SITE}'s simulated acceptance drawn per request, which reads its mean "
-                 f"from a file (it is {sim_accept.mode(SITE) or 'not there'}): SIM_ACCEPT=per-request bash "
+    draw = sim_accept.mode(sim_accept.SITE) if mix else None
+    if mix and draw != sim_accept.PER_REQUEST:
+        ap.error(f"--acc-mix needs {sim_accept.SITE}'s simulated acceptance drawn per request, which reads its "
+                 f"mean from a file (it is {draw or 'not there'}): SIM_ACCEPT=per-request bash "
                  "gpu/run_dyn.sh setup, or SIM_ACCEPT=per-request in front of gpu/run_auto.sh")
     shapes_device.BUDGET = a.budget_s
     os.makedirs(a.out, exist_ok=True)

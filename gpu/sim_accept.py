@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+SITE = "/tmp/site"   # the sglang tree gpu/run_dyn.sh prepares, which the drivers' records describe
 SPEC_UTILS = "sglang/srt/speculative/spec_utils.py"
 FUNCTION = "def generate_simulated_accept_index("
 SAVED = ".per-step"   # the untouched module, kept beside the rewritten one

@@ -347,7 +347,7 @@ def test_acc_mix_is_refused_unless_simulated_and_drawn_per_request(driver, monke
     spec_utils = site / "sglang" / "srt" / "speculative" / "spec_utils.py"
     spec_utils.parent.mkdir(parents=True)
     spec_utils.write_text("# toolkit lab: gpu/sim_accept.py per-request\n" if draw == "per-request" else "x = 1\n")
-    monkeypatch.setattr(driver, "SITE", str(site))
+    monkeypatch.setattr(driver.sim_accept, "SITE", str(site))
     out = tmp_path / "out"
     pair = ["--pair", "big"] if workload == "sim" else []
     monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--workload", workload, *pair,
