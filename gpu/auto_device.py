@@ -50,6 +50,7 @@ Writes DIR/records.jsonl, DIR/auto_state.jsonl, DIR/part-WORKLOAD.json (auto_sum
 """
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -264,7 +265,7 @@ def set_acc(path, value):
     """The phase's mean accept length where the server reads it (gpu/sim_accept.py); None removes it
     (the server's own SGLANG_SIMULATE_ACC_LEN again). One rename, so the server never reads half."""
     if value is None:
-        if os.path.exists(path):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(path)
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -130,13 +130,12 @@ def left():
 DYN_SUFFIXES = ("-dyn", "-dyn-full", "-dyn-native")  # the dyn-disable profiles
 
 
-
 @functools.lru_cache(maxsize=None)
-def accept_draw(site=sim_accept.SITE):
+def accept_draw():
     """How the site's simulated acceptance draws (gpu/sim_accept.py): "per-step" (SGLang's own: one
     length for every request of a step) or "per-request"; None without a site. Read once a run:
     run_dyn.sh sets it before any server starts."""
-    return sim_accept.mode(site)
+    return sim_accept.mode(sim_accept.SITE)
 
 
 class Server(dyn_device.Server):

@@ -86,7 +86,7 @@ def generate_simulated_accept_index(
         up = torch.rand(bs, device=device) < (expected - lower)
         lengths = torch.where(up, upper, lower).to(torch.int64)
     else:
-        raise ValueError(f"Invalid simulate_acc_method: {{SIMULATE_ACC_METHOD}}")
+        raise ValueError(f"Invalid simulate_acc_method: {{simulate_acc_method!r}}")
 
     columns = torch.arange(spec_steps + 1, device=device)
     first = accept_index[:, 0].view(-1, 1)

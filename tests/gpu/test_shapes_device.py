@@ -405,3 +405,26 @@ def test_the_acceptance_summary_leaves_out_requests_that_never_speculated(shapes
     assert shapes.acceptance_summary([100, 100], [25, 0], 2.0, 2) == {"spec_verify_steps": 25, "accept_len": 4.0}
     assert "ms_per_verify_step" not in shapes.acceptance_summary([100, 100], [25, None], 2.0, 1)
     assert shapes.acceptance_summary([100], [None], 1.0, 1) == {}
+
+
+def test_a_records_simulated_draw_is_the_sites(shapes, monkeypatch, tmp_path):
+    """Records say how the simulated acceptance drew (gpu/sim_accept.py's mark in the site), and say
+    nothing where no acceptance is simulated (the target alone) or no site is there."""
+    site = tmp_path / "site"
+    spec_utils = site / shapes.sim_accept.SPEC_UTILS
+    spec_utils.parent.mkdir(parents=True)
+    monkeypatch.setattr(shapes.sim_accept, "SITE", str(site))
+
+    def draws(profile, text):
+        spec_utils.write_text(text)
+        shapes.accept_draw.cache_clear()
+        try:
+            return shapes.Server(GROUP, shapes.profile_spec(profile), 1, 8).meta()["simulated_accept_draw"]
+        finally:
+            shapes.accept_draw.cache_clear()
+
+    assert draws("eagle3-v2-dyn", shapes.sim_accept.MARK + "\n") == "per-request"
+    assert draws("eagle3-v2-dyn", "def generate_simulated_accept_index(): pass\n") == "per-step"
+    assert draws("baseline", shapes.sim_accept.MARK + "\n") is None
+    monkeypatch.setattr(shapes.sim_accept, "SITE", str(tmp_path / "no-site"))
+    assert draws("eagle3-v2", shapes.sim_accept.MARK + "\n") is None

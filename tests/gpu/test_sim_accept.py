@@ -158,3 +158,9 @@ def test_a_file_named_in_the_environment_moves_the_mean(tmp_path, monkeypatch, p
     assert mean_length() == pytest.approx(2.5, abs=0.1)          # not a number: the server's own
     control.unlink()
     assert mean_length() == pytest.approx(2.5, abs=0.1)
+
+
+def test_an_unknown_method_is_refused_by_its_name(pristine):
+    fn = function(sim_accept.rewrite(pristine), 2.5)
+    with pytest.raises(ValueError, match="'sideways'"):
+        draw(fn, 4, 2.5, method="sideways")
