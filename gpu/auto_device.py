@@ -229,15 +229,17 @@ async def bursty(s, srv, prompts, low, high, period_s, total_s, out_tokens):
 async def run_segments(s, srv, prompts, segments, out_tokens):
     """Segments of fixed work in order, each (c, n, before): before() (or nothing), then n requests
     as a closed loop at concurrency c, starting when the segment before has drained; the prompts
-    move on from segment to segment, so every server gets the same requests. (tokens, wall s)."""
-    toks, sent, t0 = 0, 0, time.time()
+    move on from segment to segment, so every server gets the same requests. (tokens, wall s,
+    [(tokens, wall s) of each segment, in order])."""
+    toks, sent, t0, parts = 0, 0, time.time(), []
     for c, n, before in segments:
         if before is not None:
             before()
         res = await fixed_level(s, srv, prompts[sent:] + prompts[:sent], c, n, out_tokens)
         toks += res["out_tokens"]
+        parts.append((res["out_tokens"], res["wall_s"]))
         sent = (sent + n) % len(prompts)
-    return toks, time.time() - t0
+    return toks, time.time() - t0, parts
 
 
 async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens):
@@ -248,7 +250,7 @@ async def segmented_bursty(s, srv, prompts, low, high, waves, cycles, out_tokens
     ended against a clock (the time-based trace's offered load differs from server to server)."""
     high_waves, low_waves = waves
     segments = [(high, high_waves * high, None), (low, low_waves * low, None)] * cycles
-    toks, wall = await run_segments(s, srv, prompts, segments, out_tokens)
+    toks, wall, _ = await run_segments(s, srv, prompts, segments, out_tokens)
     return {"requests": cycles * (high_waves * high + low_waves * low), "out_tokens": toks,
             "wall_s": round(wall, 3), "out_tok_per_s": round(toks / wall, 1), "low": low, "high": high,
             "waves": list(waves), "cycles": cycles}
@@ -280,15 +282,19 @@ async def acc_mix(s, srv, prompts, c, phases, waves, cycles, out_tokens, path):
     accept length set to that acceptance, each phase starting when the one before has drained. At
     one concurrency every fixed threshold takes one side in every phase, so where speculation pays at
     one acceptance and not at the other each is wrong in part of the trace; auto can follow it. The
-    same requests and phases for every server."""
+    same requests and phases for every server. "phase_times" keeps each phase's tokens and wall
+    time in order (cycles x phases), from which auto_summary.py sets auto against an oracle that
+    takes the faster fixed server in every phase."""
     segments = [(c, w * c, lambda acc=acc: set_acc(path, acc)) for acc, w in zip(phases, waves)] * cycles
     try:
-        toks, wall = await run_segments(s, srv, prompts, segments, out_tokens)
+        toks, wall, parts = await run_segments(s, srv, prompts, segments, out_tokens)
     finally:
         set_acc(path, None)
+    accs = list(phases) * cycles
     return {"requests": cycles * c * sum(waves), "out_tokens": toks, "wall_s": round(wall, 3),
             "out_tok_per_s": round(toks / wall, 1), "c": c, "acc_phases": list(phases), "waves": list(waves),
-            "cycles": cycles}
+            "cycles": cycles,
+            "phase_times": [{"acc": acc, "out_tokens": n, "wall_s": w} for acc, (n, w) in zip(accs, parts)]}
 
 
 def parse_acc_mix(acc_text, waves_text):
@@ -628,7 +634,8 @@ async def main():
                     json.dump(part, f, indent=1)
                 for level, e in part["levels"].items():
                     say("summary", name, level, json.dumps({k: e[k] for k in (
-                        "auto", "best_fixed", "best_fixed_threshold", "auto_over_best")}))
+                        "auto", "best_fixed", "best_fixed_threshold", "auto_over_best", "oracle_tok_s",
+                        "auto_over_oracle") if k in e}))
 
 
 if __name__ == "__main__":

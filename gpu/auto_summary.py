@@ -13,6 +13,8 @@ as each server's list by round, with "completed_requests_differ" when the server
 same counts: the time-based trace's tok/s follows the number of waves a round completes
 (docs/evidence/auto-threshold/9-bursty-segments: 514 or 558-562 requests on every server, 7-10 %
 apart in tok/s), so there a ratio of medians compares the rounds' counts as much as the servers.
+An acc-mix record's "phase_times" (each phase's tokens and wall time) give the level an oracle
+(`oracle`): the faster fixed server in every phase, what following the phases could reach.
 A bursty record's "dyn_delta" (what a dyn server's controller did in that round: steps of each
 kind, switches, probes, seconds) goes beside its level as "controller_by_round", each server's
 rounds in order with their tok/s, so that a low round can be set against its probes. Several rounds of one server at one level give their median. The
@@ -46,10 +48,12 @@ def _bursty(level):
 
 def workload_summary(records, name):
     """{"name", "levels"} for one workload's records."""
-    by, loads, completed, controller = {}, {}, {}, {}
+    by, loads, completed, controller, phases = {}, {}, {}, {}, {}
     for r in records:
         if r.get("workload") != name or r.get("out_tok_per_s") is None:
             continue
+        if r.get("phase_times"):  # acc-mix: each phase's tokens and wall time (auto_device.acc_mix)
+            phases.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["phase_times"])
         by.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["out_tok_per_s"])
         if r.get("mean_inflight") is not None:  # the bursty trace's offered load (auto_device.offered_load)
             loads.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["mean_inflight"])
@@ -93,6 +97,8 @@ def workload_summary(records, name):
             counts = {t: [n for _, n in sorted(v)] for t, v in sorted(completed[level].items())}
             entry["completed_requests"] = counts
             entry["completed_requests_differ"] = len({tuple(sorted(v)) for v in counts.values()}) > 1
+        if level in phases:
+            entry.update(oracle(phases[level]))
         if level in controller:
             entry["controller_by_round"] = {t: [d for _, d in sorted(v, key=lambda x: x[0])]
                                             for t, v in sorted(controller[level].items())}
@@ -118,6 +124,46 @@ def _replicates(fixed, c):
     if len(values) >= 2 and statistics.median(values) > 0:
         spread = round((max(values) - min(values)) / statistics.median(values), 4)
     return {"always_speculating": [int(t) for t in same], "replicate_spread": spread}
+
+
+def oracle(phase_rounds):
+    """Auto against an oracle that runs every phase of the acceptance phases on the faster fixed
+    server of that phase: {threshold: [one round's phase_times, ...]} -> "oracle_tok_s",
+    "auto_phases_tok_s", "auto_over_oracle" and, per phase in order, its acceptance, the fixed
+    threshold the oracle takes, its time and auto's (each server's median over its rounds).
+    Rates here are tokens over the phases' own wall times, on both sides alike (a round's wall time
+    also holds the moments between phases). {} with fewer than two fixed servers."""
+    def per_phase(rounds):
+        n = min(len(r) for r in rounds)
+        return [{"acc": rounds[0][k]["acc"],
+                 "out_tokens": statistics.median(r[k]["out_tokens"] for r in rounds),
+                 "wall_s": statistics.median(r[k]["wall_s"] for r in rounds)} for k in range(n)]
+
+    servers = {t: per_phase(rounds) for t, rounds in phase_rounds.items() if rounds}
+    fixed = {t: p for t, p in servers.items() if t.isdigit()}
+    if len(fixed) < 2:
+        return {}
+    n = min(len(p) for p in fixed.values())
+    auto = servers.get("auto")
+    rows, tokens, wall = [], 0.0, 0.0
+    for k in range(n):
+        best = min(fixed, key=lambda t: (fixed[t][k]["wall_s"], int(t)))
+        phase = fixed[best][k]
+        tokens += phase["out_tokens"]
+        wall += phase["wall_s"]
+        row = {"acc": phase["acc"], "best_fixed_threshold": int(best), "oracle_s": round(phase["wall_s"], 3)}
+        if auto is not None and k < len(auto):
+            row["auto_s"] = round(auto[k]["wall_s"], 3)
+        rows.append(row)
+    if wall <= 0:
+        return {}
+    out = {"oracle_tok_s": round(tokens / wall, 1), "phases": rows}
+    auto_wall = sum(p["wall_s"] for p in auto[:n]) if auto is not None and len(auto) >= n else 0.0
+    if auto_wall > 0:
+        auto_rate = sum(p["out_tokens"] for p in auto[:n]) / auto_wall
+        out["auto_phases_tok_s"] = round(auto_rate, 1)
+        out["auto_over_oracle"] = round(auto_rate / (tokens / wall), 4)
+    return out
 
 
 def merge(parts):

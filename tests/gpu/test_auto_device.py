@@ -306,6 +306,10 @@ def test_the_acc_mix_level_sets_each_phases_acceptance_for_its_requests_and_then
     assert res["requests"] == len(stand_in.bodies) == 18 and res["out_tokens"] == 90
     assert 1 < max(stand_in.peaks) <= 3
     assert (res["acc_phases"], res["waves"], res["cycles"], res["c"]) == ([2.5, 1.6], [2, 1], 2, 3)
+    # each phase's own tokens and time, in order, for the summary's oracle
+    assert [(p["acc"], p["out_tokens"]) for p in res["phase_times"]] == [(2.5, 30), (1.6, 15), (2.5, 30), (1.6, 15)]
+    assert all(p["wall_s"] > 0 for p in res["phase_times"])
+    assert sum(p["wall_s"] for p in res["phase_times"]) <= res["wall_s"] + 0.01
     assert not (tmp_path / "acc" / "auto").exists()
 
 

@@ -198,3 +198,37 @@ def test_the_acceptance_phases_are_judged_by_the_bursty_goal(summary):
     part = summary.workload_summary(records, "sim")
     assert part["levels"]["acc-mix"]["best_fixed_threshold"] == 8
     assert summary.merge([part])["met"] == {"sim/16": True, "sim/acc-mix": False}   # 0.99: the level goal, not 1.0
+
+
+def phased(threshold, times, round_no=0, tokens=(100, 100, 100, 100), accs=(2.5, 1.6, 2.5, 1.6)):
+    """An acc-mix record whose phases took `times` seconds each."""
+    r = rec("sim", "acc-mix", threshold, round(sum(tokens) / sum(times), 1), round_no)
+    r["phase_times"] = [{"acc": a, "out_tokens": n, "wall_s": s} for a, n, s in zip(accs, tokens, times)]
+    return r
+
+
+def test_the_acceptance_phases_get_an_oracle_that_takes_the_faster_fixed_server_in_each_phase(summary):
+    # fixed-16 speculates: faster at 2.5; fixed-2 is plain: faster at 1.6; auto follows with a lag
+    records = [phased(16, [1.0, 2.0, 1.0, 2.0]), phased(16, [1.0, 2.2, 1.0, 2.2], round_no=1),
+               phased(2, [1.4, 1.5, 1.4, 1.5]), phased(2, [1.4, 1.5, 1.4, 1.5], round_no=1),
+               phased("auto", [1.1, 1.7, 1.1, 1.7]), phased("auto", [1.1, 1.7, 1.1, 1.7], round_no=1)]
+    entry = summary.workload_summary(records, "sim")["levels"]["acc-mix"]
+    assert [p["best_fixed_threshold"] for p in entry["phases"]] == [16, 2, 16, 2]
+    # fixed-16's 1.6 phases (median of 2.0 and 2.2) lose to fixed-2's 1.5: the oracle 1.0 + 1.5 a cycle
+    assert [p["oracle_s"] for p in entry["phases"]] == [1.0, 1.5, 1.0, 1.5]
+    assert [p["auto_s"] for p in entry["phases"]] == [1.1, 1.7, 1.1, 1.7]
+    assert entry["oracle_tok_s"] == pytest.approx(400 / 5.0, abs=0.05)
+    assert entry["auto_phases_tok_s"] == pytest.approx(400 / 5.6, abs=0.05)
+    assert entry["auto_over_oracle"] == pytest.approx(5.0 / 5.6, abs=1e-4)
+    # the judged ratio is still auto against the best fixed threshold (fixed-2 over the whole
+    # trace: 5.8 s against fixed-16's 6.0 / 6.4), not against the oracle
+    assert entry["best_fixed_threshold"] == 2
+    assert entry["auto_over_best"] == pytest.approx(5.8 / 5.6, abs=1e-3)
+
+
+def test_no_oracle_without_two_fixed_servers_or_without_phase_times(summary):
+    records = [phased(16, [1.0, 2.0, 1.0, 2.0]), phased("auto", [1.1, 1.8, 1.1, 1.8]),
+               rec("sim", "acc-mix", 2, 60.0)]   # fixed-2's record from before phase_times
+    entry = summary.workload_summary(records, "sim")["levels"]["acc-mix"]
+    assert "oracle_tok_s" not in entry and "phases" not in entry
+    assert entry["best_fixed_threshold"] == 16
