@@ -18,6 +18,12 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --resume-ms 0,50,100 --accept 1.6,2.5
     .venv/bin/python benchmarks/bench_auto_controller.py --host-cost   # host time per step
     .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.5,1.6 --acc-mix-c 16
+    .venv/bin/python benchmarks/bench_auto_controller.py --stagger
+
+--stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
+time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
+running requests, from a fresh server over short and long windows, with the wall step times
+clipped at CLIP_WALL (the controller) and at 3x (the controller before): auto / the better side.
 
 --acc-mix: gpu/auto_device.py's acc-mix level on the simulated server (the acceptance changes between
 phases of fixed work at one concurrency, so the crossover moves; gpu/README row 1r): auto against
@@ -111,6 +117,27 @@ def acc_mix_table(auto, sim, phases, c):
               f"{got / ideal:.3f} |", flush=True)
 
 
+def stagger_table(auto, sim, size=16):
+    print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
+    print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
+    print("|---|---|---|---|---|---|---|")
+    wall_clip = auto.CLIP_WALL
+    for p, prefill in ((0.1, 80e-3), (0.2, 40e-3), (0.3, 25e-3)):
+        for clip in (wall_clip, auto.CLIP):
+            auto.CLIP_WALL = clip
+            cells, side = [], "?"
+            for seconds in (3, 10, 40):
+                def level(decide=None):
+                    server = sim.StaggerServer(auto, p=p, prefill=prefill, accept=2.5, seed=4)
+                    return server, sim.tokens_per_s(server, seconds, lambda t: size, decide=decide)
+                best = max(level(lambda bs, s=s: s)[1] for s in (True, False))
+                server, got = level()
+                cells.append(f"{got / best:.3f}")
+                side = "spec" if server.switch.buckets[sim.bucket(size)].applied_speculate else "plain"
+            print(f"| {p:g} | {prefill * 1e3:g} | {clip:g}x | {' | '.join(cells)} | {side} |", flush=True)
+    auto.CLIP_WALL = wall_clip
+
+
 def host_cost(auto, steps=20000):
     """Host time of the controller per decode step (decide, then the step's accept lengths), by
     batch size: the scheduler thread pays it every step, speculative or plain."""
@@ -137,6 +164,8 @@ def main():
     ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
     ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
     ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
+    ap.add_argument("--stagger", action="store_true",
+                    help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
     ap.add_argument("--resume-ms", default=None,
                     help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
@@ -147,6 +176,9 @@ def main():
     from tests.dyn import test_auto as sim
 
     auto = load_controller()
+    if a.stagger:
+        stagger_table(auto, sim)
+        return
     if a.acc_mix:
         acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c)
         return
