@@ -553,14 +553,20 @@ async def main():
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
+    live = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
         try:
             starts = start_order(servers)
             say("start order:", [srv.label for srv in starts])
             await shapes_device.start_servers(starts, False, 2)
-            health = await shapes_device.wait_up(s, servers, min(240, left() - 60))
+            left_at_wait = left()
+            health = await shapes_device.wait_up(s, servers, min(240, left_at_wait - 60))
             live = [srv for srv in servers if health.get(srv.name) is not None]
             say("live:", [srv.label for srv in live])
+            if not live:
+                say(f"no server was healthy within {min(240, left_at_wait - 60):.0f} s: nothing measured "
+                    "(a larger BUDGET_S gives them longer to start)")
+                raise TimeoutError("no server healthy")
             for li, c in enumerate(levels):
                 for srv in live:
                     await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
@@ -636,7 +642,8 @@ async def main():
                     say("summary", name, level, json.dumps({k: e[k] for k in (
                         "auto", "best_fixed", "best_fixed_threshold", "auto_over_best", "oracle_tok_s",
                         "auto_over_oracle") if k in e}))
+    return 0 if live else 3
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -2,6 +2,7 @@
 real driver has not run on a GPU yet: these catch its bugs before device time is spent)."""
 import asyncio
 import json
+import re
 
 import pytest
 from aiohttp import web
@@ -359,3 +360,38 @@ def test_acc_mix_is_refused_unless_simulated_and_drawn_per_request(driver, monke
     with pytest.raises(SystemExit) as stop:
         asyncio.run(driver.main())
     assert stop.value.code == 2 and not out.exists()   # refused before anything started
+
+
+def test_with_no_server_healthy_nothing_is_measured_and_it_says_why(driver, monkeypatch, tmp_path, capsys):
+    """A budget too short for the servers to start (the twenty-fourth session's last call: three
+    servers not healthy in its 60 s) ended in a ZeroDivisionError from the rounds' rotation; now
+    it says so, stops the servers, writes no records, and exits 3."""
+    import accept_device
+    import shapes_device
+
+    models = tmp_path / "models"
+    (models / "target-big").mkdir(parents=True)
+    (models / "target-big" / "config.json").write_text(json.dumps({"vocab_size": 100}))
+    stopped = []
+    monkeypatch.setattr(shapes_device, "LOGS", str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+
+    async def start_servers(servers, *args):   # each launched, its log begun, none ever healthy
+        for srv in servers:
+            open(srv.log_path, "w").write("loading\n")
+
+    async def wait_up(s, servers, timeout):
+        return {}
+
+    monkeypatch.setattr(shapes_device, "start_servers", start_servers)
+    monkeypatch.setattr(shapes_device, "wait_up", wait_up)
+    monkeypatch.setattr(accept_device, "stop_all", lambda servers, *a, **k: stopped.extend(servers))
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--models", str(models),
+                                     "--workload", "sim", "--pair", "big", "--fixed", "8,16", "--levels", "16",
+                                     "--budget-s", "200", "--no-baseline"])
+    assert asyncio.run(driver.main()) == 3
+    said = capsys.readouterr().out
+    assert re.search(r"no server was healthy within \d+ s: nothing measured", said), said
+    assert sorted(srv.label for srv in stopped) == ["auto", "fixed-16", "fixed-8"]
+    assert not (out / "records.jsonl").exists() and not list(out.glob("part-*.json"))
