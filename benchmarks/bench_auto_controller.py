@@ -121,21 +121,24 @@ def stagger_table(auto, sim, size=16):
     print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
     print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
     print("|---|---|---|---|---|---|---|")
+    def level(p, prefill, seconds, decide=None):
+        server = sim.StaggerServer(auto, p=p, prefill=prefill, accept=2.5, seed=4)
+        return server, sim.tokens_per_s(server, seconds, lambda t: size, decide=decide)
+
     wall_clip = auto.CLIP_WALL
-    for p, prefill in ((0.1, 80e-3), (0.2, 40e-3), (0.3, 25e-3)):
-        for clip in (wall_clip, auto.CLIP):
-            auto.CLIP_WALL = clip
-            cells, side = [], "?"
-            for seconds in (3, 10, 40):
-                def level(decide=None):
-                    server = sim.StaggerServer(auto, p=p, prefill=prefill, accept=2.5, seed=4)
-                    return server, sim.tokens_per_s(server, seconds, lambda t: size, decide=decide)
-                best = max(level(lambda bs, s=s: s)[1] for s in (True, False))
-                server, got = level()
-                cells.append(f"{got / best:.3f}")
+    try:
+        for p, prefill in ((0.1, 80e-3), (0.2, 40e-3), (0.3, 25e-3)):
+            for clip in (wall_clip, auto.CLIP):
+                auto.CLIP_WALL = clip
+                cells = []
+                for seconds in (3, 10, 40):
+                    best = max(level(p, prefill, seconds, lambda bs, s=s: s)[1] for s in (True, False))
+                    server, got = level(p, prefill, seconds)
+                    cells.append(f"{got / best:.3f}")
                 side = "spec" if server.switch.buckets[sim.bucket(size)].applied_speculate else "plain"
-            print(f"| {p:g} | {prefill * 1e3:g} | {clip:g}x | {' | '.join(cells)} | {side} |", flush=True)
-    auto.CLIP_WALL = wall_clip
+                print(f"| {p:g} | {prefill * 1e3:g} | {clip:g}x | {' | '.join(cells)} | {side} |", flush=True)
+    finally:
+        auto.CLIP_WALL = wall_clip
 
 
 def host_cost(auto, steps=20000):

@@ -559,12 +559,12 @@ async def main():
             starts = start_order(servers)
             say("start order:", [srv.label for srv in starts])
             await shapes_device.start_servers(starts, False, 2)
-            left_at_wait = left()
-            health = await shapes_device.wait_up(s, servers, min(240, left_at_wait - 60))
+            wait_s = min(240, left() - 60)
+            health = await shapes_device.wait_up(s, servers, wait_s)
             live = [srv for srv in servers if health.get(srv.name) is not None]
             say("live:", [srv.label for srv in live])
             if not live:
-                say(f"no server was healthy within {min(240, left_at_wait - 60):.0f} s: nothing measured "
+                say(f"no server was healthy within {wait_s:.0f} s: nothing measured "
                     "(a larger BUDGET_S gives them longer to start)")
                 raise TimeoutError("no server healthy")
             for li, c in enumerate(levels):
