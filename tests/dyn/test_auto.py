@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import pickle
 import random
+import statistics
 import sys
 import types
 from typing import Optional
@@ -870,6 +871,60 @@ def test_a_compile_sample_after_the_dropped_ones_does_not_set_the_estimate(auto,
     monkeypatch.setattr(auto, "CLIP_WALL", auto.CLIP)
     b = run()
     assert not b.applied_speculate and b.spec_s.value > 1.5 * (SPEC_A + SPEC_B * size)
+
+
+def server_accept_mean(accept):
+    """The mean of Server's accept draws: round(accept + U(-1, 1)) clamped to [1, 5]."""
+    rng = random.Random(0)
+    draws = [min(5, max(1, round(accept + rng.uniform(-1, 1)))) for _ in range(200_000)]
+    return sum(draws) / len(draws)
+
+
+@pytest.mark.parametrize("fault", ["result-never-came", "batch-shrank-after-the-decision"])
+def test_a_result_out_of_step_does_not_bias_a_probed_buckets_acceptance(auto, fault):
+    """Accept lengths are paired with their launches in launch order, and under the overlap
+    scheduler the next step is launched before a result comes back. One result out of step (a
+    launched step whose result never came, or a batch that shrank into another bucket after the
+    controller decided, as a retraction does) used to empty the queue, the next step's launch
+    with it, so that every later result was paired with the launch after its own: then each
+    plain stretch's last result (accept length 1 for every request) counted as the first step of
+    the next probe, and a plain bucket's acceptance read low for good (1.36 for a true 1.45 here,
+    where the GPU's plain buckets read 1.54-1.65 for a simulated 1.75). Now the queue keeps the
+    newest launch and the estimate stays at the truth."""
+    size, accept = 4, 1.4
+    assert true_gain(server_accept_mean(accept), size) < 1.0   # plain wins: the bucket probes
+
+    def final_estimate(seed):
+        server = Server(auto, accept=accept, seed=seed)
+        server.run(8, 300)
+        if fault == "result-never-came":
+            server.results.pop(0)
+        else:
+            bs, lens = server.results[0]
+            server.results[0] = (size, lens[:size])   # bucket 8's launch, bucket 4's result
+        server.run(size, 5000)
+        assert server.switch.pairing_resyncs == 1
+        b = server.switch.buckets[size]
+        assert not b.applied_speculate and b.probes >= 5
+        return b.accept.value
+
+    estimates = [final_estimate(seed) for seed in range(16)]
+    assert statistics.mean(estimates) == pytest.approx(server_accept_mean(accept), rel=0.03)
+
+
+def test_a_plain_result_paired_with_a_speculative_launch_is_not_an_accept_sample(auto):
+    """The native path's plain results say they are plain (count_plain_step): one that meets a
+    speculative launch shows the pairing out of step (a launch decided and never run) and its
+    ones do not enter the accept estimate; the queue resyncs to the newest launch."""
+    server = Server(auto, accept=2.5, seed=3)
+    server.run(2, 400)
+    switch = server.switch
+    before = switch.buckets[2].accept.value
+    assert switch.decide(2)                      # a launch that never runs
+    switch.observe_accept(2, [1, 1], plain=True)
+    assert switch.pairing_resyncs == 1
+    assert switch.buckets[2].accept.value == before
+    assert switch.as_dict()["pairing_resyncs"] == 1
 
 
 @pytest.mark.parametrize("offset", [-3, 0, 3])
