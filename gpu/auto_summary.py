@@ -189,14 +189,19 @@ def merge(parts):
 def accounting_by_level(states):
     """Per level, what auto's /server_info time_accounting gained since the state before: per side
     the seconds in intervals its estimates counted and in those they left out, the seconds above
-    the clip, tokens, steps and tokens per second; and the seconds across idle breaks. States
-    without time_accounting (older patches) are skipped."""
-    rows, before = [], None
+    the clip, tokens, steps and tokens per second; the seconds across idle breaks; and, where the
+    patch counts them, the decode results found out of step with their launches
+    ("pairing_resyncs"). States without time_accounting (older patches) are skipped."""
+    rows, before, resyncs_before = [], None, 0
     for entry in states:
-        acc = (entry.get("state") or {}).get("time_accounting")
+        state = entry.get("state") or {}
+        acc = state.get("time_accounting")
         if acc is None:
             continue
         row = {"after": entry.get("after"), "idle_gaps_s": acc["idle_gaps_s"] - (before or {}).get("idle_gaps_s", 0.0)}
+        if "pairing_resyncs" in state:
+            row["pairing_resyncs"] = state["pairing_resyncs"] - resyncs_before
+            resyncs_before = state["pairing_resyncs"]
         for side in ("spec", "plain"):
             prev = (before or {}).get(side, {})
             d = {k: acc[side][k] - prev.get(k, 0) for k in ("counted_s", "uncounted_s", "clipped_s", "tokens", "steps")}
