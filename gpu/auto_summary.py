@@ -192,25 +192,25 @@ def accounting_by_level(states):
     the clip, tokens, steps and tokens per second; the seconds across idle breaks; and, where the
     patch counts them, the decode results found out of step with their launches
     ("pairing_resyncs"). States without time_accounting (older patches) are skipped."""
-    rows, before, resyncs_before = [], None, 0
+    rows, before = [], {}   # the last state with time_accounting
     for entry in states:
         state = entry.get("state") or {}
         acc = state.get("time_accounting")
         if acc is None:
             continue
-        row = {"after": entry.get("after"), "idle_gaps_s": acc["idle_gaps_s"] - (before or {}).get("idle_gaps_s", 0.0)}
+        prev_acc = before.get("time_accounting", {})
+        row = {"after": entry.get("after"), "idle_gaps_s": acc["idle_gaps_s"] - prev_acc.get("idle_gaps_s", 0.0)}
         if "pairing_resyncs" in state:
-            row["pairing_resyncs"] = state["pairing_resyncs"] - resyncs_before
-            resyncs_before = state["pairing_resyncs"]
+            row["pairing_resyncs"] = state["pairing_resyncs"] - before.get("pairing_resyncs", 0)
         for side in ("spec", "plain"):
-            prev = (before or {}).get(side, {})
+            prev = prev_acc.get(side, {})
             d = {k: acc[side][k] - prev.get(k, 0) for k in ("counted_s", "uncounted_s", "clipped_s", "tokens", "steps")}
             total = d["counted_s"] + d["uncounted_s"]
             d["tokens_per_s"] = round(d["tokens"] / total, 1) if total > 0 else None
             d["left_out_share"] = round(d["uncounted_s"] / total, 4) if total > 0 else None
             row[side] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
         rows.append(row)
-        before = acc
+        before = state
     return rows
 
 
