@@ -18,6 +18,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --resume-ms 0,50,100 --accept 1.6,2.5
     .venv/bin/python benchmarks/bench_auto_controller.py --host-cost   # host time per step
     .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.5,1.6 --acc-mix-c 16
+    .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.14,1.46 --acc-mix-c 4 --seeds 8
     .venv/bin/python benchmarks/bench_auto_controller.py --stagger
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
@@ -29,12 +30,15 @@ clipped at CLIP_WALL (the controller) and at 3x (the controller before): auto / 
 phases of fixed work at one concurrency, so the crossover moves; gpu/README row 1r): auto against
 speculating and plain throughout (at one concurrency every fixed threshold is one of the two), per
 phase length in tokens (the GPU row's phase: 20 waves of 16 requests x 96 tokens = 30,720).
+`--acc-mix 2.14,1.46 --acc-mix-c 4` sets the model's gains at 1.38 / 0.94, the GPU's at four requests
+(docs/evidence/auto-threshold/14-acc-mix-oracle: a 7,680-token phase); `--seeds N` gives medians.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import statistics
 import sys
 import tempfile
 
@@ -106,15 +110,21 @@ def acc_mix_rates(auto, sim, phases, c, phase_tokens, cycles=4, seed=5):
     return run(lambda acc: None), run(lambda acc: True), run(lambda acc: False), run(oracle)
 
 
-def acc_mix_table(auto, sim, phases, c):
+def acc_mix_table(auto, sim, phases, c, seeds=1):
+    """One row per phase length; with seeds > 1, each figure the median over seeds 5, 6, ...
+    (where a phase edge falls against the probe interval moves a short phase's figure by a few %)."""
     gains = ", ".join(f"{a:g}: {sim.true_gain(a, sim.bucket(c)):.2f}" for a in phases)
-    print(f"acceptance phases {phases} at c={c} (the model's true gain of speculation there: {gains})")
+    print(f"acceptance phases {phases} at c={c} (the model's true gain of speculation there: {gains})"
+          + (f", medians over {seeds} seeds" if seeds > 1 else ""))
     print("| tokens per phase | auto tok/s | speculating | plain | oracle | auto / best of the two | auto / oracle |")
     print("|---|---|---|---|---|---|---|")
     for tokens in (8000, 30720, 120000):
-        got, spec, plain, ideal = acc_mix_rates(auto, sim, phases, c, tokens)
-        print(f"| {tokens} | {got:.0f} | {spec:.0f} | {plain:.0f} | {ideal:.0f} | {got / max(spec, plain):.3f} | "
-              f"{got / ideal:.3f} |", flush=True)
+        runs = [acc_mix_rates(auto, sim, phases, c, tokens, seed=5 + k) for k in range(seeds)]
+        got, spec, plain, ideal = (statistics.median(r[i] for r in runs) for i in range(4))
+        over_best = statistics.median(r[0] / max(r[1], r[2]) for r in runs)
+        over_oracle = statistics.median(r[0] / r[3] for r in runs)
+        print(f"| {tokens} | {got:.0f} | {spec:.0f} | {plain:.0f} | {ideal:.0f} | {over_best:.3f} | "
+              f"{over_oracle:.3f} |", flush=True)
 
 
 def stagger_table(auto, sim, size=16):
@@ -167,6 +177,7 @@ def main():
     ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
     ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
     ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
+    ap.add_argument("--seeds", type=int, default=1, help="acc-mix: medians over this many seeds")
     ap.add_argument("--stagger", action="store_true",
                     help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
     ap.add_argument("--resume-ms", default=None,
@@ -183,7 +194,7 @@ def main():
         stagger_table(auto, sim)
         return
     if a.acc_mix:
-        acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c)
+        acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c, a.seeds)
         return
     if a.resume_ms is not None:
         print("| resume (extra ms) | accept | switches | c=1 | c=4 | c=16 | c=32 | c=64 | bursty |")
