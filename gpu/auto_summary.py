@@ -191,7 +191,8 @@ def accounting_by_level(states):
     the seconds in intervals its estimates counted and in those they left out, the seconds above
     the clip, tokens, steps and tokens per second; the seconds across idle breaks; and, where the
     patch counts them, the decode results found out of step with their launches
-    ("pairing_resyncs"). States without time_accounting (older patches) are skipped."""
+    ("pairing_resyncs") and the probes started at once after one read speculation paying
+    ("rechecks"). States without time_accounting (older patches) are skipped."""
     rows, before = [], {}   # the last state with time_accounting
     for entry in states:
         state = entry.get("state") or {}
@@ -200,8 +201,9 @@ def accounting_by_level(states):
             continue
         prev_acc = before.get("time_accounting", {})
         row = {"after": entry.get("after"), "idle_gaps_s": acc["idle_gaps_s"] - prev_acc.get("idle_gaps_s", 0.0)}
-        if "pairing_resyncs" in state:
-            row["pairing_resyncs"] = state["pairing_resyncs"] - before.get("pairing_resyncs", 0)
+        for counter in ("pairing_resyncs", "rechecks"):
+            if counter in state:
+                row[counter] = state[counter] - before.get(counter, 0)
         for side in ("spec", "plain"):
             prev = prev_acc.get(side, {})
             d = {k: acc[side][k] - prev.get(k, 0) for k in ("counted_s", "uncounted_s", "clipped_s", "tokens", "steps")}

@@ -92,8 +92,10 @@ def test_accounting_by_level_is_the_difference_between_consecutive_states(summar
               state("c=32", (4.0, 2.0, 1400, 600), (1.5, 0.5, 1000, 1000), 0.75)]
     states[3]["state"]["pairing_resyncs"] = 2     # a patch that counts them (since c=16)
     states[4]["state"]["pairing_resyncs"] = 5
+    states[4]["state"]["rechecks"] = 4            # and one that counts rechecks (since c=32)
     rows = summary.accounting_by_level(states)
     assert "pairing_resyncs" not in rows[1] and [r["pairing_resyncs"] for r in rows[2:]] == [2, 3]
+    assert "rechecks" not in rows[2] and rows[3]["rechecks"] == 4
     rows = rows[:2]
     assert [r["after"] for r in rows] == ["c=1", "c=4"]
     assert rows[0]["spec"]["tokens_per_s"] == 200.0 and rows[0]["spec"]["left_out_share"] == 0.25
