@@ -57,6 +57,7 @@ import random
 import statistics
 import sys
 import time
+import zlib
 
 import aiohttp
 
@@ -96,11 +97,25 @@ def prompts_for(workload, models, n, in_tokens, seed=0, pair="trained"):
 # prompts are random ids, decoded greedily (what they say does not matter)
 TEMPERATURE = {"own": 0.0, "random": 1.0, "sim": 0.0}
 temperature = 0.0  # the workload's, set in main()
+out_spread = 0.0   # --out-spread, set in main()
+
+
+def out_tokens_for(ids, out_tokens, spread):
+    """A request's max_new_tokens: out_tokens, or with spread s > 0 an even draw in
+    [(1 - s), (1 + s)] x out_tokens keyed on the prompt's ids, so every server gets the same
+    lengths. With one length for all, plain steps (a token per request each) finish a closed
+    loop's requests together, one batched prefill per wave, while speculation's requests
+    (acceptance drawn apart) finish one by one and pay a prefill each: a cost of the harness's
+    equal lengths, not of speculation, wherever real answers differ in length."""
+    if spread <= 0:
+        return out_tokens
+    u = zlib.crc32(json.dumps(ids).encode()) / 0xFFFFFFFF
+    return max(1, round(out_tokens * (1.0 - spread + 2.0 * spread * u)))
 
 
 async def generate(s, srv, ids, out_tokens):
-    body = {"input_ids": ids, "sampling_params": {"temperature": temperature, "max_new_tokens": out_tokens,
-                                                  "ignore_eos": True}}
+    body = {"input_ids": ids, "sampling_params": {"temperature": temperature, "ignore_eos": True,
+                                                  "max_new_tokens": out_tokens_for(ids, out_tokens, out_spread)}}
     for attempt in (0, 1):
         try:
             async with s.post(srv.base + "/generate", json=body) as r:
@@ -470,7 +485,7 @@ def start_order(servers):
 
 
 async def main():
-    global BUDGET, temperature
+    global BUDGET, temperature, out_spread
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--workload", choices=sorted(TEMPERATURE), required=True)
@@ -488,6 +503,9 @@ async def main():
     ap.add_argument("--mem", type=float, default=0.08)
     ap.add_argument("--in-tokens", type=int, default=128)
     ap.add_argument("--out-tokens", type=int, default=96)
+    ap.add_argument("--out-spread", type=float, default=0.0,
+                    help="each request's output length an even draw in [1 - S, 1 + S] x --out-tokens, keyed on "
+                         "its prompt (the same on every server; 0: all --out-tokens)")
     ap.add_argument("--burst-low", type=int, default=2)
     ap.add_argument("--burst-high", type=int, default=48)
     ap.add_argument("--period-s", type=float, default=3.0)
@@ -525,6 +543,9 @@ async def main():
         ap.error(str(exc))
     BUDGET = a.budget_s
     temperature = TEMPERATURE[a.workload]
+    if not 0.0 <= a.out_spread < 1.0:
+        ap.error(f"--out-spread must be in [0, 1), got {a.out_spread}")
+    out_spread = a.out_spread
     name = a.name or a.workload
     import accept_device
     import shapes_device
@@ -582,7 +603,7 @@ async def main():
                         res.update(server_rate(srv, offset, c))
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
                         rec = {**res, **srv.meta(), "workload": name, "level": str(c), "server": srv.label,
-                               "threshold": srv.threshold_label, "round": rnd, "temperature": temperature}
+                               "threshold": srv.threshold_label, "round": rnd, "temperature": temperature, "out_spread": out_spread}
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
@@ -598,7 +619,7 @@ async def main():
                         s, srv, prompts, a.burst_low, a.burst_high, a.period_s, a.bursty_s, a.out_tokens))
                     keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
-                                        "temperature": temperature})
+                                        "temperature": temperature, "out_spread": out_spread})
                     say(name, "bursty", srv.label, res["out_tok_per_s"], "tok/s")
                 for srv in bursty_order(live, auto, rnd) if a.segment_cycles > 0 else ():
                     if left() < 30:
@@ -608,7 +629,7 @@ async def main():
                         s, srv, prompts, a.burst_low, a.burst_high, waves, a.segment_cycles, a.out_tokens))
                     keep(records_path, {**res, **srv.meta(), "workload": name, "level": "bursty-segments",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
-                                        "temperature": temperature})
+                                        "temperature": temperature, "out_spread": out_spread})
                     say(name, "bursty-segments", srv.label, res["out_tok_per_s"], "tok/s")
             keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
             for rnd in range(a.acc_mix_rounds if mix else 0):
@@ -621,7 +642,7 @@ async def main():
                         acc_file(srv.label)))
                     keep(records_path, {**res, **srv.meta(), "workload": name, "level": "acc-mix",
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
-                                        "temperature": temperature})
+                                        "temperature": temperature, "out_spread": out_spread})
                     say(name, "acc-mix", srv.label, res["out_tok_per_s"], "tok/s")
             if mix:
                 keep(state_path, {"after": "acc-mix", "state": await dyn_state(s, auto)})

@@ -395,3 +395,34 @@ def test_with_no_server_healthy_nothing_is_measured_and_it_says_why(driver, monk
     assert re.search(r"no server was healthy within \d+ s: nothing measured", said), said
     assert sorted(srv.label for srv in stopped) == ["auto", "fixed-16", "fixed-8"]
     assert not (out / "records.jsonl").exists() and not list(out.glob("part-*.json"))
+
+
+def test_with_out_spread_each_prompt_gets_its_own_length_the_same_on_every_server(driver, monkeypatch):
+    """--out-spread: a request's length an even draw in [1 - s, 1 + s] x out_tokens keyed on its
+    prompt, so two servers get the same lengths and requests stop finishing in lockstep."""
+    prompts = [[i, i + 1, i + 2] for i in range(40)]
+    monkeypatch.setattr(driver, "out_spread", 0.5)
+
+    def lengths():
+        stand_in, res = asyncio.run(with_stand_in(lambda s, srv: driver.fixed_level(s, srv, prompts, 8, 40, 96)))
+        got = {tuple(b["input_ids"]): b["sampling_params"]["max_new_tokens"] for b in stand_in.bodies}
+        assert res["out_tokens"] == sum(got.values())
+        return got
+
+    first = lengths()
+    assert lengths() == first                            # the same work for a second server
+    values = list(first.values())
+    assert all(48 <= n <= 144 for n in values) and len(set(values)) >= 20
+    assert 80 <= sum(values) / len(values) <= 112       # about out_tokens on average
+    monkeypatch.setattr(driver, "out_spread", 0.0)
+    assert set(lengths().values()) == {96}
+
+
+@pytest.mark.parametrize("spread", ["1.0", "-0.1"])
+def test_an_out_spread_outside_0_to_1_is_refused(driver, monkeypatch, tmp_path, capsys, spread):
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(tmp_path), "--workload", "own",
+                                     "--out-spread", spread])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(driver.main())
+    assert stop.value.code == 2 and not any(tmp_path.iterdir())
+    assert f"--out-spread must be in [0, 1), got {float(spread)}" in capsys.readouterr().err
