@@ -17,7 +17,8 @@
 #      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (3),
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla),
 #      SIM_ACCEPT (per-step | per-request: how the simulated acceptance draws, gpu/sim_accept.py;
-#      --acc-mix in AUTO_ARGS needs per-request).
+#      --acc-mix in AUTO_ARGS needs per-request; with SKIP_SETUP=1 it is set only when given, else the
+#      warm site keeps the last setup's).
 # $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl, train_report.json (trained pair) and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u
@@ -47,6 +48,11 @@ trap finish EXIT
 
 if [ "${SKIP_SETUP:-0}" = 1 ] && [ -d /tmp/site ]; then
   say "setup skipped (SKIP_SETUP=1)"
+  # the warm site keeps the draw the last setup set; a SIM_ACCEPT given here is set anew
+  if [ -n "${SIM_ACCEPT:-}" ]; then
+    python3 gpu/sim_accept.py "$SIM_ACCEPT" /tmp/site /tmp/stock /tmp/naive /tmp/noisy \
+      || { say "SIM_ACCEPT=$SIM_ACCEPT could not be set"; exit 1; }
+  fi
 else
   OUT=/tmp/setup-out bash gpu/run_dyn.sh setup || { say "setup failed"; exit 1; }
 fi
@@ -63,6 +69,9 @@ elif [ -f /tmp/models/draft-trained/model.safetensors ] && [ -f /tmp/models/held
   say "trained ${PAIR_ARCH:-llama} pair already in /tmp/models"
 else
   say "training the pair ($(left) s left)"
+  # training keeps 240 s of the budget for the servers; the pair needs TARGET_S 70 s +
+  # DRAFT_S 35 s + data and loading (about 190 s in the twenty-sixth session), so BUDGET_S under about
+  # 460 on a fresh machine leaves no trained pair
   bash gpu/make_trained_pair.sh $(( $(left) - 240 )) "$WORK" || { say "no trained pair"; exit 1; }
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD ($NAME)"
