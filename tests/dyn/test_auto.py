@@ -951,9 +951,9 @@ def test_a_result_out_of_step_does_not_bias_a_probed_buckets_acceptance(auto, fa
     controller decided, as a retraction does) used to empty the queue, the next step's launch
     with it, so that every later result was paired with the launch after its own: then each
     plain stretch's last result (accept length 1 for every request) counted as the first step of
-    the next probe, and a plain bucket's acceptance read low for good (1.35 for a true 1.45 here,
-    where the GPU's plain buckets read 1.48-1.65 at a simulated 1.6, whose draws average 1.75). Now the queue keeps the
-    newest launch and the estimate stays at the truth."""
+    the next probe, and a plain bucket's acceptance read low for good (1.35 for a true 1.45 here;
+    on the GPU it never fired: pairing_resyncs 0 in docs/evidence/auto-threshold/16-rechecks-acc-mix).
+    Now the queue keeps the newest launch and the estimate stays at the truth."""
     size, accept = 4, 1.4
     assert true_gain(server_accept_mean(accept), size) < 1.0   # plain wins: the bucket probes
 
