@@ -105,8 +105,9 @@ def out_tokens_for(ids, out_tokens, spread):
     [(1 - s), (1 + s)] x out_tokens keyed on the prompt's ids, so every server gets the same
     lengths. With one length for all, plain steps (a token per request each) finish a closed
     loop's requests together, one batched prefill per wave, while speculation's requests
-    (acceptance drawn apart) finish one by one and pay a prefill each: a cost of the harness's
-    equal lengths, not of speculation, wherever real answers differ in length."""
+    (acceptance drawn apart) finish one by one and pay a prefill each, which may charge
+    speculation with a cost of the harness's equal lengths where real answers differ in
+    length (gpu/README row 1x)."""
     if spread <= 0:
         return out_tokens
     u = zlib.crc32(json.dumps(ids).encode()) / 0xFFFFFFFF
