@@ -25,6 +25,9 @@ fi
 # other registered backend: every lab 0.5.23 server, baseline included, runs on it
 [ "$REL" != 0.5.23 ] || export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export EXTRA_PYTHONPATH=$STUBS
+# the simulated acceptance's draw, set on every call (a warm machine keeps the last call's site):
+# SIM_ACCEPT=per-request draws each request's accept length apart (gpu/sim_accept.py, 0.5.11 only)
+set_sim_accept() { python3 gpu/sim_accept.py "${SIM_ACCEPT:-per-step}" /tmp/site /tmp/stock /tmp/naive /tmp/noisy; }
 NUMA_DIR=""; [ -n "$SFX" ] || ldconfig -p | grep -q 'libnuma.so.1 ' || NUMA_DIR=$PWD/.whl1/libnuma     # sgl_kernel 0.4.2 needs it
 [ -z "$NUMA_DIR" ] || export LD_LIBRARY_PATH=$NUMA_DIR:${LD_LIBRARY_PATH:-}
 

@@ -17,8 +17,7 @@
 #      AUTO_FIXED (default 2,8,16,64), AUTO_LEVELS (default 1,4,16,32,64), AUTO_ROUNDS (3),
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla),
 #      SIM_ACCEPT (per-step | per-request: how the simulated acceptance draws, gpu/sim_accept.py;
-#      --acc-mix in AUTO_ARGS needs per-request; with SKIP_SETUP=1 it is set only when given, else the
-#      warm site keeps the last setup's).
+#      --acc-mix in AUTO_ARGS needs per-request; set on every call, SKIP_SETUP=1 too).
 # $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl, train_report.json (trained pair) and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u
@@ -46,19 +45,15 @@ finish() {
 }
 trap finish EXIT
 
+. gpu/device_env.sh
 if [ "${SKIP_SETUP:-0}" = 1 ] && [ -d /tmp/site ]; then
   say "setup skipped (SKIP_SETUP=1)"
-  # the warm site keeps the draw the last setup set; a SIM_ACCEPT given here is set anew
-  if [ -n "${SIM_ACCEPT:-}" ]; then
-    python3 gpu/sim_accept.py "$SIM_ACCEPT" /tmp/site /tmp/stock /tmp/naive /tmp/noisy \
-      || { say "SIM_ACCEPT=$SIM_ACCEPT could not be set"; exit 1; }
-  fi
+  set_sim_accept || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }
 else
   OUT=/tmp/setup-out bash gpu/run_dyn.sh setup || { say "setup failed"; exit 1; }
 fi
 grep -q "dyn_disable_auto" /tmp/site/sglang/srt/managers/scheduler.py \
   || { say "the site lacks 0003-dyn-disable-auto.patch"; exit 1; }
-. gpu/device_env.sh
 export PYTHONPATH=/tmp/site${STUBS:+:$STUBS}
 # PAIR_ARCH (make_trained_pair.sh): a pair of the other architecture is trained again
 if [ "$PAIR" != trained ]; then

@@ -84,10 +84,7 @@ if [ ! -d /tmp/site/sglang ]; then
   python3 -m py_compile $patched && say "patched files compile (${DYN_PATCHSETS:-dyn-disable}: $(echo $patched | wc -w) files)"
   fi
 fi
-# the simulated acceptance's draw, on every call (a warm machine keeps the last call's site):
-# SIM_ACCEPT=per-request draws each request's accept length apart (gpu/sim_accept.py, 0.5.11 only)
-python3 gpu/sim_accept.py "${SIM_ACCEPT:-per-step}" /tmp/site /tmp/stock /tmp/naive /tmp/noisy \
-  || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }
+set_sim_accept || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }
 export PYTHONPATH=/tmp/site
 EXTRA=$STUBS
 say "site ready (extra pythonpath: '$EXTRA')"
