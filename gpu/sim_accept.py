@@ -1,8 +1,10 @@
 """How a lab site's simulated acceptance draws its accept lengths: once per batch step (SGLang's own
 `generate_simulated_accept_index`) or once per request (this lab's rewrite of it).
 
-SGLang 0.5.11 draws one accept length per verify step, `torch.normal(mean, 1, size=(1,))` rounded and
-clamped to [1, steps + 1], and gives it to every request in the batch. A real draft's requests accept
+SGLang 0.5.11 draws one accept length per verify step and gives it to every request in the batch: by
+default (`SGLANG_SIMULATE_ACC_METHOD=match-expected`, which the lab never changes) the mean's floor or
+ceiling with the fraction's weight (1.6: 1 or 2, 0.4 / 0.6, mean 1.6), with `multinomial`
+`torch.normal(mean, 1)` clamped to [1, steps + 1] and rounded (mean 1.75 at 1.6). A real draft's requests accept
 independently. threshold=auto (0003) weighs accept lengths per request-step, so under the per-step
 draw one probe step of 48 requests (weight 1 - 0.97^48 = 0.77) sets a bucket's estimate to one integer
 draw: 1.0 / 2.0 / 3.0 at the buckets above 40 in every simulated auto run, at acceptance 1.6 and 2.5
