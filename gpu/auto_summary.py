@@ -192,7 +192,8 @@ def accounting_by_level(states):
     the clip, tokens, steps and tokens per second; the seconds across idle breaks; and, where the
     patch counts them, the decode results found out of step with their launches
     ("pairing_resyncs") and the probes started at once after one read speculation paying
-    ("rechecks"). States without time_accounting (older patches) are skipped."""
+    ("rechecks"); and the share of the level's decode time that speculating cost against plain
+    ("speculation_cost_share"). States without time_accounting (older patches) are skipped."""
     rows, before = [], {}   # the last state with time_accounting
     for entry in states:
         state = entry.get("state") or {}
@@ -211,9 +212,24 @@ def accounting_by_level(states):
             d["tokens_per_s"] = round(d["tokens"] / total, 1) if total > 0 else None
             d["left_out_share"] = round(d["uncounted_s"] / total, 4) if total > 0 else None
             row[side] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+        row["speculation_cost_share"] = _speculation_cost_share(row)
         rows.append(row)
         before = state
     return rows
+
+
+def _speculation_cost_share(row):
+    """What the level's speculative steps cost beyond what its plain steps would have taken for the
+    same tokens (at the plain side's delivered rate in that level), as a share of auto's decode time
+    in it: above 0 speculation lost time, below 0 it saved some. None without both sides' time.
+    The plain rate is the level's mix of buckets and carries its own turnover, so this reads what
+    speculation cost where auto ran it, not what it would cost throughout."""
+    spec, plain = row["spec"], row["plain"]
+    total = spec["counted_s"] + spec["uncounted_s"] + plain["counted_s"] + plain["uncounted_s"]
+    if not plain["tokens_per_s"] or spec["tokens_per_s"] is None or total <= 0:
+        return None
+    spec_s = spec["counted_s"] + spec["uncounted_s"]
+    return round((spec_s - spec["tokens"] / plain["tokens_per_s"]) / total, 4)
 
 
 def read_records(path):

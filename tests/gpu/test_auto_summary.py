@@ -103,6 +103,9 @@ def test_accounting_by_level_is_the_difference_between_consecutive_states(summar
     assert rows[1]["spec"] == {"counted_s": 1.0, "uncounted_s": 1.0, "clipped_s": 0.0, "tokens": 600, "steps": 200,
                                "tokens_per_s": 300.0, "left_out_share": 0.5}
     assert rows[1]["plain"]["tokens_per_s"] == 500.0 and rows[1]["idle_gaps_s"] == 0.25
+    # 600 speculative tokens took 2.0 s where plain's 500 tok/s needs 1.2 s: 0.8 s of the level's 4.0 s
+    assert rows[1]["speculation_cost_share"] == 0.2
+    assert rows[0]["speculation_cost_share"] is None   # no plain side to weigh it against
     path = tmp_path / "auto_state.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in states))
     assert summary.main(["accounting", str(path)]) == 0
