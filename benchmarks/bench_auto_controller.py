@@ -20,6 +20,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.5,1.6 --acc-mix-c 16
     .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.14,1.46 --acc-mix-c 4 --seeds 8
     .venv/bin/python benchmarks/bench_auto_controller.py --stagger
+    .venv/bin/python benchmarks/bench_auto_controller.py --turnover --seeds 4
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -32,6 +33,14 @@ speculating and plain throughout (at one concurrency every fixed threshold is on
 phase length in tokens (the GPU row's phase: 20 waves of 16 requests x 96 tokens = 30,720).
 `--acc-mix 2.14,1.46 --acc-mix-c 4` sets the model's gains at 1.38 / 0.94, the GPU's at four requests
 (docs/evidence/auto-threshold/14-acc-mix-oracle: a 7,680-token phase); `--seeds N` gives medians.
+
+--turnover: acceptance phases on test_auto.TurnoverServer, a closed loop of 5 requests whose running
+count dips into the bucket below at every turnover (the replacement comes back two steps later, its
+prefill inside the busy batch), equal output lengths and lengths drawn +-50 %, a resume costing the
+model's 2 ms more and 8 ms more (the GPU's probes measured 1-8 ms of switches at four requests), with
+short visits following the bucket they come from (SHORT_RUN) and without (each bucket on its own, the
+controller before): auto against the better side throughout and against an oracle taking the faster
+side per phase, and the steps that followed a neighbour.
 """
 from __future__ import annotations
 
@@ -127,6 +136,51 @@ def acc_mix_table(auto, sim, phases, c, seeds=1):
               f"{over_oracle:.3f} |", flush=True)
 
 
+def phase_times(server, phases, tokens, cycles=3, decide=None):
+    """(tokens, seconds) per phase over `cycles` times the phases after one untimed cycle."""
+    out = []
+    for record in [False] + [True] * cycles:
+        for acc in phases:
+            server.accept = acc
+            t0, k0 = sum(server.time.values()), server.tokens
+            while server.tokens - k0 < tokens:
+                server.step(decide=None if decide is None else decide(acc))
+            if record:
+                out.append((server.tokens - k0, sum(server.time.values()) - t0))
+    return out
+
+
+def turnover_table(auto, sim, phases=(2.33, 1.59), c=5, tokens=8000, seeds=4):
+    gains = ", ".join(f"{a:g}: {sim.true_gain(a, sim.bucket(c)):.2f}" for a in phases)
+    print(f"acceptance phases {list(phases)} at c={c} on the turnover server, {tokens} tokens a phase "
+          f"(quiet gain at bucket {sim.bucket(c)}: {gains}), medians over {seeds} seeds")
+    print("| output lengths | a resume's extra | short visits | auto / better side | auto / oracle | steps that followed |")
+    print("|---|---|---|---|---|---|")
+    rate = lambda rows: sum(k for k, _ in rows) / sum(t for _, t in rows)  # noqa: E731
+    short_run, resync = auto.SHORT_RUN, sim.RESYNC_S
+    try:
+        for spread, sim.RESYNC_S in ((0.0, resync), (0.5, resync), (0.0, 8e-3), (0.5, 8e-3)):
+            for follow in (True, False):
+                auto.SHORT_RUN = short_run if follow else 0
+                cells = []
+                for seed in range(5, 5 + seeds):
+                    make = lambda: sim.TurnoverServer(auto, c=c, spread=spread, accept=phases[0], seed=seed)  # noqa: E731
+                    server = make()
+                    got = phase_times(server, phases, tokens)
+                    spec = phase_times(make(), phases, tokens, decide=lambda acc: True)
+                    plain = phase_times(make(), phases, tokens, decide=lambda acc: False)
+                    oracle = sum(k for k, _ in spec) / sum(min(a[1], b[1]) for a, b in zip(spec, plain))
+                    cells.append((rate(got) / max(rate(spec), rate(plain)), rate(got) / oracle,
+                                  server.switch.follow_steps))
+                med = [statistics.median(cell[i] for cell in cells) for i in range(3)]
+                lengths = "equal" if spread == 0 else f"+-{spread:.0%}"
+                how = f"follow (SHORT_RUN {short_run})" if follow else "on their own"
+                print(f"| {lengths} | {sim.RESYNC_S * 1e3:g} ms | {how} | {med[0]:.3f} | {med[1]:.3f} | "
+                      f"{med[2]:.0f} |", flush=True)
+    finally:
+        auto.SHORT_RUN, sim.RESYNC_S = short_run, resync
+
+
 def stagger_table(auto, sim, size=16):
     print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
     print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
@@ -178,6 +232,8 @@ def main():
     ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
     ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
     ap.add_argument("--seeds", type=int, default=1, help="acc-mix: medians over this many seeds")
+    ap.add_argument("--turnover", action="store_true",
+                    help="acceptance phases with turnovers into the bucket below, short visits following or not")
     ap.add_argument("--stagger", action="store_true",
                     help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
     ap.add_argument("--resume-ms", default=None,
@@ -192,6 +248,9 @@ def main():
     auto = load_controller()
     if a.stagger:
         stagger_table(auto, sim)
+        return
+    if a.turnover:
+        turnover_table(auto, sim, seeds=a.seeds)
         return
     if a.acc_mix:
         acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c, a.seeds)

@@ -288,6 +288,56 @@ class StaggerServer(Server):
         return super().step(bs, decide)
 
 
+class TurnoverServer(Server):
+    """A closed loop of `c` requests, each asking for `length` tokens (or an even draw in
+    [1 - spread, 1 + spread] x length): a running request takes its step's tokens (its accept
+    draw, or one), a finished one comes back `delay` steps later (the client's round trip) and is
+    admitted by a prefill forward inside the busy batch before the next decode launch, costing
+    PREFILL_A + PREFILL_B per request, DRAFT_X times that while speculating (the draft's extend
+    too). So the running count dips below c at every turnover, into the bucket below when c is
+    its bucket's smallest size, and that step's interval holds the replacement's prefill: the
+    turnover step of the GPU's acceptance phases (docs/evidence/auto-threshold/18-acc-mix-three-
+    rounds). With equal lengths plain finishes its requests in the same step (then admits them
+    after idle time, which breaks the timing chain), speculation one by one."""
+
+    PREFILL_A, PREFILL_B, DRAFT_X = 4e-3, 0.5e-3, 2.0
+
+    def __init__(self, auto, c=5, length=96, spread=0.0, delay=2, **kw):
+        super().__init__(auto, **kw)
+        self.c, self.length, self.spread, self.delay = c, length, spread, delay
+        self.len_rng = random.Random(kw.get("seed", 1) + 200)
+        self.left = [self.new_length() for _ in range(c)]
+        self.back = []   # steps at which finished requests return
+
+    def new_length(self):
+        return max(1, round(self.length * (1 + self.spread * self.len_rng.uniform(-1, 1))))
+
+    def step(self, bs=None, decide=None):
+        due = [s for s in self.back if s <= self.steps]
+        if due or not self.left:
+            self.back = [s for s in self.back if s > self.steps]
+            n = len(due)
+            if not self.left:   # the batch emptied: its replacements come after idle time
+                n += len(self.back)
+                self.back = []
+                self.switch.note_other_forward(idle_before=True)
+            else:
+                cost = (self.PREFILL_A + self.PREFILL_B * n) * (self.DRAFT_X if self.last_spec else 1.0)
+                self.insert_prefill(cost)
+            self.left += [self.new_length() for _ in range(n)]
+        speculate = super().step(len(self.left), decide)
+        lens = self.results[-1][1]
+        still = []
+        for left, got in zip(self.left, lens):
+            self.tokens -= max(0, got - left)   # tokens past its length are not delivered
+            if got < left:
+                still.append(left - got)
+            else:
+                self.back.append(self.steps + self.delay)
+        self.left = still
+        return speculate
+
+
 def bucket(bs):
     return next(s for s in SIZES if s >= bs)
 
@@ -427,6 +477,67 @@ def test_probes_at_once_stop_after_recheck_runs_even_when_the_bucket_cannot_move
     assert server.switch.rechecks == auto.RECHECKS, (server.switch.rechecks, bucket.probes)
 
 
+def test_a_turnover_step_runs_the_side_of_the_bucket_it_dips_from(auto, monkeypatch):
+    """Five requests speculating in bucket 8; at each turnover the running count dips to four
+    (bucket 4) for a step or two until the replacement is admitted. With bucket 4 held plain (as
+    its prefill-laden wall steps once read it on the GPU), those dips still speculate: a run that
+    short follows the bucket it comes from, so no turnover switches sides. Each bucket on its own
+    (SHORT_RUN 0, as before), the dips run plain."""
+    def dips(short_run):
+        monkeypatch.setattr(auto, "SHORT_RUN", short_run)
+        server = TurnoverServer(auto, c=5, accept=2.5, seed=3, spread=0.5)
+        for _ in range(3000):
+            server.step()
+        four, eight = server.switch.buckets[4], server.switch.buckets[8]
+        assert eight.applied_speculate and four.runs >= auto.FOLLOW_RUNS
+        assert four.run_mean < auto.SHORT_RUN <= eight.run_mean or short_run == 0
+        monkeypatch.setattr(auto, "VOTES", 10 ** 9)   # the sides stay where they are set
+        four.known, four.speculate = True, False      # rank 0's table holds it plain
+        server.switch._version += 1
+        dipped = []   # the sides of bucket 4's steps in short runs from bucket 8, probes aside
+        for _ in range(3000):
+            speculate = server.step()
+            sw = server.switch
+            if (sw._run_bucket is four and sw._came_from is eight and sw._run_len < 4
+                    and not sw._last_probing):
+                dipped.append(speculate)
+        return dipped, server.switch.follow_steps
+
+    followed, steps = dips(4)
+    assert len(followed) >= 100 and all(followed) and steps >= len(followed)
+    alone, steps = dips(0)
+    assert len(alone) >= 100 and not any(alone) and steps == 0
+
+
+def test_following_on_turnovers_pays_where_switches_cost_what_they_did_on_the_gpu(auto, monkeypatch):
+    """Acceptance phases (2.33 / 1.59: gain 1.38 / 0.94 at bucket 8) on the turnover server, with
+    output lengths drawn apart and a resume costing 8 ms (the GPU's probes measured 1-8 ms of
+    switches at four requests, docs/evidence/auto-threshold/18-acc-mix-three-rounds): over ten
+    seeds, the run with short visits following their neighbour delivers more tokens per second
+    than each bucket on its own in at least seven, by a median of 1 % or more
+    (`benchmarks/bench_auto_controller.py --turnover` gives the table)."""
+    monkeypatch.setattr(sys.modules[__name__], "RESYNC_S", 8e-3)
+
+    def rate(short_run, seed):
+        monkeypatch.setattr(auto, "SHORT_RUN", short_run)
+        server = TurnoverServer(auto, c=5, spread=0.5, accept=2.33, seed=seed)
+
+        def cycles(n):
+            for acc in (2.33, 1.59) * n:
+                server.accept, start = acc, server.tokens
+                while server.tokens - start < 8000:
+                    server.step()
+
+        cycles(1)   # untimed, as the GPU's servers have run levels before this one
+        t0, k0 = sum(server.time.values()), server.tokens
+        cycles(3)
+        return (server.tokens - k0) / (sum(server.time.values()) - t0)
+
+    gains = [rate(4, seed) / rate(0, seed) - 1 for seed in range(5, 15)]
+    assert sum(g > 0 for g in gains) >= 7, gains
+    assert statistics.median(gains) >= 0.01, gains
+
+
 @pytest.mark.parametrize("size", [1, 128])
 def test_probing_costs_under_one_percent(auto, size):
     """After convergence, tokens per second against an oracle that never probes, same noise."""
@@ -471,10 +582,28 @@ def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(au
             server.step(bs, decide=speculate)
         r1.now += r1.gpu[-1] * (r1_rate - 1)
         differ += r0.switch.buckets[bucket(bs)].spec_s.value != r1.switch.buckets[bucket(bs)].spec_s.value
+    # then a steady load at rank 0's first plain bucket, dipping into the speculating one below
+    # for a step or two now and then: the dips follow the bucket they come from on both ranks
+    sides = [r0.switch.buckets[size].applied_speculate for size in SIZES]
+    truth = sides.index(False)
+    assert truth > 0 and sides[truth - 1]
+    dips = 0
+    for i in range(6000):
+        if dips:
+            dips -= 1
+        elif rng.random() < 0.05:
+            dips = rng.choice((1, 2))
+        bs = SIZES[truth - 1] if dips else SIZES[truth]
+        a, b = r0.switch.decide(bs), r1.switch.decide(bs)
+        assert a == b, i
+        for server, speculate in ((r0, a), (r1, b)):
+            server.step(bs, decide=speculate)
+        r1.now += r1.gpu[-1] * (r1_rate - 1)
     auto.ACTIVE = None
     assert differ > 0  # the estimates did differ between the ranks
     assert r0.switch.switches_off >= 1 and r0.switch.probe_steps > 0
     assert (r0.switch.switches_off, r0.switch.switches_on) == (r1.switch.switches_off, r1.switch.switches_on)
+    assert r0.switch.follow_steps == r1.switch.follow_steps > 0
 
 
 def test_switch_lines_and_server_info_carry_the_bucket_and_the_two_costs(auto):
