@@ -21,6 +21,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --acc-mix 2.14,1.46 --acc-mix-c 4 --seeds 8
     .venv/bin/python benchmarks/bench_auto_controller.py --stagger
     .venv/bin/python benchmarks/bench_auto_controller.py --turnover --seeds 4
+    .venv/bin/python benchmarks/bench_auto_controller.py --waves
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -41,6 +42,13 @@ model's 2 ms more and 8 ms more (the GPU's probes measured 1-8 ms of switches at
 short visits following the bucket they come from (SHORT_RUN) and without (each bucket on its own, the
 controller before): auto against the better side throughout and against an oracle taking the faster
 side per phase, and the steps that followed a neighbour.
+
+--waves: 64 requests on the turnover server with a 12-ms prefill forward (the GPU's host-bound pair:
+an eager launch worth several decode steps), equal output lengths and lengths drawn +-50 %: auto,
+plain throughout and speculating throughout, with the prefill forwards inside a busy batch per 100
+decode steps. With equal lengths plain finishes its requests together and admits them after idle
+time, so it never pays a forward in a busy batch; a probe's speculative steps finish requests
+apart, and the waves never come back (docs/evidence/auto-threshold/17-own-native).
 """
 from __future__ import annotations
 
@@ -181,6 +189,41 @@ def turnover_table(auto, sim, phases=(2.33, 1.59), c=5, tokens=8000, seeds=4):
         auto.SHORT_RUN, sim.RESYNC_S = short_run, resync
 
 
+def waves_table(auto, sim, c=64, accept=2.5, prefill_s=12e-3, steps=6000):
+    class Counting(sim.TurnoverServer):
+        forwards = 0
+
+        def insert_prefill(self, seconds):
+            self.forwards += 1
+            super().insert_prefill(seconds)
+
+    print(f"{c} requests on the turnover server, accept {accept}, a prefill forward {prefill_s * 1e3:g} ms "
+          f"(+{sim.TurnoverServer.PREFILL_B * 1e3:g} ms a request, x{sim.TurnoverServer.DRAFT_X:g} while speculating)")
+    print("| output lengths | server | tok/s | / plain | prefill forwards in a busy batch per 100 steps | probe steps |")
+    print("|---|---|---|---|---|---|")
+    saved = sim.TurnoverServer.PREFILL_A
+    sim.TurnoverServer.PREFILL_A = prefill_s
+    try:
+        for spread in (0.0, 0.5):
+            rows = []
+            for name, decide in (("plain", False), ("speculating", True), ("auto", None)):
+                server = Counting(auto, c=c, spread=spread, accept=accept, seed=5)
+                for _ in range(steps // 2):
+                    server.step(decide=decide)
+                f0, s0, t0, k0 = server.forwards, server.steps, sum(server.time.values()), server.tokens
+                for _ in range(steps):
+                    server.step(decide=decide)
+                rate = (server.tokens - k0) / (sum(server.time.values()) - t0)
+                probes = server.switch.probe_steps if decide is None else "-"
+                rows.append((name, rate, 100 * (server.forwards - f0) / (server.steps - s0), probes))
+            lengths = "equal" if spread == 0 else f"+-{spread:.0%}"
+            for name, rate, forwards, probes in rows:
+                print(f"| {lengths} | {name} | {rate:.0f} | {rate / rows[0][1]:.3f} | {forwards:.1f} | {probes} |",
+                      flush=True)
+    finally:
+        sim.TurnoverServer.PREFILL_A = saved
+
+
 def stagger_table(auto, sim, size=16):
     print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
     print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
@@ -232,6 +275,8 @@ def main():
     ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
     ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
     ap.add_argument("--seeds", type=int, default=1, help="acc-mix: medians over this many seeds")
+    ap.add_argument("--waves", action="store_true",
+                    help="64 requests with dear prefill forwards: equal output lengths keep plain in waves")
     ap.add_argument("--turnover", action="store_true",
                     help="acceptance phases with turnovers into the bucket below, short visits following or not")
     ap.add_argument("--stagger", action="store_true",
@@ -251,6 +296,9 @@ def main():
         return
     if a.turnover:
         turnover_table(auto, sim, seeds=a.seeds)
+        return
+    if a.waves:
+        waves_table(auto, sim)
         return
     if a.acc_mix:
         acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c, a.seeds)
