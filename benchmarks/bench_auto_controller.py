@@ -107,19 +107,7 @@ def acc_mix_rates(auto, sim, phases, c, phase_tokens, cycles=4, seed=5):
     before this one). decide(acc): None (the controller decides) or the side for that phase."""
     def run(decide):
         server = sim.Server(auto, accept=phases[0], seed=seed)
-
-        def cycle():
-            for acc in phases:
-                server.accept = acc
-                start = server.tokens
-                while server.tokens - start < phase_tokens:
-                    server.step(c, decide=decide(acc))
-
-        cycle()
-        t0, tok0 = sum(server.time.values()), server.tokens
-        for _ in range(cycles):
-            cycle()
-        return (server.tokens - tok0) / (sum(server.time.values()) - t0)
+        return sim.rate(sim.phase_times(server, phases, phase_tokens, cycles, decide, bs=c))
 
     def oracle(acc):
         return sim.true_gain(acc, sim.bucket(c)) > 1.0
@@ -144,27 +132,13 @@ def acc_mix_table(auto, sim, phases, c, seeds=1):
               f"{over_oracle:.3f} |", flush=True)
 
 
-def phase_times(server, phases, tokens, cycles=3, decide=None):
-    """(tokens, seconds) per phase over `cycles` times the phases after one untimed cycle."""
-    out = []
-    for record in [False] + [True] * cycles:
-        for acc in phases:
-            server.accept = acc
-            t0, k0 = sum(server.time.values()), server.tokens
-            while server.tokens - k0 < tokens:
-                server.step(decide=None if decide is None else decide(acc))
-            if record:
-                out.append((server.tokens - k0, sum(server.time.values()) - t0))
-    return out
-
-
 def turnover_table(auto, sim, phases=(2.33, 1.59), c=5, tokens=8000, seeds=4):
     gains = ", ".join(f"{a:g}: {sim.true_gain(a, sim.bucket(c)):.2f}" for a in phases)
     print(f"acceptance phases {list(phases)} at c={c} on the turnover server, {tokens} tokens a phase "
           f"(quiet gain at bucket {sim.bucket(c)}: {gains}), medians over {seeds} seeds")
     print("| output lengths | a resume's extra | short visits | auto / better side | auto / oracle | steps that followed |")
     print("|---|---|---|---|---|---|")
-    rate = lambda rows: sum(k for k, _ in rows) / sum(t for _, t in rows)  # noqa: E731
+    rate = sim.rate
     short_run, resync = auto.SHORT_RUN, sim.RESYNC_S
     try:
         for spread, sim.RESYNC_S in ((0.0, resync), (0.5, resync), (0.0, 8e-3), (0.5, 8e-3)):
@@ -174,9 +148,9 @@ def turnover_table(auto, sim, phases=(2.33, 1.59), c=5, tokens=8000, seeds=4):
                 for seed in range(5, 5 + seeds):
                     make = lambda: sim.TurnoverServer(auto, c=c, spread=spread, accept=phases[0], seed=seed)  # noqa: E731
                     server = make()
-                    got = phase_times(server, phases, tokens)
-                    spec = phase_times(make(), phases, tokens, decide=lambda acc: True)
-                    plain = phase_times(make(), phases, tokens, decide=lambda acc: False)
+                    got = sim.phase_times(server, phases, tokens)
+                    spec = sim.phase_times(make(), phases, tokens, decide=lambda acc: True)
+                    plain = sim.phase_times(make(), phases, tokens, decide=lambda acc: False)
                     oracle = sum(k for k, _ in spec) / sum(min(a[1], b[1]) for a, b in zip(spec, plain))
                     cells.append((rate(got) / max(rate(spec), rate(plain)), rate(got) / oracle,
                                   server.switch.follow_steps))
@@ -190,13 +164,6 @@ def turnover_table(auto, sim, phases=(2.33, 1.59), c=5, tokens=8000, seeds=4):
 
 
 def waves_table(auto, sim, c=64, accept=2.5, prefill_s=12e-3, steps=6000):
-    class Counting(sim.TurnoverServer):
-        forwards = 0
-
-        def insert_prefill(self, seconds):
-            self.forwards += 1
-            super().insert_prefill(seconds)
-
     print(f"{c} requests on the turnover server, accept {accept}, a prefill forward {prefill_s * 1e3:g} ms "
           f"(+{sim.TurnoverServer.PREFILL_B * 1e3:g} ms a request, x{sim.TurnoverServer.DRAFT_X:g} while speculating)")
     print("| output lengths | server | tok/s | / plain | prefill forwards in a busy batch per 100 steps | probe steps |")
@@ -207,7 +174,7 @@ def waves_table(auto, sim, c=64, accept=2.5, prefill_s=12e-3, steps=6000):
         for spread in (0.0, 0.5):
             rows = []
             for name, decide in (("plain", False), ("speculating", True), ("auto", None)):
-                server = Counting(auto, c=c, spread=spread, accept=accept, seed=5)
+                server = sim.TurnoverServer(auto, c=c, spread=spread, accept=accept, seed=5)
                 for _ in range(steps // 2):
                     server.step(decide=decide)
                 f0, s0, t0, k0 = server.forwards, server.steps, sum(server.time.values()), server.tokens

@@ -21,14 +21,16 @@ finishes them one by one and admits each in a forward of its own
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from steady_state import LINE as DECODE  # noqa: E402  (running count, gen throughput)
+
 PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+)")
-DECODE = re.compile(r"Decode batch, #running-req: (\d+)")
 COUNTERS = re.compile(r"spec steps: (\d+), plain steps: (\d+)")
-THROUGHPUT = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
 
 
 def intervals(lines, interval=100):
@@ -48,10 +50,9 @@ def intervals(lines, interval=100):
         c = COUNTERS.search(line)
         count = int(c.group(1)) + int(c.group(2)) if c else None
         steps = count - last_count if (count is not None and last_count is not None) else interval
-        t = THROUGHPUT.search(line)
         if seen_decode and steps > 0:
             rows.append({"running": int(m.group(1)), "steps": steps, "forwards": forwards,
-                         "admitted": admitted, "tok_s": float(t.group(1)) if t else None})
+                         "admitted": admitted, "tok_s": float(m.group(2))})
         seen_decode, last_count, forwards, admitted = True, count, 0, 0
     return rows
 
@@ -63,12 +64,12 @@ def summary(rows, min_running):
         return None
     per100 = lambda key: statistics.median(100.0 * r[key] / r["steps"] for r in rows)
     per_forward = [r["admitted"] / r["forwards"] for r in rows if r["forwards"]]
-    rates = [r["tok_s"] for r in rows if r["tok_s"] is not None]
+    rates = [r["tok_s"] for r in rows]
     return {"intervals": len(rows),
             "forwards_per_100_steps": round(per100("forwards"), 1),
             "admitted_per_100_steps": round(per100("admitted"), 1),
             "admitted_per_forward": round(statistics.median(per_forward), 2) if per_forward else None,
-            "gen_tok_s": round(statistics.median(rates), 1) if rates else None}
+            "gen_tok_s": round(statistics.median(rates), 1)}
 
 
 def main(argv=None) -> int:

@@ -308,6 +308,7 @@ class TurnoverServer(Server):
         self.len_rng = random.Random(kw.get("seed", 1) + 200)
         self.left = [self.new_length() for _ in range(c)]
         self.back = []   # steps at which finished requests return
+        self.forwards = 0   # prefill forwards inside a busy batch
 
     def new_length(self):
         return max(1, round(self.length * (1 + self.spread * self.len_rng.uniform(-1, 1))))
@@ -324,6 +325,7 @@ class TurnoverServer(Server):
             else:
                 cost = (self.PREFILL_A + self.PREFILL_B * n) * (self.DRAFT_X if self.last_spec else 1.0)
                 self.insert_prefill(cost)
+                self.forwards += 1
             self.left += [self.new_length() for _ in range(n)]
         speculate = super().step(len(self.left), decide)
         lens = self.results[-1][1]
@@ -518,22 +520,12 @@ def test_following_on_turnovers_pays_where_switches_cost_what_they_did_on_the_gp
     (`benchmarks/bench_auto_controller.py --turnover` gives the table)."""
     monkeypatch.setattr(sys.modules[__name__], "RESYNC_S", 8e-3)
 
-    def rate(short_run, seed):
+    def tok_s(short_run, seed):
         monkeypatch.setattr(auto, "SHORT_RUN", short_run)
         server = TurnoverServer(auto, c=5, spread=0.5, accept=2.33, seed=seed)
+        return rate(phase_times(server, (2.33, 1.59), 8000))
 
-        def cycles(n):
-            for acc in (2.33, 1.59) * n:
-                server.accept, start = acc, server.tokens
-                while server.tokens - start < 8000:
-                    server.step()
-
-        cycles(1)   # untimed, as the GPU's servers have run levels before this one
-        t0, k0 = sum(server.time.values()), server.tokens
-        cycles(3)
-        return (server.tokens - k0) / (sum(server.time.values()) - t0)
-
-    gains = [rate(4, seed) / rate(0, seed) - 1 for seed in range(5, 15)]
+    gains = [tok_s(4, seed) / tok_s(0, seed) - 1 for seed in range(5, 15)]
     assert sum(g > 0 for g in gains) >= 7, gains
     assert statistics.median(gains) >= 0.01, gains
 
@@ -891,6 +883,28 @@ def tokens_per_s(server, seconds, size_at, decide=None):
         bs = size_at(sum(server.time.values()) - start)
         server.step(bs, decide=None if decide is None else decide(bs))
     return server.tokens / (sum(server.time.values()) - start)
+
+
+def phase_times(server, phases, tokens, cycles=3, decide=None, bs=None):
+    """Acceptance phases of `tokens` tokens each (server.accept = phases[k]), `cycles` times after
+    one untimed cycle (the GPU's servers have run levels before): (tokens, seconds) per phase.
+    bs: the batch size of every step (None: the server's own, a TurnoverServer's);
+    decide(acc): None (the controller decides) or the side for that phase."""
+    rows = []
+    for timed in [False] + [True] * cycles:
+        for acc in phases:
+            server.accept = acc
+            t0, k0 = sum(server.time.values()), server.tokens
+            while server.tokens - k0 < tokens:
+                server.step(bs, decide=None if decide is None else decide(acc))
+            if timed:
+                rows.append((server.tokens - k0, sum(server.time.values()) - t0))
+    return rows
+
+
+def rate(rows):
+    """Tokens per second over phase_times' rows."""
+    return sum(k for k, _ in rows) / sum(t for _, t in rows)
 
 
 def auto_over_best_fixed(make):
