@@ -220,10 +220,10 @@ class Server:
     def spec_extra(self):
         return 0.0
 
-    def insert_prefill(self, seconds):
-        """A prefill inside a busy batch, before the next decode launch: its time is the side's
-        the server is on."""
-        self.switch.note_other_forward(idle_before=False)
+    def insert_prefill(self, seconds, admitted=1):
+        """A prefill inside a busy batch, before the next decode launch, admitting `admitted`
+        requests: its time is the side's the server is on."""
+        self.switch.note_other_forward(idle_before=False, admitted=admitted)
         self.now += seconds
         self.time[self.last_spec] += seconds
 
@@ -324,7 +324,7 @@ class TurnoverServer(Server):
                 self.switch.note_other_forward(idle_before=True)
             else:
                 cost = (self.PREFILL_A + self.PREFILL_B * n) * (self.DRAFT_X if self.last_spec else 1.0)
-                self.insert_prefill(cost)
+                self.insert_prefill(cost, n)
                 self.forwards += 1
             self.left += [self.new_length() for _ in range(n)]
         speculate = super().step(len(self.left), decide)
@@ -851,18 +851,25 @@ def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monke
         now[0] += 0.01
     path, cls = "sglang/srt/managers/scheduler.py", "Scheduler"
 
-    def batch(decode):
-        return Stub(forward_mode=Stub(is_decode=lambda: decode))
+    def batch(decode, reqs=2, decoding=None):
+        return Stub(forward_mode=Stub(is_decode=lambda: decode), reqs=[Stub() for _ in range(reqs)],
+                    decoding_reqs=decoding)
 
     busy, idle = Stub(reqs=[Stub(), Stub()]), Stub(reqs=[])
     run_patched(auto_tree, auto, path, cls, "run_batch", batch(True), running_batch=busy)
     assert len(switch._history) == 2 and switch._last_t is not None   # a decode step: chain kept
     assert switch._quiet == 2
-    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False), running_batch=busy)
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False, reqs=3), running_batch=busy)
     assert len(switch._history) == 2 and switch._last_t is not None   # a prefill under load: kept,
-    assert switch._quiet == 0                                          # but not quiet any more
+    assert switch._quiet == 0                                          # but not quiet any more,
+    assert switch._admitted == 3 and switch._prefill.admitted == 3     # and its requests are counted
+    # a mixed batch (the running requests decode in it) admits only its new ones
+    run_patched(auto_tree, auto, path, cls, "run_batch", batch(False, reqs=5, decoding=[Stub()] * 4),
+                running_batch=busy)
+    assert switch._admitted == 4 and switch._prefill.admitted == 4
     run_patched(auto_tree, auto, path, cls, "run_batch", batch(False), running_batch=idle)
     assert switch._history == [] and switch._last_t is None            # a prefill after idle: broken
+    assert (switch._admitted, switch._prefill) == (0, None)            # and charges no side
 
     path, cls, name = ACCEPT_HOOK[release]
     reqs = [Stub(), Stub()]
