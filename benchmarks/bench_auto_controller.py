@@ -22,6 +22,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --stagger
     .venv/bin/python benchmarks/bench_auto_controller.py --turnover --seeds 4
     .venv/bin/python benchmarks/bench_auto_controller.py --waves
+    .venv/bin/python benchmarks/bench_auto_controller.py --charge   # about a minute
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -49,6 +50,12 @@ plain throughout and speculating throughout, with the prefill forwards inside a 
 decode steps. With equal lengths plain finishes its requests together and admits them after idle
 time, so it never pays a forward in a busy batch; a probe's speculative steps finish requests
 apart, and the waves never come back (docs/evidence/auto-threshold/17-own-native).
+
+--charge: the turnover server at 8-64 requests, a prefill forward of 4 or 12 ms, equal lengths and
+lengths drawn +-50 %: speculating throughout against plain, auto with busy-batch prefills charged to
+the side that finished the requests they admit, and auto deciding on the wall step times alone (the
+controller before), each against the better side; and the gain auto's bucket reads, by the charged
+model (T) or by the wall step times where a side is not charged yet (W), per seed.
 """
 from __future__ import annotations
 
@@ -191,6 +198,44 @@ def waves_table(auto, sim, c=64, accept=2.5, prefill_s=12e-3, steps=6000):
         sim.TurnoverServer.PREFILL_A = saved
 
 
+def charge_table(auto, sim, seeds=(5, 6, 7), steps=6000):
+    def run(c, spread, decide, seed):
+        server = sim.TurnoverServer(auto, c=c, spread=spread, accept=2.5, seed=seed)
+        for _ in range(steps // 3):
+            server.step(decide=decide)
+        t0, k0 = sum(server.time.values()), server.tokens
+        for _ in range(steps):
+            server.step(decide=decide)
+        return (server.tokens - k0) / (sum(server.time.values()) - t0), server
+
+    print(f"the turnover server, accept 2.5, medians over seeds {list(seeds)}")
+    print("| c | prefill forward | output lengths | speculating / plain | auto charged / better side | "
+          "auto on wall steps / better side | gain read by seed |")
+    print("|---|---|---|---|---|---|---|")
+    saved_prefill, turn_min = sim.TurnoverServer.PREFILL_A, auto.TURN_MIN
+    try:
+        for c in (8, 16, 32, 64):
+            for sim.TurnoverServer.PREFILL_A in (4e-3, 12e-3):
+                for spread in (0.0, 0.5):
+                    cells = []
+                    for seed in seeds:
+                        plain, spec = run(c, spread, False, seed)[0], run(c, spread, True, seed)[0]
+                        charged, server = run(c, spread, None, seed)
+                        auto.TURN_MIN = 10 ** 9
+                        wall = run(c, spread, None, seed)[0]
+                        auto.TURN_MIN = turn_min
+                        b = server.switch.buckets[sim.bucket(c)]
+                        best = max(plain, spec)
+                        read = ("T" if b.turnover_per_step() else "W") + f"{b.gain() or 0:.2f}"
+                        cells.append((spec / plain, charged / best, wall / best, read))
+                    med = [statistics.median(cell[i] for cell in cells) for i in range(3)]
+                    lengths = "equal" if spread == 0 else f"+-{spread:.0%}"
+                    print(f"| {c} | {sim.TurnoverServer.PREFILL_A * 1e3:g} ms | {lengths} | {med[0]:.3f} | "
+                          f"{med[1]:.3f} | {med[2]:.3f} | {' '.join(cell[3] for cell in cells)} |", flush=True)
+    finally:
+        sim.TurnoverServer.PREFILL_A, auto.TURN_MIN = saved_prefill, turn_min
+
+
 def stagger_table(auto, sim, size=16):
     print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
     print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
@@ -244,6 +289,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=1, help="acc-mix: medians over this many seeds")
     ap.add_argument("--waves", action="store_true",
                     help="64 requests with dear prefill forwards: equal output lengths keep plain in waves")
+    ap.add_argument("--charge", action="store_true",
+                    help="busy-batch prefills charged to the side that caused them, against the wall steps")
     ap.add_argument("--turnover", action="store_true",
                     help="acceptance phases with turnovers into the bucket below, short visits following or not")
     ap.add_argument("--stagger", action="store_true",
@@ -266,6 +313,9 @@ def main():
         return
     if a.waves:
         waves_table(auto, sim)
+        return
+    if a.charge:
+        charge_table(auto, sim)
         return
     if a.acc_mix:
         acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c, a.seeds)
