@@ -598,6 +598,74 @@ def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(au
     assert r0.switch.follow_steps == r1.switch.follow_steps > 0
 
 
+def test_a_fault_in_the_cost_model_stops_the_measuring_not_the_scheduler_nor_the_lockstep(auto, monkeypatch):
+    """A cost model step that raises (the first turnover charge could divide by zero on a signed
+    first sample) must not stop the scheduler. Rank 1's interval measurement raises at its
+    3,000th call: the error is reported with its traceback and in /server_info, rank 1 measures no
+    more (its estimates freeze) and still takes rank 0's decisions in every step, probes and
+    switches included. Then rank 0's decision step raises: no table changes any more, every bucket
+    keeps its side, and both ranks go on in step."""
+    r0 = Server(auto, accept=2.5, seed=11, tp_rank=0, tp_size=2)
+    r1 = Server(auto, accept=2.5, seed=12, tp_rank=1, tp_size=2)
+    faults = {"_observe_interval": (r1.switch, 3000), "_propose": (r0.switch, 30000)}
+    calls = {name: 0 for name in faults}
+
+    def failing(name):
+        real = getattr(auto.AutoSwitch, name)
+
+        def step(self, *args):
+            who, at = faults[name]
+            if self is who:
+                calls[name] += 1
+                if calls[name] == at:
+                    raise ZeroDivisionError("float division by zero")
+            return real(self, *args)
+        step.__name__ = name
+        return step
+
+    for name in faults:
+        monkeypatch.setattr(auto.AutoSwitch, name, failing(name))
+    rng = random.Random(5)
+
+    def run(steps, start):
+        for i in range(start, start + steps):
+            if i % 3 == 0:
+                auto.ACTIVE = r0.switch
+                wire = pickle.dumps(auto.attach(["req"]))
+                for server in (r0, r1):
+                    auto.ACTIVE = server.switch
+                    assert auto.detach(pickle.loads(wire)) == ["req"]
+            bs = SIZES[min(len(SIZES) - 1, (i // 1000) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
+            a, b = r0.switch.decide(bs), r1.switch.decide(bs)
+            assert a == b, i
+            for server, speculate in ((r0, a), (r1, b)):
+                server.step(bs, decide=speculate)
+        auto.ACTIVE = None
+
+    run(3000, 0)
+    assert r1.switch.failed == "_observe_interval: ZeroDivisionError: float division by zero"
+    assert r0.switch.failed is None
+    message = r1.switch.switch_message(0)
+    assert "the cost model failed in _observe_interval" in message and "Traceback" in message
+    frozen = {size: (b.plain_s.n, b.spec_s.n, b.accept.n) for size, b in r1.switch.buckets.items()}
+    probes, switches = r0.switch.probe_steps, r0.switch.switches_off + r0.switch.switches_on
+    run(15000, 3000)
+    assert {size: (b.plain_s.n, b.spec_s.n, b.accept.n) for size, b in r1.switch.buckets.items()
+            if size in frozen} == frozen
+    assert r0.switch.probe_steps > probes and r0.switch.switches_off + r0.switch.switches_on > switches
+    assert r1.switch.as_dict()["failed"] == r1.switch.failed
+
+    run(20000, 18000)   # rank 0's decision step raises in here
+    assert r0.switch.failed == "_propose: ZeroDivisionError: float division by zero"
+    sides = {size: b.applied_speculate for size, b in r0.switch.buckets.items()}
+    version, probes = r0.switch._version, r0.switch.probe_steps
+    run(8000, 38000)
+    assert r0.switch._version == version and r0.switch.probe_steps <= probes + auto.EXPLORE_STEPS
+    assert {size: b.applied_speculate for size, b in r0.switch.buckets.items() if size in sides} == sides
+    assert {size: b.applied_speculate for size, b in r1.switch.buckets.items()} == {
+        size: b.applied_speculate for size, b in r0.switch.buckets.items()}
+
+
 def test_switch_lines_and_server_info_carry_the_bucket_and_the_two_costs(auto):
     server = Server(auto, accept=2.5)
     lines = []
