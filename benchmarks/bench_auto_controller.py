@@ -198,15 +198,10 @@ def waves_table(auto, sim, c=64, accept=2.5, prefill_s=12e-3, steps=6000):
         sim.TurnoverServer.PREFILL_A = saved
 
 
-def charge_table(auto, sim, seeds=(5, 6, 7), steps=6000):
+def charge_table(auto, sim, seeds=(5, 6, 7)):
     def run(c, spread, decide, seed):
         server = sim.TurnoverServer(auto, c=c, spread=spread, accept=2.5, seed=seed)
-        for _ in range(steps // 3):
-            server.step(decide=decide)
-        t0, k0 = sum(server.time.values()), server.tokens
-        for _ in range(steps):
-            server.step(decide=decide)
-        return (server.tokens - k0) / (sum(server.time.values()) - t0), server
+        return sim.steady_rate(server, decide), server
 
     print(f"the turnover server, accept 2.5, medians over seeds {list(seeds)}")
     print("| c | prefill forward | output lengths | speculating / plain | auto charged / better side | "

@@ -340,6 +340,37 @@ class TurnoverServer(Server):
         return speculate
 
 
+def steady_rate(server, decide=None, steps=6000):
+    """Tokens per second of a closed-loop server over `steps` steps after `steps` / 3 to settle."""
+    for _ in range(steps // 3):
+        server.step(decide=decide)
+    t0, k0 = sum(server.time.values()), server.tokens
+    for _ in range(steps):
+        server.step(decide=decide)
+    return (server.tokens - k0) / (sum(server.time.values()) - t0)
+
+
+def two_rank_step(auto, r0, r1, i, bs):
+    """One scheduler iteration at TP=2: every third one (the receive skipper) rank 0's table rides
+    the request broadcast, pickled, and both ranks adopt it; then both decide for bs, which must
+    agree, and run the step. The side taken."""
+    if i % 3 == 0:
+        auto.ACTIVE = r0.switch
+        sent = auto.attach(["req"])
+        auto.ACTIVE = r1.switch
+        assert auto.attach(None) is None  # only rank 0 has a list to send
+        wire = pickle.dumps(sent)
+        for server in (r0, r1):
+            auto.ACTIVE = server.switch
+            assert auto.detach(pickle.loads(wire)) == ["req"]
+        auto.ACTIVE = None
+    a, b = r0.switch.decide(bs), r1.switch.decide(bs)
+    assert a == b, i
+    for server in (r0, r1):
+        server.step(bs, decide=a)
+    return a
+
+
 def bucket(bs):
     return next(s for s in SIZES if s >= bs)
 
@@ -557,21 +588,8 @@ def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(au
     differ = 0
     rng = random.Random(5)
     for i in range(20000):
-        if i % 3 == 0:  # the scheduler's broadcast, not every iteration (the receive skipper)
-            auto.ACTIVE = r0.switch
-            sent = auto.attach(["req"])
-            auto.ACTIVE = r1.switch
-            assert auto.attach(None) is None  # only rank 0 has a list to send
-            wire = pickle.dumps(sent)
-            auto.ACTIVE = r0.switch
-            assert auto.detach(pickle.loads(wire)) == ["req"]
-            auto.ACTIVE = r1.switch
-            assert auto.detach(pickle.loads(wire)) == ["req"]
         bs = SIZES[min(len(SIZES) - 1, (i // 1000) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
-        a, b = r0.switch.decide(bs), r1.switch.decide(bs)
-        assert a == b, i
-        for server, speculate in ((r0, a), (r1, b)):
-            server.step(bs, decide=speculate)
+        two_rank_step(auto, r0, r1, i, bs)
         r1.now += r1.gpu[-1] * (r1_rate - 1)
         differ += r0.switch.buckets[bucket(bs)].spec_s.value != r1.switch.buckets[bucket(bs)].spec_s.value
     # then a steady load at rank 0's first plain bucket, dipping into the speculating one below
@@ -629,18 +647,8 @@ def test_a_fault_in_the_cost_model_stops_the_measuring_not_the_scheduler_nor_the
 
     def run(steps, start):
         for i in range(start, start + steps):
-            if i % 3 == 0:
-                auto.ACTIVE = r0.switch
-                wire = pickle.dumps(auto.attach(["req"]))
-                for server in (r0, r1):
-                    auto.ACTIVE = server.switch
-                    assert auto.detach(pickle.loads(wire)) == ["req"]
             bs = SIZES[min(len(SIZES) - 1, (i // 1000) % len(SIZES) + rng.choice((-1, 0, 0, 1)))]
-            a, b = r0.switch.decide(bs), r1.switch.decide(bs)
-            assert a == b, i
-            for server, speculate in ((r0, a), (r1, b)):
-                server.step(bs, decide=speculate)
-        auto.ACTIVE = None
+            two_rank_step(auto, r0, r1, i, bs)
 
     run(3000, 0)
     assert r1.switch.failed == "_measure: ZeroDivisionError: float division by zero"
@@ -1149,14 +1157,9 @@ def test_charging_turnover_to_its_cause_reads_speculation_as_the_servers_run_it(
     `benchmarks/bench_auto_controller.py --charge` gives the table)."""
     monkeypatch.setattr(TurnoverServer, "PREFILL_A", 12e-3)
 
-    def run(decide, seed, spread, steps=6000):
+    def run(decide, seed, spread):
         server = TurnoverServer(auto, c=64, spread=spread, accept=2.5, seed=seed)
-        for _ in range(steps // 3):
-            server.step(decide=decide)
-        t0, k0 = sum(server.time.values()), server.tokens
-        for _ in range(steps):
-            server.step(decide=decide)
-        return (server.tokens - k0) / (sum(server.time.values()) - t0), server
+        return steady_rate(server, decide), server
 
     for seed in (5, 6, 7):
         ratio = run(True, seed, 0.5)[0] / run(False, seed, 0.5)[0]
