@@ -192,8 +192,11 @@ def accounting_by_level(states):
     the clip, tokens, steps and tokens per second; the seconds across idle breaks; and, where the
     patch counts them, the decode results found out of step with their launches
     ("pairing_resyncs") and the probes started at once after one read speculation paying
-    ("rechecks"); and the share of the level's decode time that speculating cost against plain
-    ("speculation_cost_share"). States without time_accounting (older patches) are skipped."""
+    ("rechecks"); the share of the level's decode time that speculating cost against plain
+    ("speculation_cost_share"); and, where the state has its buckets, the speculative and probe
+    steps of the level and the probe steps of each bucket that took some ("probe_steps_by_bucket":
+    which buckets the level's probes went to). States without time_accounting (older patches) are
+    skipped."""
     rows, before = [], {}   # the last state with time_accounting
     for entry in states:
         state = entry.get("state") or {}
@@ -213,9 +216,20 @@ def accounting_by_level(states):
             d["left_out_share"] = round(d["uncounted_s"] / total, 4) if total > 0 else None
             row[side] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
         row["speculation_cost_share"] = _speculation_cost_share(row)
+        if "buckets" in state:
+            _probes_by_bucket(row, state, before)
         rows.append(row)
         before = state
     return rows
+
+
+def _probes_by_bucket(row, state, before):
+    for counter in ("spec_steps", "probe_steps"):
+        row[counter] = state.get(counter, 0) - before.get(counter, 0)
+    earlier = before.get("buckets", {})
+    took = {size: b.get("probe_steps", 0) - earlier.get(size, {}).get("probe_steps", 0)
+            for size, b in state["buckets"].items()}
+    row["probe_steps_by_bucket"] = {size: n for size, n in sorted(took.items(), key=lambda kv: int(kv[0])) if n}
 
 
 def _speculation_cost_share(row):

@@ -106,6 +106,17 @@ def test_accounting_by_level_is_the_difference_between_consecutive_states(summar
     # 600 speculative tokens took 2.0 s where plain's 500 tok/s needs 1.2 s: 0.8 s of the level's 4.0 s
     assert rows[1]["speculation_cost_share"] == 0.2
     assert rows[0]["speculation_cost_share"] is None   # no plain side to weigh it against
+    assert "probe_steps_by_bucket" not in rows[0]       # a state without its buckets
+    # with the buckets: the level's speculative and probe steps, and each bucket's probe steps
+    states[3]["state"].update(spec_steps=100, probe_steps=40, buckets={
+        "4": {"probe_steps": 30}, "16": {"probe_steps": 10}})
+    states[4]["state"].update(spec_steps=180, probe_steps=75, buckets={
+        "4": {"probe_steps": 30}, "16": {"probe_steps": 21}, "14": {"probe_steps": 24}})
+    rows = summary.accounting_by_level(states)
+    assert (rows[2]["spec_steps"], rows[2]["probe_steps"]) == (100, 40)
+    assert rows[2]["probe_steps_by_bucket"] == {"4": 30, "16": 10}
+    assert (rows[3]["spec_steps"], rows[3]["probe_steps"]) == (80, 35)
+    assert rows[3]["probe_steps_by_bucket"] == {"14": 24, "16": 11}   # bucket 4 took none
     path = tmp_path / "auto_state.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in states))
     assert summary.main(["accounting", str(path)]) == 0
