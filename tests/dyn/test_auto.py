@@ -1189,8 +1189,8 @@ def test_charging_turnover_to_its_cause_reads_speculation_as_the_servers_run_it(
     speculating): plain admits about one request a forward, speculation finishes 2.5x as many a
     step. The bucket's gain, charged by cause, reads within 6 % of the ratio the two sides' own
     throughputs give (0.84) over three seeds; and with equal output lengths, where plain keeps its
-    requests in waves until probes break them, auto charged by cause delivers 10 % more than with
-    the wall step times alone (0.75 against 0.67 of plain in waves:
+    requests in waves until probes break them, auto charged by cause delivers 9-15 % more than with
+    the wall step times alone (0.74 against 0.67 of plain in waves:
     `benchmarks/bench_auto_controller.py --charge` gives the table)."""
     monkeypatch.setattr(TurnoverServer, "PREFILL_A", 12e-3)
 
@@ -1206,7 +1206,24 @@ def test_charging_turnover_to_its_cause_reads_speculation_as_the_servers_run_it(
     charged = [run(None, seed, 0.0)[0] for seed in (5, 6, 7)]
     monkeypatch.setattr(auto, "TURN_MIN", 10 ** 9)   # the wall step times decide, as before
     wall = [run(None, seed, 0.0)[0] for seed in (5, 6, 7)]
-    assert all(c > 1.1 * w for c, w in zip(charged, wall)), (charged, wall)
+    assert all(c > 1.07 * w for c, w in zip(charged, wall)), (charged, wall)
+
+
+def test_a_prefill_in_the_bucket_below_is_kept_by_the_bucket_whose_requests_it_replaces(auto, monkeypatch):
+    """Captured sizes one apart (the GPU's 1..16): at 16 running requests each finish drops the
+    running count to 15 until its replacement's prefill, so every prefill runs among bucket 15's
+    steps. Its cost is kept by bucket 16, which finished the requests it admits: kept by the
+    bucket it ran in, bucket 16 timed no forward, was never charged, and decided on its wall
+    steps, which hold no prefill (it speculated at 0.91x of plain in this model)."""
+    monkeypatch.setattr(TurnoverServer, "PREFILL_A", 12e-3)
+    monkeypatch.setitem(globals(), "SIZES", list(range(1, 17)) + list(range(18, 33, 2)))
+    server = TurnoverServer(auto, c=16, spread=0.5, accept=2.5, seed=5)
+    for _ in range(3000):
+        server.step()
+    sixteen, fifteen = server.switch.buckets[16], server.switch.buckets[15]
+    assert fifteen.visits > 500   # the dips are there
+    timed = sixteen.plain_forward.n + sixteen.spec_forward.n
+    assert timed >= 10 * auto.TURN_MIN   # none before
 
 
 def test_the_first_samples_at_a_new_size_are_dropped(auto):
