@@ -1210,11 +1210,12 @@ def test_charging_turnover_to_its_cause_reads_speculation_as_the_servers_run_it(
 
 
 def test_a_prefill_in_the_bucket_below_is_kept_by_the_bucket_whose_requests_it_replaces(auto, monkeypatch):
-    """Captured sizes one apart (the GPU's 1..16): at 16 running requests each finish drops the
-    running count to 15 until its replacement's prefill, so every prefill runs among bucket 15's
-    steps. Its cost is kept by bucket 16, which finished the requests it admits: kept by the
-    bucket it ran in, bucket 16 timed no forward, was never charged, and decided on its wall
-    steps, which hold no prefill (it speculated at 0.91x of plain in this model)."""
+    """Captured sizes one apart (a speculative server captures 1-8 so; here 1-16): at 16 running
+    requests each finish drops the running count to 15 until its replacement's prefill, so every
+    prefill runs among bucket 15's steps. Its cost is kept by bucket 16, which finished the
+    requests it admits; kept by the bucket it ran in, bucket 16 timed no forward and could never
+    be charged. (Its decision does not change in this model: while it speculates the plain side
+    times too few forwards to be charged, so its wall steps still decide.)"""
     monkeypatch.setattr(TurnoverServer, "PREFILL_A", 12e-3)
     monkeypatch.setitem(globals(), "SIZES", list(range(1, 17)) + list(range(18, 33, 2)))
     server = TurnoverServer(auto, c=16, spread=0.5, accept=2.5, seed=5)
