@@ -23,6 +23,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --turnover --seeds 4
     .venv/bin/python benchmarks/bench_auto_controller.py --waves
     .venv/bin/python benchmarks/bench_auto_controller.py --charge   # about a minute
+    .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -56,6 +57,10 @@ lengths drawn +-50 %: speculating throughout against plain, auto with busy-batch
 the side that finished the requests they admit, and auto deciding on the wall step times alone (the
 controller before), each against the better side; and the gain auto's bucket reads, by the charged
 model (T) or by the wall step times where a side is not charged yet (W), per seed.
+
+--spec-sizes: the buckets a speculative SGLang 0.5.11 server captures (1-8 one apart, 10-32 two apart,
+40-64 four apart) instead of the model's coarser ones, so that a turnover dips into the bucket below
+as on the GPU (with --charge, --waves, --turnover or the default tables).
 """
 from __future__ import annotations
 
@@ -67,6 +72,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# cuda_graph_bs of a speculative server in SGLang 0.5.11's server_args, up to 64
+SPEC_CAPTURE_SIZES = list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
 PATCH = os.path.join(ROOT, "patchsets", "dyn-disable", "0.5.11", "0003-dyn-disable-auto.patch")
 NEW_FILE = "diff --git a/sglang/srt/speculative/dyn_disable_auto.py"
 
@@ -290,6 +297,8 @@ def main():
                     help="acceptance phases with turnovers into the bucket below, short visits following or not")
     ap.add_argument("--stagger", action="store_true",
                     help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
+    ap.add_argument("--spec-sizes", action="store_true",
+                    help="the buckets a speculative server captures (1-8, 10-32 by 2, 40-64 by 4)")
     ap.add_argument("--resume-ms", default=None,
                     help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
@@ -300,6 +309,8 @@ def main():
     from tests.dyn import test_auto as sim
 
     auto = load_controller()
+    if a.spec_sizes:
+        sim.SIZES[:] = SPEC_CAPTURE_SIZES
     if a.stagger:
         stagger_table(auto, sim)
         return
