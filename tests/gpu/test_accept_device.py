@@ -384,13 +384,18 @@ def test_late_spans_that_would_keep_drafting_off_after_the_burst_are_refused(mon
     assert "--late-spans 3: 4 spanning + 3 late requests stay above the resume point 6" in capsys.readouterr().err
 
 
+# 10-ms steps for the profile tests: the ask must land within the burst's last profile_lead steps,
+# 8 ms at the stand-ins' default 2-ms steps, which a loaded 2-core host missed once
+PROFILED_STANDINS = {label: {**cfg, "step_s": 0.01} for label, cfg in LATE_STANDINS.items()}
+
+
 def test_a_profile_is_asked_across_the_first_two_resumes_of_one_server_only(tmp_path, monkeypatch):
     """The first resume's 115-125 ms gap sat at the resume itself (plain-at-baseline section 11);
     --profile-resume asks the named server for a torch profile while its burst's last plain steps
     run, at crossings 1 and 2, and nothing of the others."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     handles = []
-    asyncio.run(run_all(tmp_path, crossings=3, standins=LATE_STANDINS, handles_out=handles, late_n=1,
+    asyncio.run(run_all(tmp_path, crossings=3, standins=PROFILED_STANDINS, handles_out=handles, late_n=1,
                         profile_label="eagle3-v2-dyn-native-skip", profile_lead=4,
                         profile_dir=str(tmp_path / "traces")))
     by = {h.label: h.standin for h in handles}
@@ -411,7 +416,7 @@ def test_later_crossings_can_be_profiled_instead_of_the_first_two(tmp_path, monk
     (plain-at-baseline section 13): profile_crossings puts the profiles on the crossings asked for."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     handles = []
-    asyncio.run(run_all(tmp_path, crossings=3, standins=LATE_STANDINS, handles_out=handles, late_n=1,
+    asyncio.run(run_all(tmp_path, crossings=3, standins=PROFILED_STANDINS, handles_out=handles, late_n=1,
                         profile_label="eagle3-v2-dyn-native-skip", profile_lead=4, profile_crossings=(3,),
                         profile_dir=str(tmp_path / "traces")))
     asked = {h.label: h.standin for h in handles}["eagle3-v2-dyn-native-skip"].profiles
