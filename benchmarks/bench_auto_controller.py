@@ -72,8 +72,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# cuda_graph_bs of a speculative server in SGLang 0.5.11's server_args, up to 64
-SPEC_CAPTURE_SIZES = list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
 PATCH = os.path.join(ROOT, "patchsets", "dyn-disable", "0.5.11", "0003-dyn-disable-auto.patch")
 NEW_FILE = "diff --git a/sglang/srt/speculative/dyn_disable_auto.py"
 
@@ -310,7 +308,7 @@ def main():
 
     auto = load_controller()
     if a.spec_sizes:
-        sim.SIZES[:] = SPEC_CAPTURE_SIZES
+        sim.SIZES[:] = sim.SPEC_SIZES
     if a.stagger:
         stagger_table(auto, sim)
         return
