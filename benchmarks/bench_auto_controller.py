@@ -24,6 +24,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --waves
     .venv/bin/python benchmarks/bench_auto_controller.py --charge   # about a minute
     .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes
+    .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes --return-ms 15
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -61,6 +62,10 @@ model (T) or by the wall step times where a side is not charged yet (W), per see
 --spec-sizes: the buckets a speculative SGLang 0.5.11 server captures (1-8 one apart, 10-32 two apart,
 40-64 four apart) instead of the model's coarser ones, so that a turnover dips into the bucket below
 as on the GPU (with --charge, --waves, --turnover or the default tables).
+
+--return-ms: the turnover server's finished requests come back that many ms of its clock later
+instead of two steps later, so replacements that arrive while a prefill forward runs meet in the
+next one and waves broken by speculation can re-form (with --charge or --waves).
 """
 from __future__ import annotations
 
@@ -297,6 +302,8 @@ def main():
                     help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
     ap.add_argument("--spec-sizes", action="store_true",
                     help="the buckets a speculative server captures (1-8, 10-32 by 2, 40-64 by 4)")
+    ap.add_argument("--return-ms", type=float, default=None,
+                    help="the turnover server's client round trip in ms of its clock (default: 2 steps)")
     ap.add_argument("--resume-ms", default=None,
                     help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
@@ -309,6 +316,8 @@ def main():
     auto = load_controller()
     if a.spec_sizes:
         sim.SIZES[:] = sim.SPEC_SIZES
+    if a.return_ms is not None:
+        sim.TurnoverServer.RETURN_S = a.return_ms / 1e3
     if a.stagger:
         stagger_table(auto, sim)
         return

@@ -301,9 +301,14 @@ class TurnoverServer(Server):
     its bucket's smallest size, and that step's interval holds the replacement's prefill: the
     turnover step of the GPU's acceptance phases (docs/evidence/auto-threshold/18-acc-mix-three-
     rounds). With equal lengths plain finishes its requests in the same step (then admits them
-    after idle time, which breaks the timing chain), speculation one by one."""
+    after idle time, which breaks the timing chain), speculation one by one. With RETURN_S set, a
+    finished request comes back that many seconds of the server's clock later instead, so the
+    replacements of requests that finished a few steps apart can meet in one prefill forward (a
+    long forward gathers the ones that arrive while it runs), as a client's round trip does on
+    the GPU."""
 
     PREFILL_A, PREFILL_B, DRAFT_X = 4e-3, 0.5e-3, 2.0
+    RETURN_S: Optional[float] = None
 
     def __init__(self, auto, c=5, length=96, spread=0.0, delay=2, **kw):
         super().__init__(auto, **kw)
@@ -317,9 +322,10 @@ class TurnoverServer(Server):
         return max(1, round(self.length * (1 + self.spread * self.len_rng.uniform(-1, 1))))
 
     def step(self, bs=None, decide=None):
-        due = [s for s in self.back if s <= self.steps]
+        clock = self.steps if self.RETURN_S is None else self.now
+        due = [s for s in self.back if s <= clock]
         if due or not self.left:
-            self.back = [s for s in self.back if s > self.steps]
+            self.back = [s for s in self.back if s > clock]
             n = len(due)
             if not self.left:   # the batch emptied: its replacements come after idle time
                 n += len(self.back)
@@ -337,8 +343,10 @@ class TurnoverServer(Server):
             self.tokens -= max(0, got - left)   # tokens past its length are not delivered
             if got < left:
                 still.append(left - got)
-            else:
+            elif self.RETURN_S is None:
                 self.back.append(self.steps + self.delay)
+            else:
+                self.back.append(self.now + self.RETURN_S)
         self.left = still
         return speculate
 
