@@ -300,8 +300,9 @@ class TurnoverServer(Server):
     too). So the running count dips below c at every turnover, into the bucket below when c is
     its bucket's smallest size, and that step's interval holds the replacement's prefill: the
     turnover step of the GPU's acceptance phases (docs/evidence/auto-threshold/18-acc-mix-three-
-    rounds). With equal lengths plain finishes its requests in the same step (then admits them
-    after idle time, which breaks the timing chain), speculation one by one. With RETURN_S set, a
+    rounds). With equal lengths plain finishes its requests in the same step (then admits them in
+    one forward after idle time, which breaks the timing chain; the forward's time counts, the
+    idle wait does not), speculation one by one. With RETURN_S set, a
     finished request comes back that many seconds of the server's clock later instead, so the
     replacements of requests that finished a few steps apart can meet in one prefill forward (a
     long forward gathers the ones that arrive while it runs), as a client's round trip does on
@@ -331,6 +332,10 @@ class TurnoverServer(Server):
                 n += len(self.back)
                 self.back = []
                 self.switch.note_other_forward(idle_before=True)
+                # the wave's refill is a forward like any other: the wall clock pays for it
+                refill = (self.PREFILL_A + self.PREFILL_B * n) * (self.DRAFT_X if self.last_spec else 1.0)
+                self.now += refill
+                self.time[self.last_spec] += refill
             else:
                 cost = (self.PREFILL_A + self.PREFILL_B * n) * (self.DRAFT_X if self.last_spec else 1.0)
                 self.insert_prefill(cost, n)
