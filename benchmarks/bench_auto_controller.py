@@ -65,7 +65,8 @@ as on the GPU (with --charge, --waves, --turnover or the default tables).
 
 --return-ms: the turnover server's finished requests come back that many ms of its clock later
 instead of two steps later, so replacements that arrive while a prefill forward runs meet in the
-next one and waves broken by speculation can re-form (with --charge or --waves).
+next one and waves broken by speculation can re-form (every turnover-server table: --charge,
+--waves, --turnover).
 """
 from __future__ import annotations
 
