@@ -4,6 +4,7 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
   python3 gpu/auto_summary.py part RECORDS.jsonl WORKLOAD OUT.json   # one call's workload
   python3 gpu/auto_summary.py merge OUT.json PART.json [PART.json ...]  # the evidence file
   python3 gpu/auto_summary.py accounting AUTO_STATE.jsonl  # where auto's decode time went, per level
+  python3 gpu/auto_summary.py costcheck PART.json AUTO_STATE.jsonl [VARIANT]  # auto's step costs against the fixed servers'
 
 A record: {"workload", "level" ("1", "4", ..., "bursty", "bursty-segments"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
@@ -246,6 +247,90 @@ def _speculation_cost_share(row):
     return round((spec_s - spec["tokens"] / plain["tokens_per_s"]) / total, 4)
 
 
+def _ms(value):
+    return None if value is None else round(value, 3)
+
+
+def _modelled_steps(b):
+    """(plain, spec) milliseconds per step of one bucket by each cost model the controller has:
+    "wall" (every interval of the bucket's steps), "quiet" (steps with no prefill beside them) and
+    "turnover" (quiet plus each side's prefill forwards per step: forward ms x forwards per finish x
+    the bucket's finishes per token x its mean running count, x the accept length for speculation;
+    the patch's step_costs) where both sides have those samples."""
+    acc = b.get("accept_len")
+    models = {"wall": (b.get("plain_step_ms"), b.get("spec_step_ms")),
+              "quiet": (b.get("plain_quiet_step_ms"), b.get("spec_quiet_step_ms"))}
+    forward, share = b.get("prefill_forward_ms") or {}, b.get("forwards_per_finish") or {}
+    sides = [forward.get(k) is not None and share.get(k) is not None for k in ("plain", "spec")]
+    if all(sides) and acc and b.get("tokens") and None not in models["quiet"]:
+        per_step = b.get("finishes", 0) / b["tokens"] * b.get("mean_bs", 0.0)
+        models["turnover"] = (models["quiet"][0] + forward["plain"] * share["plain"] * per_step,
+                              models["quiet"][1] + forward["spec"] * share["spec"] * per_step * acc)
+    return models
+
+
+def cost_check(part, states, server=None):
+    """Per numeric level of one workload: what auto's bucket for that level read when the level
+    ended, set against what the fixed servers' throughputs at that level say. "gain_from_fixed" is
+    the fastest fixed server speculating at the level (threshold >= c) over the fastest running
+    plain there (threshold < c); each side's "from_fixed" is the milliseconds per step its
+    throughput implies (plain: c / tok/s; speculation: c x auto's accept length / tok/s), beside the
+    controller's cost models for the same step ("decided" is the one its gain used), and how far
+    each side's decided cost is off (`_price_errors`). A model that reads one side dearer than its
+    fixed server's throughput says is the error to chase."""
+    after = {entry.get("after"): entry.get("state") or {} for entry in states if entry.get("server") == server}
+    rows = []
+    for level, e in sorted(part["levels"].items(), key=lambda kv: _level_key(kv[0])):
+        buckets = after.get(f"c={level}", {}).get("buckets")
+        if not level.isdigit() or not buckets:
+            continue
+        c = int(level)
+        fits = sorted((int(k) for k in buckets if int(k) >= c))
+        if not fits:
+            continue
+        b = buckets[str(fits[0])]
+        spec_side = {str(t) for t in e.get("always_speculating", [])}
+        spec = {t: v for t, v in e["fixed"].items() if t in spec_side}
+        plain = {t: v for t, v in e["fixed"].items() if t not in spec_side}
+        acc = b.get("accept_len")
+        models = _modelled_steps(b)
+        decided = "turnover" if b.get("cost_model") == "turnover" and "turnover" in models else "wall"
+        row = {"level": c, "bucket": fits[0], "speculating": b.get("speculating"),
+               "cost_model": b.get("cost_model"), "gain": b.get("gain"), "accept_len": acc,
+               "gain_by_model": {m: (round(acc * p / s, 4) if None not in (acc, p, s) and s else None)
+                                 for m, (p, s) in models.items()},
+               "gain_from_fixed": None, "fixed": {"plain": None, "spec": None}}
+        for i, side in enumerate(("plain", "spec")):
+            row[f"{side}_ms"] = {"decided": _ms(models[decided][i]),
+                                 **{m: _ms(v[i]) for m, v in models.items()}, "from_fixed": None}
+        if spec and plain:
+            best_spec = max(spec, key=spec.get)
+            best_plain = max(plain, key=plain.get)
+            row["fixed"] = {"plain": int(best_plain), "spec": int(best_spec)}
+            row["gain_from_fixed"] = round(spec[best_spec] / plain[best_plain], 4)
+            row["plain_ms"]["from_fixed"] = _ms(c / plain[best_plain] * 1e3)
+            if acc:
+                row["spec_ms"]["from_fixed"] = _ms(c * acc / spec[best_spec] * 1e3)
+        _price_errors(row, b.get("samples") or {})
+        rows.append(row)
+    return rows
+
+
+def _price_errors(row, samples):
+    """"runs_on": the side with more of the bucket's step samples (the other is timed in probes);
+    "price_error": each side's decided step cost over what its fixed server delivers; and
+    "probed_over_run": the probed side's error over the run side's, the gain's error against the
+    probed side (above 1 the bucket reads the side it probes dearer than the fixed servers say)."""
+    row["runs_on"] = "plain" if samples.get("plain", 0) >= samples.get("spec", 0) else "spec"
+    sides = {side: (row[f"{side}_ms"]["decided"], row[f"{side}_ms"]["from_fixed"]) for side in ("plain", "spec")}
+    if any(None in v or not v[1] for v in sides.values()):
+        return
+    error = {side: decided / fixed for side, (decided, fixed) in sides.items()}
+    probed = "spec" if row["runs_on"] == "plain" else "plain"
+    row["price_error"] = {side: round(e, 3) for side, e in error.items()}
+    row["probed_over_run"] = round(error[probed] / error[row["runs_on"]], 3)
+
+
 def read_records(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -260,6 +345,10 @@ def main(argv):
         path = argv[1]
     elif len(argv) == 2 and argv[0] == "accounting":
         print(json.dumps(accounting_by_level(read_records(argv[1])), indent=1))
+        return 0
+    elif len(argv) in (3, 4) and argv[0] == "costcheck":
+        server = argv[3] if len(argv) == 4 else None
+        print(json.dumps(cost_check(json.load(open(argv[1])), read_records(argv[2]), server), indent=1))
         return 0
     else:
         print(__doc__, file=sys.stderr)

@@ -254,3 +254,56 @@ def test_no_oracle_without_two_fixed_servers_or_without_phase_times(summary):
     entry = summary.workload_summary(records, "sim")["levels"]["acc-mix"]
     assert "oracle_tok_s" not in entry and "phases" not in entry
     assert entry["best_fixed_threshold"] == 16
+
+
+def test_costcheck_prices_each_side_as_the_controller_did_and_beside_the_fixed_servers(summary, tmp_path, capsys):
+    """Bucket 64's estimates as the trained pair's server reported them after c=64 (lengths drawn
+    apart, docs/evidence/auto-threshold/21-own-native-bycause): the turnover model must give the
+    gain the controller printed (1.0607), and the fixed servers' medians at c=64 the gain they say."""
+    b64 = {"speculating": True, "cost_model": "turnover", "gain": 1.0607, "accept_len": 2.4765,
+           "plain_step_ms": 3.1302, "spec_step_ms": 6.9995, "plain_quiet_step_ms": 1.3941, "spec_quiet_step_ms": 3.319,
+           "prefill_forward_ms": {"plain": 5.7114, "spec": 7.4961},
+           "forwards_per_finish": {"plain": 0.5833, "spec": 0.4141},
+           "finishes": 1530, "tokens": 138784, "mean_bs": 62.8}
+    part = {"name": "own", "levels": {
+        "64": {"fixed": {"2": 20993.9, "8": 19765.5, "16": 19702.8, "64": 20035.2}, "always_speculating": [64]},
+        "32": {"fixed": {"2": 14393.8, "64": 14013.3}, "always_speculating": [64]},   # no state after c=32
+        "bursty": {"fixed": {"2": 1.0, "64": 1.0}}}}
+    states = [{"after": "c=64", "state": {"buckets": {"60": {}, "64": b64}}}]
+    [row] = summary.cost_check(part, states)
+    assert (row["level"], row["bucket"], row["fixed"]) == (64, 64, {"plain": 2, "spec": 64})
+    assert row["gain_by_model"]["turnover"] == pytest.approx(1.0607, abs=2e-3)
+    assert row["gain_by_model"]["wall"] == pytest.approx(2.4765 * 3.1302 / 6.9995, abs=1e-4)
+    assert row["gain_from_fixed"] == pytest.approx(20035.2 / 20993.9, abs=1e-4)
+    # the plain side is priced 3.70 ms a step where fixed-2's throughput says 64 / 20993.9 tok/s = 3.05
+    assert row["plain_ms"]["decided"] == row["plain_ms"]["turnover"] == pytest.approx(3.70, abs=0.01)
+    assert row["plain_ms"]["from_fixed"] == pytest.approx(3.049, abs=1e-3)
+    assert row["spec_ms"]["from_fixed"] == pytest.approx(64 * 2.4765 / 20035.2 * 1e3, abs=1e-3)
+    # no samples given: the bucket counts as running plain, so speculation is the probed side
+    assert row["runs_on"] == "plain"
+    assert row["price_error"]["plain"] == pytest.approx(3.70 / 3.049, abs=2e-3)
+    assert row["probed_over_run"] == pytest.approx(row["price_error"]["spec"] / row["price_error"]["plain"], abs=1e-3)
+    b64["samples"] = {"plain": 40, "spec": 1011, "accept": 894}   # as it was: speculating, plain probed
+    [row] = summary.cost_check(part, states)
+    assert row["runs_on"] == "spec"
+    assert row["probed_over_run"] == pytest.approx((3.70 / 3.049) / (8.641 / 7.911), abs=2e-3)   # 1.11
+    # without both sides' turnover samples the controller decides on wall steps, and so does the check
+    wall_only = dict(b64, cost_model="wall", forwards_per_finish={"plain": None, "spec": 0.4141})
+    [row] = summary.cost_check(part, [{"after": "c=64", "state": {"buckets": {"64": wall_only}}}])
+    assert "turnover" not in row["gain_by_model"] and row["plain_ms"]["decided"] == 3.13
+    # a level with no bucket at or above it, or with one side missing from the sweep, says so
+    assert summary.cost_check(part, [{"after": "c=64", "state": {"buckets": {"32": b64}}}]) == []
+    one_side = {"name": "own", "levels": {"64": {"fixed": {"64": 1.0}, "always_speculating": [64]}}}
+    [row] = summary.cost_check(one_side, states)
+    assert row["gain_from_fixed"] is None and row["plain_ms"]["from_fixed"] is None
+    assert "price_error" not in row and "probed_over_run" not in row
+    # an auto variant's states name their server: picked by it, never taken for the judged auto's
+    variant = [{"after": "c=64", "server": "auto-probe0.05", "state": {"buckets": {"64": dict(b64, gain=0.9)}}}]
+    assert summary.cost_check(part, variant) == []
+    [row] = summary.cost_check(part, states + variant, "auto-probe0.05")
+    assert row["gain"] == 0.9
+    part_path, state_path = tmp_path / "part.json", tmp_path / "auto_state.jsonl"
+    part_path.write_text(json.dumps(part))
+    state_path.write_text(json.dumps(states[0]) + "\n")
+    assert summary.main(["costcheck", str(part_path), str(state_path)]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["bucket"] == 64
