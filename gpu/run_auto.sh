@@ -18,7 +18,7 @@
 #      AUTO_ARGS (more driver flags, e.g. "--bursty-s 20 --period-s 4"), PAIR_ARCH (llama | mla),
 #      SIM_ACCEPT (per-step | per-request: how the simulated acceptance draws, gpu/sim_accept.py;
 #      --acc-mix in AUTO_ARGS needs per-request; set on every call, SKIP_SETUP=1 too).
-# $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl, train_report.json (trained pair) and
+# $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl (auto_variant_state.jsonl with --auto-variants), train_report.json (trained pair) and
 # evidence.tgz (server logs, driver log, logs_scan.json).
 set -u
 T0=$(date +%s)
@@ -34,8 +34,19 @@ mkdir -p "$OUT" "$WORK"
 MARK=$(mktemp /tmp/auto-call-start.XXXXXX)
 say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
+# the GPU's clocks, temperature, power and memory in use at the start and end of a call, and any
+# compute process alive at the start: two calls on one warm machine read 10,001 and 7,699 tok/s for
+# the same server at the same load (docs/evidence/auto-threshold/23-big16-charge-check), and
+# nothing recorded then could say whether the GPU or the servers had changed
+gpu_state() {
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.used,memory.total \
+    --format=csv,noheader 2>&1 | sed "s/^/[gpu $1] /"
+  [ "$1" = start ] && nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1 \
+    | sed "s/^/[gpu start] process: /"
+}
 finish() {
-  for f in part-$NAME.json records.jsonl auto_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
+  gpu_state end
+  for f in part-$NAME.json records.jsonl auto_state.jsonl auto_variant_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
   [ "$PAIR" = trained ] && [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
   # this call's servers and driver only: files written since it began (a machine can keep an
   # earlier call's logs and traces, even one of an earlier session)
@@ -46,6 +57,7 @@ finish() {
 trap finish EXIT
 
 . gpu/device_env.sh
+gpu_state start
 if [ "${SKIP_SETUP:-0}" = 1 ] && [ -d /tmp/site ]; then
   say "setup skipped (SKIP_SETUP=1)"
   set_sim_accept || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }
