@@ -25,6 +25,7 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --charge   # about a minute
     .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes
     .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes --return-ms 15
+    .venv/bin/python benchmarks/bench_auto_controller.py --probed --spec-sizes --return-ms 15 --seeds 8
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
@@ -62,6 +63,17 @@ model (T) or by the wall step times where a side is not charged yet (W), per see
 --spec-sizes: the buckets a speculative SGLang 0.5.11 server captures (1-8 one apart, 10-32 two apart,
 40-64 four apart) instead of the model's coarser ones, so that a turnover dips into the bucket below
 as on the GPU (with --charge, --waves, --turnover or the default tables).
+
+--probed: is the side a bucket probes read dear by the controller's own noise? On the GPU the probed
+side's decided step cost, over what its fixed server delivers, sat above the run side's in 49 of 68
+bucket-levels, median 1.13 (`gpu/auto_summary.py costcheck`, `probed_over_run`;
+docs/evidence/auto-threshold/23-big16-charge-check). Here a probe's steps cost what steady ones do, so
+what the same ratio reads is the estimates' noise and the selection it makes (a bucket runs the side its
+noise favours): the turnover server at 16 / 32 / 64 requests, lengths drawn +-50 %, 12-ms prefill
+forwards, at probe budgets 0.005 (the default), 0.01 (the most SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET
+takes) and 0.05 (the model only), over --seeds seeds (starting at 5): the median and range of
+probed_over_run (the gain auto's bucket reads against speculating / plain throughout), how many seeds
+ended running each side, and auto against the better side.
 
 --return-ms: the turnover server's finished requests come back that many ms of its clock later
 instead of two steps later, so replacements that arrive while a prefill forward runs meet in the
@@ -242,6 +254,41 @@ def charge_table(auto, sim, seeds=(5, 6, 7)):
         sim.TurnoverServer.PREFILL_A, auto.TURN_MIN = saved_prefill, turn_min
 
 
+def probed_table(auto, sim, seeds=8, budgets=(0.005, 0.01, 0.05)):
+    saved = sim.TurnoverServer.PREFILL_A
+    sim.TurnoverServer.PREFILL_A = 12e-3
+
+    def run(c, decide, seed, budget):
+        server = sim.TurnoverServer(auto, c=c, spread=0.5, accept=2.5, seed=seed, budget=budget)
+        return sim.steady_rate(server, decide), server
+
+    print(f"the turnover server, accept 2.5, lengths +-50 %, 12-ms forwards, seeds 5-{4 + seeds}")
+    print("| c | probe budget | speculating / plain | probed over run: median (range) | "
+          "seeds running spec / plain | auto / better side |")
+    print("|---|---|---|---|---|---|")
+    try:
+        for c in (16, 32, 64):
+            for budget in budgets:
+                truths, ratios, on_spec, autos = [], [], 0, []
+                for seed in range(5, 5 + seeds):
+                    plain, spec = run(c, False, seed, budget)[0], run(c, True, seed, budget)[0]
+                    rate, server = run(c, None, seed, budget)
+                    b = server.switch.buckets[sim.bucket(c)]
+                    gain, truth = b.gain(), spec / plain
+                    truths.append(truth)
+                    autos.append(rate / max(plain, spec))
+                    if not gain:
+                        continue
+                    runs_spec = b.spec_s.n > b.plain_s.n   # the side with more samples, as costcheck
+                    on_spec += runs_spec
+                    ratios.append(gain / truth if runs_spec else truth / gain)
+                spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else "-"
+                print(f"| {c} | {budget:g} | {statistics.median(truths):.3f} | {spread} | "
+                      f"{on_spec} / {len(ratios) - on_spec} | {statistics.median(autos):.3f} |", flush=True)
+    finally:
+        sim.TurnoverServer.PREFILL_A = saved
+
+
 def stagger_table(auto, sim, size=16):
     print(f"rare long prefills while speculating, {size} running (quiet gain {sim.true_gain(2.5, size):.2f})")
     print("| p | prefill ms | wall clip | 3 s | 10 s | 40 s | side after 40 s |")
@@ -292,13 +339,15 @@ def main():
     ap.add_argument("--host-cost", action="store_true", help="only the controller's host time per step")
     ap.add_argument("--acc-mix", default=None, help='acceptance phases at one concurrency, e.g. "2.5,1.6"')
     ap.add_argument("--acc-mix-c", type=int, default=16, help="the acc-mix load's concurrency")
-    ap.add_argument("--seeds", type=int, default=1, help="acc-mix: medians over this many seeds")
+    ap.add_argument("--seeds", type=int, default=1, help="acc-mix, --turnover, --probed: medians over this many seeds")
     ap.add_argument("--waves", action="store_true",
                     help="64 requests with dear prefill forwards: equal output lengths keep plain in waves")
     ap.add_argument("--charge", action="store_true",
                     help="busy-batch prefills charged to the side that caused them, against the wall steps")
     ap.add_argument("--turnover", action="store_true",
                     help="acceptance phases with turnovers into the bucket below, short visits following or not")
+    ap.add_argument("--probed", action="store_true",
+                    help="the probed side's price error from the estimates' noise alone, at three probe budgets")
     ap.add_argument("--stagger", action="store_true",
                     help="rare long prefills while speculating, the wall clip at CLIP_WALL and at 3x")
     ap.add_argument("--spec-sizes", action="store_true",
@@ -321,6 +370,9 @@ def main():
         sim.TurnoverServer.RETURN_S = a.return_ms / 1e3
     if a.stagger:
         stagger_table(auto, sim)
+        return
+    if a.probed:
+        probed_table(auto, sim, seeds=a.seeds)
         return
     if a.turnover:
         turnover_table(auto, sim, seeds=a.seeds)

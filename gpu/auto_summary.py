@@ -277,7 +277,9 @@ def cost_check(part, states, server=None):
     throughput implies (plain: c / tok/s; speculation: c x auto's accept length / tok/s), beside the
     controller's cost models for the same step ("decided" is the one its gain used), and how far
     each side's decided cost is off (`_price_errors`). A model that reads one side dearer than its
-    fixed server's throughput says is the error to chase."""
+    fixed server's throughput says is the error to chase. `server` picks one auto variant's states
+    (auto_device's auto_variant_state.jsonl, e.g. "auto-probe0.01"); without it, the judged auto's
+    (auto_state.jsonl, whose lines name no server)."""
     after = {entry.get("after"): entry.get("state") or {} for entry in states if entry.get("server") == server}
     rows = []
     for level, e in sorted(part["levels"].items(), key=lambda kv: _level_key(kv[0])):

@@ -298,9 +298,9 @@ def test_costcheck_prices_each_side_as_the_controller_did_and_beside_the_fixed_s
     assert row["gain_from_fixed"] is None and row["plain_ms"]["from_fixed"] is None
     assert "price_error" not in row and "probed_over_run" not in row
     # an auto variant's states name their server: picked by it, never taken for the judged auto's
-    variant = [{"after": "c=64", "server": "auto-probe0.05", "state": {"buckets": {"64": dict(b64, gain=0.9)}}}]
+    variant = [{"after": "c=64", "server": "auto-probe0.01", "state": {"buckets": {"64": dict(b64, gain=0.9)}}}]
     assert summary.cost_check(part, variant) == []
-    [row] = summary.cost_check(part, states + variant, "auto-probe0.05")
+    [row] = summary.cost_check(part, states + variant, "auto-probe0.01")
     assert row["gain"] == 0.9
     part_path, state_path = tmp_path / "part.json", tmp_path / "auto_state.jsonl"
     part_path.write_text(json.dumps(part))
