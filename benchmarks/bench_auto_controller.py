@@ -255,6 +255,12 @@ def charge_table(auto, sim, seeds=(5, 6, 7)):
 
 
 def probed_table(auto, sim, seeds=8, budgets=(0.005, 0.01, 0.05)):
+    """The GPU's statistic itself: gpu/auto_summary.py's cost_check on the controller's /server_info
+    state, with the two sides run throughout standing in for the fixed servers (fixed-1 plain at
+    these loads, fixed-c speculating)."""
+    sys.path.insert(0, os.path.join(ROOT, "gpu"))
+    from auto_summary import cost_check
+
     saved = sim.TurnoverServer.PREFILL_A
     sim.TurnoverServer.PREFILL_A = 12e-3
 
@@ -273,15 +279,14 @@ def probed_table(auto, sim, seeds=8, budgets=(0.005, 0.01, 0.05)):
                 for seed in range(5, 5 + seeds):
                     plain, spec = run(c, False, seed, budget)[0], run(c, True, seed, budget)[0]
                     rate, server = run(c, None, seed, budget)
-                    b = server.switch.buckets[sim.bucket(c)]
-                    gain, truth = b.gain(), spec / plain
-                    truths.append(truth)
+                    truths.append(spec / plain)
                     autos.append(rate / max(plain, spec))
-                    if not gain:
+                    part = {"levels": {str(c): {"fixed": {"1": plain, str(c): spec}, "always_speculating": [c]}}}
+                    [row] = cost_check(part, [{"after": f"c={c}", "state": server.switch.as_dict()}])
+                    if "probed_over_run" not in row:
                         continue
-                    runs_spec = b.spec_s.n > b.plain_s.n   # the side with more samples, as costcheck
-                    on_spec += runs_spec
-                    ratios.append(gain / truth if runs_spec else truth / gain)
+                    on_spec += row["runs_on"] == "spec"
+                    ratios.append(row["probed_over_run"])
                 spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else "-"
                 print(f"| {c} | {budget:g} | {statistics.median(truths):.3f} | {spread} | "
                       f"{on_spec} / {len(ratios) - on_spec} | {statistics.median(autos):.3f} |", flush=True)

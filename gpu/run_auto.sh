@@ -41,8 +41,6 @@ left() { echo $(( BUDGET_S - ( $(date +%s) - T0 ) )); }
 gpu_state() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.used,memory.total \
     --format=csv,noheader 2>&1 | sed "s/^/[gpu $1] /"
-  [ "$1" = start ] && nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1 \
-    | sed "s/^/[gpu start] process: /"
 }
 finish() {
   gpu_state end
@@ -58,6 +56,7 @@ trap finish EXIT
 
 . gpu/device_env.sh
 gpu_state start
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1 | sed "s/^/[gpu start] process: /"
 if [ "${SKIP_SETUP:-0}" = 1 ] && [ -d /tmp/site ]; then
   say "setup skipped (SKIP_SETUP=1)"
   set_sim_accept || { say "SIM_ACCEPT=${SIM_ACCEPT:-per-step} could not be set"; exit 1; }

@@ -1226,6 +1226,33 @@ def test_charging_turnover_to_its_cause_reads_speculation_as_the_servers_run_it(
     assert sum(charged) > 1.05 * sum(wall), (charged, wall)
 
 
+def test_costcheck_prices_every_bucket_as_the_controller_does(auto, monkeypatch):
+    """gpu/auto_summary.py costcheck rebuilds each bucket's step costs from /server_info (the GPU
+    evidence has no controller to ask): on the turnover server at 64 requests, lengths drawn +-50 %,
+    12-ms forwards, every bucket with a gain must read from its decided model the gain the controller
+    printed, bucket 64 by the turnover charge. A change to the controller's step costs that the
+    check did not follow fails here."""
+    from tests.gpu.scripts import load_gpu_script
+
+    summary = load_gpu_script("auto_summary")
+    monkeypatch.setattr(TurnoverServer, "PREFILL_A", 12e-3)
+    turnover = TurnoverServer(auto, c=64, spread=0.5, accept=2.5, seed=5)
+    steady = Server(auto, seed=5)   # no prefills: its buckets decide on wall steps
+    for i in range(3000):
+        turnover.step()
+        steady.step(16 if (i // 500) % 2 else 4)
+    read = 0
+    for state in (turnover.switch.as_dict(), steady.switch.as_dict()):
+        for size, b in state["buckets"].items():
+            if b["gain"] is None:
+                continue
+            part = {"levels": {size: {"fixed": {"1": 1.0, size: 1.0}, "always_speculating": [int(size)]}}}
+            [row] = summary.cost_check(part, [{"after": f"c={size}", "state": state}])
+            assert row["gain_by_model"][b["cost_model"]] == pytest.approx(b["gain"], rel=2e-3), (size, row)
+            read += 1
+    assert turnover.switch.as_dict()["buckets"]["64"]["cost_model"] == "turnover" and read >= 3
+
+
 def test_a_prefill_in_the_bucket_below_is_kept_by_the_bucket_whose_requests_it_replaces(auto, monkeypatch):
     """Captured sizes one apart (a speculative server captures 1-8 so; here 1-16): at 16 running
     requests each finish drops the running count to 15 until its replacement's prefill, so every
