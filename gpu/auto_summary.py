@@ -276,7 +276,9 @@ def cost_check(part, states, server=None):
     plain there (threshold < c); each side's "from_fixed" is the milliseconds per step its
     throughput implies (plain: c / tok/s; speculation: c x auto's accept length / tok/s), beside the
     controller's cost models for the same step ("decided" is the one its gain used), and how far
-    each side's decided cost is off (`_price_errors`). A model that reads one side dearer than its
+    each side's decided cost is off (`_price_errors`). "gain_error" is the gain's relative standard
+    error as the controller read it (servers from 2026-12-07 on; a move needs the gain past break-even
+    by twice that), "fixed_off_by_errors" how many of them the fixed servers' gain lies from it. A model that reads one side dearer than its
     fixed server's throughput says is the error to chase. `server` picks one auto variant's states
     (auto_device's auto_variant_state.jsonl, e.g. "auto-probe0.01"); without it, the judged auto's
     (auto_state.jsonl, whose lines name no server)."""
@@ -298,7 +300,8 @@ def cost_check(part, states, server=None):
         models = _modelled_steps(b)
         decided = "turnover" if b.get("cost_model") == "turnover" and "turnover" in models else "wall"
         row = {"level": c, "bucket": fits[0], "speculating": b.get("speculating"),
-               "cost_model": b.get("cost_model"), "gain": b.get("gain"), "accept_len": acc,
+               "cost_model": b.get("cost_model"), "gain": b.get("gain"),
+               "gain_error": b.get("gain_error"), "accept_len": acc,
                "gain_by_model": {m: (round(acc * p / s, 4) if None not in (acc, p, s) and s else None)
                                  for m, (p, s) in models.items()},
                "gain_from_fixed": None, "fixed": {"plain": None, "spec": None}}
@@ -310,6 +313,9 @@ def cost_check(part, states, server=None):
             best_plain = max(plain, key=plain.get)
             row["fixed"] = {"plain": int(best_plain), "spec": int(best_spec)}
             row["gain_from_fixed"] = round(spec[best_spec] / plain[best_plain], 4)
+            if row["gain"] and row["gain_error"]:
+                row["fixed_off_by_errors"] = round(
+                    (row["gain_from_fixed"] / row["gain"] - 1) / row["gain_error"], 2)
             row["plain_ms"]["from_fixed"] = _ms(c / plain[best_plain] * 1e3)
             if acc:
                 row["spec_ms"]["from_fixed"] = _ms(c * acc / spec[best_spec] * 1e3)

@@ -1253,6 +1253,28 @@ def test_costcheck_prices_every_bucket_as_the_controller_does(auto, monkeypatch)
     assert turnover.switch.as_dict()["buckets"]["64"]["cost_model"] == "turnover" and read >= 3
 
 
+@pytest.mark.parametrize("noise", [0.25, 0.1])
+def test_server_info_gain_error_is_the_spread_of_the_gain_across_runs(auto, noise):
+    """/server_info's per-bucket gain_error (the relative standard error a decision must clear
+    CONFIDENCE times) must say how far one run's gain strays: over 16 seeds of the same simulated
+    server at 40 running requests (gain near 1.07, plain timed in probes only), the median exported
+    error is 0.5-1.5 of the gains' relative spread (it reads 0.65 and 0.78 of it at 25 % and 10 %
+    step noise: the probed side's few samples are worth less than an EWMA of independent ones
+    says), and both shrink with the noise."""
+    gains, errors = [], []
+    for seed in range(16):
+        server = Server(auto, accept=2.5, noise=noise, seed=seed)
+        server.run(40, 3000)
+        b = server.switch.as_dict()["buckets"]["40"]
+        gains.append(b["gain"])
+        errors.append(b["gain_error"])
+    spread = statistics.stdev(gains) / statistics.mean(gains)
+    error = statistics.median(errors)
+    assert 0.5 <= error / spread <= 1.5, (error, spread)
+    assert error < (0.022 if noise == 0.1 else 0.05), error
+    assert all(0 < e < 0.1 for e in errors)
+
+
 def test_a_prefill_in_the_bucket_below_is_kept_by_the_bucket_whose_requests_it_replaces(auto, monkeypatch):
     """Captured sizes one apart (a speculative server captures 1-8 so; here 1-16): at 16 running
     requests each finish drops the running count to 15 until its replacement's prefill, so every

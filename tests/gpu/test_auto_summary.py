@@ -287,6 +287,13 @@ def test_costcheck_prices_each_side_as_the_controller_did_and_beside_the_fixed_s
     [row] = summary.cost_check(part, states)
     assert row["runs_on"] == "spec"
     assert row["probed_over_run"] == pytest.approx((3.70 / 3.049) / (8.641 / 7.911), abs=2e-3)   # 1.11
+    # a server from before gain_error was exported: no error, no distance in errors
+    assert row["gain_error"] is None and "fixed_off_by_errors" not in row
+    # with it: the fixed servers' 0.954 lies (0.954 / 1.0607 - 1) / 0.035 = -3.0 errors below the
+    # bucket's gain, past the two a move needs (the bucket read speculation dearer than its noise)
+    b64["gain_error"] = 0.035
+    [row] = summary.cost_check(part, states)
+    assert row["fixed_off_by_errors"] == pytest.approx((20035.2 / 20993.9 / 1.0607 - 1) / 0.035, abs=0.01)
     # without both sides' turnover samples the controller decides on wall steps, and so does the check
     wall_only = dict(b64, cost_model="wall", forwards_per_finish={"plain": None, "spec": 0.4141})
     [row] = summary.cost_check(part, [{"after": "c=64", "state": {"buckets": {"64": wall_only}}}])
