@@ -387,7 +387,8 @@ def parse_variants(text):
     """--auto-variants "probe=0.0001,margin=0.05" -> [("auto-probe0.0001", {env}), ...]: auto
     servers beside the judged one, each with one controller knob changed (diagnostics)."""
     knobs = {"probe": "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET", "margin": "SGLANG_SPEC_DISABLE_AUTO_MARGIN",
-             "hysteresis": "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS"}
+             "hysteresis": "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS",
+             "probe_steps": "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"}
     out = []
     for item in filter(None, (x.strip() for x in (text or "").split(","))):
         knob, sep, value = item.partition("=")
@@ -527,7 +528,8 @@ async def main():
     ap.add_argument("--min-s", type=float, default=1.2, help="seconds each round's measurement lasts at least")
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
-                         "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS)")
+                         "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS; "
+                         "probe_steps=N: _PROBE_STEPS)")
     ap.add_argument("--fixed-twins", default="",
                     help="thresholds of --fixed to run twice, the second server not judged (fixed-N-twin): "
                          "the spread of identical fixed servers beside auto's twin")

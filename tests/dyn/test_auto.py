@@ -84,12 +84,15 @@ def config(policy, auto, env):
 def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
     cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": " auto "})
     assert (cfg.threshold, cfg.hysteresis) == (0, 0)
-    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.02, 0.05, 0.005)
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget, cfg.auto.probe_steps) == (
+        0.02, 0.05, 0.005, 5)
     cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "auto",
                                 "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "0.1",
                                 "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "0",
-                                "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.01"})
-    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget) == (0.1, 0.0, 0.01)
+                                "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET": "0.01",
+                                "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS": " 20 "})
+    assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget, cfg.auto.probe_steps) == (
+        0.1, 0.0, 0.01, 20)
     assert config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "12"}).auto is None
 
 
@@ -108,6 +111,12 @@ def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
      "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"),
     ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_HYSTERESIS": "2"},
      "SGLANG_SPEC_DISABLE_HYSTERESIS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS": "4"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS": "65"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS": "7.5"},
+     "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"),
 ])
 def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names):
     with pytest.raises(policy.DynDisableConfigError, match=names):
@@ -182,13 +191,13 @@ class Server:
     """A decode loop over one controller, with the overlap scheduler's timing."""
 
     def __init__(self, auto, accept=2.5, noise=0.1, seed=1, tp_rank=0, tp_size=1, margin=0.02,
-                 hysteresis=0.05, budget=0.005):
+                 hysteresis=0.05, budget=0.005, probe_steps=5):
         self.rng = random.Random(seed)
         self.now = 0.0
         self.accept = accept
         self.noise = noise
         cfg = types.SimpleNamespace(threshold=0, hysteresis=0)
-        self.switch = auto.AutoSwitch(cfg, auto.AutoConfig(margin, hysteresis, budget),
+        self.switch = auto.AutoSwitch(cfg, auto.AutoConfig(margin, hysteresis, budget, probe_steps),
                                       tp_rank=tp_rank, tp_size=tp_size,
                                       bucket_sizes=lambda: SIZES, clock=lambda: self.now)
         self.gpu = [0.0]               # the duration of the step launched before
@@ -205,7 +214,7 @@ class Server:
             duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0) + self.spec_extra()
             lens = [accept_draw(self.accept, self.rng.uniform(-1, 1)) for _ in range(bs)]
         else:
-            duration = PLAIN_A + PLAIN_B * size
+            duration = (PLAIN_A + PLAIN_B * size) * self.plain_factor()
             lens = [1] * bs
         duration *= self.rng.lognormvariate(0, self.noise)
         self.last_spec = speculate
@@ -222,6 +231,9 @@ class Server:
 
     def spec_extra(self):
         return 0.0
+
+    def plain_factor(self):
+        return 1.0
 
     def insert_prefill(self, seconds, admitted=1):
         """A prefill inside a busy batch, before the next decode launch, admitting `admitted`
@@ -353,6 +365,20 @@ class TurnoverServer(Server):
                 self.back.append(self.now + self.RETURN_S)
         self.left = still
         return speculate
+
+
+class LingerServer(Server):
+    """A switch whose cost lingers: the first `steps` plain steps after a speculative one cost
+    `extra` more (what a speculating bucket's probes of plain would read if the plain path
+    paid for the switch over its first steps on the GPU)."""
+
+    def __init__(self, auto, steps=6, extra=0.3, **kw):
+        super().__init__(auto, **kw)
+        self.linger_steps, self.extra, self.plain_run = steps, extra, 0
+
+    def plain_factor(self):
+        self.plain_run = 1 if self.last_spec else self.plain_run + 1
+        return 1.0 + self.extra if self.plain_run <= self.linger_steps else 1.0
 
 
 def steady_rate(server, decide=None, steps=6000):
@@ -577,9 +603,11 @@ def test_following_on_turnovers_pays_where_switches_cost_what_they_did_on_the_gp
 
 
 @pytest.mark.parametrize("size", [1, 128])
-def test_probing_costs_under_one_percent(auto, size):
-    """After convergence, tokens per second against an oracle that never probes, same noise."""
-    server = Server(auto, accept=2.5, seed=3)
+@pytest.mark.parametrize("probe_steps", [5, 20])
+def test_probing_costs_under_one_percent(auto, size, probe_steps):
+    """After convergence, tokens per second against an oracle that never probes, same noise;
+    with longer probes (SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS) too: they come further apart."""
+    server = Server(auto, accept=2.5, seed=3, probe_steps=probe_steps)
     server.run(size, 3000)
     mode = server.switch.buckets[size].applied_speculate
     assert mode == (true_gain(2.5, size) > 1.02)
@@ -592,6 +620,26 @@ def test_probing_costs_under_one_percent(auto, size):
         oracle.step(size, decide=mode)
     oracle_rate = oracle.tokens / sum(oracle.time.values())
     assert auto_rate >= 0.99 * oracle_rate, (auto_rate / oracle_rate)
+
+
+def test_longer_probes_read_a_lingering_switch_cost_less(auto):
+    """A speculating bucket times plain in its probes only. If a switch's cost lingered over the
+    first plain steps (+30 % for 6 steps), 5-step probes, whose timed steps are the 4th, 5th and
+    the next launch, would read plain that much dear; 20-step probes (SGLANG_SPEC_DISABLE_AUTO_
+    PROBE_STEPS=20) dilute it to under a third. Without the lingering cost both read the steady
+    step: the GPU variant with longer probes tells the two apart (gpu/README row 2d)."""
+    steady = PLAIN_A + PLAIN_B * 16
+    read = {}
+    for steps in (5, 20):
+        for extra in (0.0, 0.3):
+            server = LingerServer(auto, extra=extra, probe_steps=steps, seed=3)
+            server.run(16, 20000)
+            b = server.switch.buckets[16]
+            assert b.applied_speculate   # gain 1.31: it speculates and probes plain
+            read[steps, extra] = b.plain_s.value / steady
+    assert read[5, 0.0] == pytest.approx(1.0, abs=0.03) and read[20, 0.0] == pytest.approx(1.0, abs=0.03)
+    assert read[5, 0.3] > 1.2, read
+    assert read[20, 0.3] - 1 < (read[5, 0.3] - 1) / 3, read
 
 
 def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):

@@ -195,10 +195,11 @@ def test_the_bursty_rounds_run_auto_first_and_rotate_the_others(driver):
 
 
 def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(driver):
-    variants = driver.parse_variants("probe=0.0001, margin=0.05")
+    variants = driver.parse_variants("probe=0.0001, margin=0.05,probe_steps=20")
     servers = driver.make_servers([16, 64], 0.12, pair="big", variants=variants)
     labels = [srv.label for srv in servers]
-    assert labels == ["baseline", "fixed-16", "fixed-64", "auto-probe0.0001", "auto-margin0.05", "auto"]
+    assert labels == ["baseline", "fixed-16", "fixed-64", "auto-probe0.0001", "auto-margin0.05",
+                      "auto-probe_steps20", "auto"]
     by_label = {srv.label: srv for srv in servers}
     assert by_label["auto-probe0.0001"].plan.env["SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET"] == "0.0001"
     assert "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET" not in by_label["auto"].plan.env
@@ -207,7 +208,9 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
     assert by_label["auto-probe0.0001"].threshold_label == "auto-probe0.0001"
     # the servers whose state is kept after each level: the variants only, among fixed-N's int labels
     # (2026-12-04: the first call with variants stopped after c=1 on `int.startswith`)
-    assert [srv.label for srv in driver.auto_variants(servers)] == ["auto-probe0.0001", "auto-margin0.05"]
+    assert [srv.label for srv in driver.auto_variants(servers)] == ["auto-probe0.0001", "auto-margin0.05",
+                                                                    "auto-probe_steps20"]
+    assert by_label["auto-probe_steps20"].plan.env["SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"] == "20"
 
 
 def test_a_fixed_twin_is_a_second_identical_fixed_server_labelled_apart(driver):
