@@ -899,8 +899,9 @@ def test_a_plain_step_stores_only_its_tokens_and_the_resume_fills_its_rows_specu
     batch = step(e, batch)
     assert batch.spec_algorithm.is_none()
     # leftovers of an earlier use of the ring, in every speculative buffer
+    # (the hidden states too: the ring is torch.empty, and a NaN left there never equals itself)
     for buf, junk in ((fmap.verified_id_buf, 77), (fmap.new_seq_lens_buf, 999), (fmap.topk_p_buf, 0.5),
-                      (fmap.topk_index_buf, 8)):
+                      (fmap.topk_index_buf, 8), (fmap.hidden_states_buf, -3.0)):
         buf.fill_(junk)
     hidden_before = fmap.hidden_states_buf.clone()
     batch = step(e, batch)
