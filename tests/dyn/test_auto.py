@@ -615,6 +615,8 @@ def test_probing_costs_under_one_percent(auto, size, probe_steps):
     server.run(size, 40000)
     auto_rate = server.tokens / (sum(server.time.values()) - t0)
     assert server.switch.probe_steps > probes0  # it did probe
+    state = server.switch.as_dict()   # the knob and the counter, each under its own key
+    assert (state["probe_length"], state["probe_steps"]) == (probe_steps, server.switch.probe_steps)
     oracle = Server(auto, accept=2.5, seed=3)
     for _ in range(40000):
         oracle.step(size, decide=mode)
