@@ -644,6 +644,39 @@ def test_longer_probes_read_a_lingering_switch_cost_less(auto):
     assert read[20, 0.3] - 1 < (read[5, 0.3] - 1) / 3, read
 
 
+class EarlyDearServer(Server):
+    """Plain steps 1.4x dearer during the first `early` steps (the hypothesis of row 2d's GPU run:
+    a level's first seconds, when its requests arrive together, cost more than its steady state)."""
+
+    early = 3000
+
+    def plain_factor(self):
+        return 1.4 if self.steps < self.early else 1.0
+
+
+def test_the_probe_log_shows_when_the_probed_side_was_timed_and_what_it_read(auto):
+    """A speculating bucket's /server_info probe_log: each of its last probes with the seconds since
+    the bucket's first launch, the side, the steps and the mean of its timed intervals. Where plain is
+    dear only in the first 3,000 steps, the first probes (exploration, back to back) read it about
+    1.4x its steady step; 30,000 steps later the last 16 read it within 5 % while the estimate, a
+    plain mean of a few hundred samples, still carries the early ones: the log tells the two apart."""
+    server = EarlyDearServer(auto, seed=3)
+    steady = (PLAIN_A + PLAIN_B * 16) * 1e3
+    server.run(16, 3000)
+    early = server.switch.as_dict()["buckets"]["16"]
+    assert early["speculating"] and early["probe_log"]
+    first = early["probe_log"][0]
+    assert (first["side"], first["at_s"] < 1.0) == ("plain", True)
+    assert first["steps"] >= 7 and first["samples"] >= 3
+    assert all(e["step_ms"] > 1.3 * steady for e in early["probe_log"])
+    server.run(16, 30000)
+    log = server.switch.as_dict()["buckets"]["16"]["probe_log"]
+    assert len(log) == 16 and [e["at_s"] for e in log] == sorted(e["at_s"] for e in log)
+    assert log[0]["at_s"] > 100   # the early probes have left the log
+    assert statistics.median(e["step_ms"] for e in log) == pytest.approx(steady, rel=0.05)
+    assert log[-1]["estimate_ms"] > statistics.median(e["step_ms"] for e in log)
+
+
 def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):
     """Rank 1's clock disagrees with rank 0's (other noise, slower), yet both follow rank 0's
     table, handed over through the scheduler's broadcast (pickled), in every step."""
