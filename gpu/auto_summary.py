@@ -278,8 +278,8 @@ def cost_check(part, states, server=None):
     controller's cost models for the same step ("decided" is the one its gain used), and how far
     each side's decided cost is off (`_price_errors`). "gain_error" is the gain's relative standard
     error as the controller read it (servers from 2026-12-07 on; a move needs the gain past break-even
-    by twice that), "fixed_off_by_errors" how many of them the fixed servers' gain lies from it. A model that reads one side dearer than its
-    fixed server's throughput says is the error to chase. `server` picks one auto variant's states
+    by twice that), "fixed_off_by_errors" how many of them the fixed servers' gain lies from it. A
+    model that reads one side dearer than its fixed server's throughput says is the error to chase. `server` picks one auto variant's states
     (auto_device's auto_variant_state.jsonl, e.g. "auto-probe0.01"); without it, the judged auto's
     (auto_state.jsonl, whose lines name no server)."""
     after = {entry.get("after"): entry.get("state") or {} for entry in states if entry.get("server") == server}

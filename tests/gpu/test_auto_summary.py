@@ -290,7 +290,7 @@ def test_costcheck_prices_each_side_as_the_controller_did_and_beside_the_fixed_s
     # a server from before gain_error was exported: no error, no distance in errors
     assert row["gain_error"] is None and "fixed_off_by_errors" not in row
     # with it: the fixed servers' 0.954 lies (0.954 / 1.0607 - 1) / 0.035 = -3.0 errors below the
-    # bucket's gain, past the two a move needs (the bucket read speculation dearer than its noise)
+    # bucket's gain, past the two a move needs (the bucket read speculation cheaper than its noise allows)
     b64["gain_error"] = 0.035
     [row] = summary.cost_check(part, states)
     assert row["fixed_off_by_errors"] == pytest.approx((20035.2 / 20993.9 / 1.0607 - 1) / 0.035, abs=0.01)
