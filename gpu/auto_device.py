@@ -163,9 +163,12 @@ async def steady_level(s, srv, prompts, c, min_s, out_tokens):
             toks.append(await generate(s, srv, ids, out_tokens))
 
     await asyncio.gather(*(worker() for _ in range(c)))
-    wall = time.time() - t0
+    t1 = time.time()
+    wall = t1 - t0
+    # epoch seconds, so that gpu/host_sampler.py's samples can be set beside the round
     return {"requests": sent[0], "out_tokens": sum(toks), "wall_s": round(wall, 3),
-            "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed"}
+            "out_tok_per_s": round(sum(toks) / wall, 1), "loop": "closed",
+            "t_start": round(t0, 3), "t_end": round(t1, 3)}
 
 
 def log_size(srv):
@@ -577,7 +580,13 @@ async def main():
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    live = []
+    async def keep_states(s, c, **extra):
+        keep(state_path, {"after": f"c={c}", **extra, "state": await dyn_state(s, auto)})
+        for srv in auto_variants(live):
+            keep(os.path.join(a.out, "auto_variant_state.jsonl"),
+                 {"after": f"c={c}", **extra, "server": srv.label, "state": await dyn_state(s, srv)})
+
+    live, measured = [], None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
         try:
             starts = start_order(servers)
@@ -592,6 +601,7 @@ async def main():
                     "(a larger BUDGET_S gives them longer to start)")
                 raise TimeoutError("no server healthy")
             for li, c in enumerate(levels):
+                measured = c  # a level the budget cuts still leaves auto's state (costcheck reads it)
                 for srv in live:
                     await fixed_level(s, srv, prompts, c, c, a.out_tokens)      # warm-up
                 for rnd in range(a.rounds):
@@ -609,10 +619,8 @@ async def main():
                                "threshold": srv.threshold_label, "round": rnd, "temperature": temperature, "out_spread": out_spread}
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
-                keep(state_path, {"after": f"c={c}", "state": await dyn_state(s, auto)})
-                for srv in auto_variants(live):
-                    keep(os.path.join(a.out, "auto_variant_state.jsonl"),
-                         {"after": f"c={c}", "server": srv.label, "state": await dyn_state(s, srv)})
+                await keep_states(s, c)
+                measured = None
             for rnd in range(a.bursty_rounds):
                 for srv in bursty_order(live, auto, rnd):
                     if left() < a.bursty_s + 15:
@@ -650,7 +658,8 @@ async def main():
             if mix:
                 keep(state_path, {"after": "acc-mix", "state": await dyn_state(s, auto)})
         except TimeoutError:
-            pass
+            if measured is not None and auto in live:
+                await keep_states(s, measured, cut_by_budget=True)
         finally:
             accept_device.stop_all(servers)
             scans = {srv.label: srv.scan_log() for srv in servers}

@@ -19,7 +19,7 @@
 #      SIM_ACCEPT (per-step | per-request: how the simulated acceptance draws, gpu/sim_accept.py;
 #      --acc-mix in AUTO_ARGS needs per-request; set on every call, SKIP_SETUP=1 too).
 # $OUT gets part-$NAME.json, records.jsonl, auto_state.jsonl (auto_variant_state.jsonl with --auto-variants), train_report.json (trained pair) and
-# evidence.tgz (server logs, driver log, logs_scan.json).
+# evidence.tgz (server logs, driver log, logs_scan.json, host_samples.jsonl: gpu/host_sampler.py).
 set -u
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}
@@ -43,6 +43,7 @@ gpu_state() {
     --format=csv,noheader 2>&1 | sed "s/^/[gpu $1] /"
 }
 finish() {
+  [ -n "${SAMPLER:-}" ] && kill "$SAMPLER" 2>/dev/null
   gpu_state end
   for f in part-$NAME.json records.jsonl auto_state.jsonl auto_variant_state.jsonl; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
   [ "$PAIR" = trained ] && [ -f /tmp/models/train_report.json ] && cp /tmp/models/train_report.json "$OUT/"
@@ -81,6 +82,10 @@ else
   bash gpu/make_trained_pair.sh $(( $(left) - 240 )) "$WORK" || { say "no trained pair"; exit 1; }
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD ($NAME)"
+# the host's and the GPU's state twice a second while the servers run, for
+# `gpu/auto_summary.py hostcheck` (in evidence.tgz: auto-$NAME/host_samples.jsonl)
+python3 gpu/host_sampler.py "$WORK/host_samples.jsonl" --gpu --max-s "$(left)" &
+SAMPLER=$!
 python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --name "$NAME" --pair "$PAIR" \
   --acc-len "${ACC_LEN:-2.5}" --budget-s $(( $(left) - 15 )) \
   --fixed ${AUTO_FIXED:-2,8,16,64} --levels ${AUTO_LEVELS:-1,4,16,32,64} --rounds ${AUTO_ROUNDS:-3} \

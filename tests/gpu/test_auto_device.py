@@ -429,3 +429,51 @@ def test_an_out_spread_outside_0_to_1_is_refused(driver, monkeypatch, tmp_path, 
         asyncio.run(driver.main())
     assert stop.value.code == 2 and not any(tmp_path.iterdir())
     assert f"--out-spread must be in [0, 1), got {float(spread)}" in capsys.readouterr().err
+
+
+def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, tmp_path):
+    """Row 2e's call ran out of budget one round before the end of its last level (c=32), and its
+    auto_state.jsonl held only c=64's state: the level measured last had no bucket estimates to
+    set beside the fixed servers. Now a cut level keeps auto's state (marked cut_by_budget) before
+    the servers stop, and every steady round carries its epoch start and end for the host samples."""
+    import accept_device
+    import shapes_device
+
+    models = tmp_path / "models"
+    (models / "target-big").mkdir(parents=True)
+    (models / "target-big" / "config.json").write_text(json.dumps({"vocab_size": 100}))
+    monkeypatch.setattr(shapes_device, "LOGS", str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+    out = tmp_path / "out"
+
+    async def run(s, stand):
+        async def start_servers(servers, *args):
+            for srv in servers:
+                srv.base = stand.base
+                open(srv.log_path, "w").write("up\n")
+
+        async def wait_up(s, servers, timeout):
+            return {srv.name: 1.0 for srv in servers}
+
+        # wait_s, level 4's 3 rounds x 2 servers, level 2's first round, then no budget left
+        rounds_left = iter([100.0] + [100.0] * 6 + [100.0] + [10.0] * 99)
+
+        monkeypatch.setattr(shapes_device, "start_servers", start_servers)
+        monkeypatch.setattr(shapes_device, "wait_up", wait_up)
+        monkeypatch.setattr(accept_device, "stop_all", lambda servers, *a, **k: None)
+        monkeypatch.setattr(driver, "left", lambda: next(rounds_left))
+        monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--models", str(models),
+                                         "--workload", "sim", "--pair", "big", "--fixed", "8", "--levels", "4,2",
+                                         "--budget-s", "200", "--no-baseline", "--min-s", "0.05",
+                                         "--out-tokens", "3"])
+        return await driver.main()
+
+    stand_in = StandIn()
+    routes = [("POST", "/generate", stand_in.generate), ("GET", "/server_info", stand_in.server_info)]
+    assert asyncio.run(on_loopback_server(routes, run)) == 0
+    states = [json.loads(line) for line in (out / "auto_state.jsonl").read_text().splitlines()]
+    assert [(st["after"], st.get("cut_by_budget", False)) for st in states] == [("c=4", False), ("c=2", True)]
+    assert states[1]["state"] == {"threshold": "auto"}
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["level"] for r in records] == ["4"] * 6 + ["2"]
+    assert all(r["t_start"] < r["t_end"] and abs((r["t_end"] - r["t_start"]) - r["wall_s"]) < 0.01 for r in records)
