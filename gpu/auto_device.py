@@ -63,6 +63,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import auto_summary  # noqa: E402
+import cpu_pin  # noqa: E402
 import sim_accept  # noqa: E402
 import steady_state  # noqa: E402
 
@@ -475,6 +476,41 @@ def auto_variants(servers):
     return [s for s in servers if isinstance(s.threshold_label, str) and s.threshold_label.startswith("auto-")]
 
 
+def pin_servers(servers, labels_text, ap):
+    """Give each server --pin names a physical core of its own (srv.cpus); refuse a label no
+    server has, or more servers than the host's node has cores for."""
+    labels = [lab.strip() for lab in labels_text.split(",") if lab.strip()]
+    known = {srv.label: srv for srv in servers}
+    unknown = [lab for lab in labels if lab not in known]
+    if unknown:
+        ap.error(f"--pin: no server labelled {', '.join(unknown)} (the servers: {', '.join(known)})")
+    if not labels:
+        return
+    rows = cpu_pin.topology()
+    try:
+        cores = cpu_pin.pick_cores(rows, len(labels))
+    except ValueError as exc:
+        ap.error(f"--pin: {exc}")
+    say("host:", cpu_pin.describe(rows))
+    for lab, cpus in zip(labels, cores):
+        known[lab].cpus = cpus
+
+
+@contextlib.contextmanager
+def inherited_affinity(cpus):
+    """The driver's own CPU affinity set to cpus while a server starts, so that the launcher and
+    everything it forks inherit it from the first instruction (memory first touched there too)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def start_order(servers):
     """The order the servers start in: the auto servers (the judged one and its variants) between
     the others, not after them. In the two calls of docs/evidence/auto-threshold/4-gpu-bound and
@@ -533,6 +569,10 @@ async def main():
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
                          "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS; "
                          "probe_steps=N: _PROBE_STEPS)")
+    ap.add_argument("--pin", default="",
+                    help="servers by label (\"fixed-2,auto\") each pinned from its start to a physical core of its "
+                         "own (gpu/cpu_pin.py): an unpinned twin beside a pinned server shows whether the "
+                         "host's placement of its one busy thread is the rounds' noise")
     ap.add_argument("--fixed-twins", default="",
                     help="thresholds of --fixed to run twice, the second server not judged (fixed-N-twin): "
                          "the spread of identical fixed servers beside auto's twin")
@@ -572,6 +612,7 @@ async def main():
                            pair=a.pair, acc_len=a.acc_len, kv_tokens=a.kv_tokens, variants=variants,
                            fixed_twins=fixed_twins, acc_files=bool(mix),
                            dyn_profile=a.dyn_profile)
+    pin_servers(servers, a.pin, ap)
     records_path = os.path.join(a.out, "records.jsonl")
     state_path = os.path.join(a.out, "auto_state.jsonl")
     auto = servers[-1]
@@ -591,10 +632,16 @@ async def main():
         try:
             starts = start_order(servers)
             say("start order:", [srv.label for srv in starts])
-            await shapes_device.start_servers(starts, False, 2)
+            for srv in starts:
+                with inherited_affinity(getattr(srv, "cpus", None)):
+                    await shapes_device.start_servers([srv], False, 2)
             wait_s = min(240, left() - 60)
             health = await shapes_device.wait_up(s, servers, wait_s)
             live = [srv for srv in servers if health.get(srv.name) is not None]
+            for srv in live:
+                if getattr(srv, "cpus", None):
+                    threads = cpu_pin.pin_tree(srv.proc.pid, srv.cpus)
+                    say(f"{srv.label}: {threads} threads on CPUs {srv.cpus}")
             say("live:", [srv.label for srv in live])
             if not live:
                 say(f"no server was healthy within {wait_s:.0f} s: nothing measured "
@@ -615,7 +662,7 @@ async def main():
                         res = await steady_level(s, srv, prompts[c:], c, a.min_s, a.out_tokens)
                         res.update(server_rate(srv, offset, c))
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
-                        rec = {**res, **srv.meta(), "workload": name, "level": str(c), "server": srv.label,
+                        rec = {**res, **srv.meta(), "cpus": getattr(srv, "cpus", None), "workload": name, "level": str(c), "server": srv.label,
                                "threshold": srv.threshold_label, "round": rnd, "temperature": temperature, "out_spread": out_spread}
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")

@@ -477,3 +477,18 @@ def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, t
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["level"] for r in records] == ["4"] * 6 + ["2"]
     assert all(r["t_start"] < r["t_end"] and abs((r["t_end"] - r["t_start"]) - r["wall_s"]) < 0.01 for r in records)
+
+
+def test_pinning_a_server_no_one_runs_is_refused_before_anything_starts(driver, monkeypatch, tmp_path, capsys):
+    models = tmp_path / "models"
+    (models / "target-big").mkdir(parents=True)
+    (models / "target-big" / "config.json").write_text(json.dumps({"vocab_size": 100}))
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--models", str(models),
+                                     "--workload", "sim", "--pair", "big", "--fixed", "8", "--no-baseline",
+                                     "--pin", "fixed-8,fixed-64"])
+    with pytest.raises(SystemExit) as stop:
+        asyncio.run(driver.main())
+    assert stop.value.code == 2
+    assert "--pin: no server labelled fixed-64 (the servers: fixed-8, auto)" in capsys.readouterr().err
+    assert not (out / "records.jsonl").exists()
