@@ -212,7 +212,8 @@ class Server:
         size = bucket(bs)
         if speculate:
             duration = SPEC_A + SPEC_B * size + (RESYNC_S if not self.last_spec else 0.0) + self.spec_extra()
-            lens = [accept_draw(self.accept, self.rng.uniform(-1, 1)) for _ in range(bs)]
+            mean = self.accept_now(resumed=not self.last_spec)
+            lens = [accept_draw(mean, self.rng.uniform(-1, 1)) for _ in range(bs)]
         else:
             duration = (PLAIN_A + PLAIN_B * size) * self.plain_factor()
             lens = [1] * bs
@@ -231,6 +232,10 @@ class Server:
 
     def spec_extra(self):
         return 0.0
+
+    def accept_now(self, resumed):
+        """The mean accept length of this speculative step (resumed: the step before was plain)."""
+        return self.accept
 
     def plain_factor(self):
         return 1.0
@@ -675,6 +680,49 @@ def test_the_probe_log_shows_when_the_probed_side_was_timed_and_what_it_read(aut
     assert log[0]["at_s"] > 100   # the early probes have left the log
     assert statistics.median(e["step_ms"] for e in log) == pytest.approx(steady, rel=0.05)
     assert log[-1]["estimate_ms"] > statistics.median(e["step_ms"] for e in log)
+
+
+class ResumeDipServer(Server):
+    """Acceptance 1.0 lower in the first `dip_steps` speculative steps after a plain one: with
+    SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV=defer the positions decoded plain have no draft KV, so the
+    first steps after a resume draft from a context missing its newest positions (row 2e's GPU
+    run: buckets running plain read acceptance 1.99-2.09 in their probes, those speculating
+    2.38-2.58 at the same loads)."""
+
+    dip_steps = 2
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.since_resume = 0
+
+    def accept_now(self, resumed):
+        self.since_resume = 1 if resumed else self.since_resume + 1
+        return self.accept - (1.0 if self.since_resume <= self.dip_steps else 0.0)
+
+
+def test_a_speculative_probes_log_keeps_its_accept_means_step_by_step(auto):
+    """A plain bucket's speculative probes log their steps' accept means in order (`accepts`), so
+    a GPU run can tell a resume's first steps from the rest: with the dip in the first two steps
+    after a resume the log's first two means sit about 1.0 under the later ones. The bucket's
+    accept estimate still reads the steady 2.5: at 64 requests each step's mean weighs 0.86 of it
+    (1 - (1 - PROBE_ALPHA) ** 64), so the estimate is the probes' last steps. Row 2e's buckets that
+    ran plain read 1.99-2.09 where the speculating ones read 2.38-2.58, so on the GPU the last steps
+    of a probe read low too: not a dip of a resume's first steps. A plain probe logs none."""
+    server = ResumeDipServer(auto, accept=2.5, seed=3)
+    server.run(64, 20000)   # gain 0.97 at the steady acceptance: plain, probing speculation
+    b = server.switch.as_dict()["buckets"]["64"]
+    assert not b["speculating"]
+    logged = [e["accepts"] for e in b["probe_log"] if e["side"] == "spec" and len(e["accepts"] or ()) >= 4]
+    assert len(logged) >= 8
+    first = statistics.mean(x for a in logged for x in a[:2])
+    later = statistics.mean(x for a in logged for x in a[2:])
+    assert later - first == pytest.approx(1.0, abs=0.2)
+    assert later == pytest.approx(2.5, abs=0.15)
+    assert b["accept_len"] == pytest.approx(2.5, abs=0.15)
+    plain_probe = Server(auto, accept=2.5, seed=3)
+    plain_probe.run(16, 6000)            # gain 1.31: speculating, probing plain
+    log = plain_probe.switch.as_dict()["buckets"]["16"]["probe_log"]
+    assert log and all(e["accepts"] is None for e in log if e["side"] == "plain")
 
 
 def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):
