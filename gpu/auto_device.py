@@ -689,7 +689,8 @@ async def main():
                                         "server": srv.label, "threshold": srv.threshold_label, "round": rnd,
                                         "temperature": temperature, "out_spread": out_spread})
                     say(name, "bursty-segments", srv.label, res["out_tok_per_s"], "tok/s")
-            keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
+            if a.bursty_rounds > 0:   # without bursty rounds it would repeat the last level's state
+                keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
             for rnd in range(a.acc_mix_rounds if mix else 0):
                 for srv in bursty_order(live, auto, rnd):
                     if left() < 45:

@@ -431,11 +431,10 @@ def test_an_out_spread_outside_0_to_1_is_refused(driver, monkeypatch, tmp_path, 
     assert f"--out-spread must be in [0, 1), got {float(spread)}" in capsys.readouterr().err
 
 
-def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, tmp_path):
-    """Row 2e's call ran out of budget one round before the end of its last level (c=32), and its
-    auto_state.jsonl held only c=64's state: the level measured last had no bucket estimates to
-    set beside the fixed servers. Now a cut level keeps auto's state (marked cut_by_budget) before
-    the servers stop, and every steady round carries its epoch start and end for the host samples."""
+def run_sim_driver(driver, monkeypatch, tmp_path, left_values):
+    """auto_device.main() on a config-only pair at levels 4 and 2 (fixed-8 and auto, no bursty
+    rounds), every server the stand-in on loopback; `left_values` are what left() returns in turn.
+    Returns (exit code, auto_state.jsonl's lines, records.jsonl's lines)."""
     import accept_device
     import shapes_device
 
@@ -455,9 +454,7 @@ def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, t
         async def wait_up(s, servers, timeout):
             return {srv.name: 1.0 for srv in servers}
 
-        # wait_s, level 4's 3 rounds x 2 servers, level 2's first round, then no budget left
-        rounds_left = iter([100.0] + [100.0] * 6 + [100.0] + [10.0] * 99)
-
+        rounds_left = iter(left_values)
         monkeypatch.setattr(shapes_device, "start_servers", start_servers)
         monkeypatch.setattr(shapes_device, "wait_up", wait_up)
         monkeypatch.setattr(accept_device, "stop_all", lambda servers, *a, **k: None)
@@ -465,16 +462,27 @@ def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, t
         monkeypatch.setattr("sys.argv", ["auto_device.py", "--out", str(out), "--models", str(models),
                                          "--workload", "sim", "--pair", "big", "--fixed", "8", "--levels", "4,2",
                                          "--budget-s", "200", "--no-baseline", "--min-s", "0.05",
-                                         "--out-tokens", "3"])
+                                         "--out-tokens", "3", "--bursty-rounds", "0"])
         return await driver.main()
 
     stand_in = StandIn()
     routes = [("POST", "/generate", stand_in.generate), ("GET", "/server_info", stand_in.server_info)]
-    assert asyncio.run(on_loopback_server(routes, run)) == 0
+    code = asyncio.run(on_loopback_server(routes, run))
     states = [json.loads(line) for line in (out / "auto_state.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    return code, states, records
+
+
+def test_a_level_the_budget_cuts_still_leaves_autos_state(driver, monkeypatch, tmp_path):
+    """Row 2e's call ran out of budget one round before the end of its last level (c=32), and its
+    auto_state.jsonl held only c=64's state: the level measured last had no bucket estimates to
+    set beside the fixed servers. Now a cut level keeps auto's state (marked cut_by_budget) before
+    the servers stop, and every steady round carries its epoch start and end for the host samples."""
+    # wait_s, level 4's 3 rounds x 2 servers, level 2's first round, then no budget left
+    code, states, records = run_sim_driver(driver, monkeypatch, tmp_path, [100.0] * 8 + [10.0] * 99)
+    assert code == 0
     assert [(st["after"], st.get("cut_by_budget", False)) for st in states] == [("c=4", False), ("c=2", True)]
     assert states[1]["state"] == {"threshold": "auto"}
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["level"] for r in records] == ["4"] * 6 + ["2"]
     assert all(r["t_start"] < r["t_end"] and abs((r["t_end"] - r["t_start"]) - r["wall_s"]) < 0.01 for r in records)
 
@@ -492,3 +500,12 @@ def test_pinning_a_server_no_one_runs_is_refused_before_anything_starts(driver, 
     assert stop.value.code == 2
     assert "--pin: no server labelled fixed-64 (the servers: fixed-8, auto)" in capsys.readouterr().err
     assert not (out / "records.jsonl").exists()
+
+
+def test_whole_levels_keep_one_state_each_and_no_bursty_one_without_bursty_rounds(driver, monkeypatch, tmp_path):
+    """Without bursty rounds the driver wrote an `after: bursty` state anyway, a copy of the last
+    level's (25-probe-log's call 2)."""
+    code, states, records = run_sim_driver(driver, monkeypatch, tmp_path, [100.0] * 99)
+    assert code == 0
+    assert [(st["after"], st.get("cut_by_budget", False)) for st in states] == [("c=4", False), ("c=2", False)]
+    assert [r["level"] for r in records] == ["4"] * 6 + ["2"] * 6
