@@ -189,11 +189,13 @@ def server_rate(srv, offset, c):
             f.seek(offset)
             text = f.read()
     except OSError:
-        return {"server_decode_tok_s": None, "server_intervals": 0}
+        return {"server_decode_tok_s": None, "server_intervals": 0, "server_accept_len": None}
     lines = [(int(m.group(1)), float(m.group(2))) for m in steady_state.LINE.finditer(text)][1:]
     at_c = [rate for running, rate in lines if running == c]
+    # what the server accepted in its speculative intervals at c (none on one that ran plain)
+    accept, _ = steady_state.median_accept(text, c)
     return {"server_decode_tok_s": round(statistics.median(at_c), 1) if at_c else None,
-            "server_intervals": len(at_c)}
+            "server_intervals": len(at_c), "server_accept_len": accept}
 
 
 def bursty_order(live, auto, rnd):

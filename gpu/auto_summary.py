@@ -49,10 +49,12 @@ def _bursty(level):
 
 def workload_summary(records, name):
     """{"name", "levels"} for one workload's records."""
-    by, loads, completed, controller, phases = {}, {}, {}, {}, {}
+    by, loads, completed, controller, phases, accepts = {}, {}, {}, {}, {}, {}
     for r in records:
         if r.get("workload") != name or r.get("out_tok_per_s") is None:
             continue
+        if r.get("server_accept_len") is not None:  # the server's own log, speculative intervals at c
+            accepts.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["server_accept_len"])
         if r.get("phase_times"):  # acc-mix: each phase's tokens and wall time (auto_device.acc_mix)
             phases.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["phase_times"])
         by.setdefault(str(r["level"]), {}).setdefault(str(r["threshold"]), []).append(r["out_tok_per_s"])
@@ -92,6 +94,10 @@ def workload_summary(records, name):
             entry["best_static"] = max(static)
             entry["auto_over_best_static"] = (round(entry["auto"] / entry["best_static"], 4)
                                               if entry["auto"] is not None and entry["best_static"] > 0 else None)
+        fixed_accepts = {t: v for t, v in accepts.get(level, {}).items() if t.isdigit()}
+        if fixed_accepts:   # what each fixed server that speculated at the level accepted there
+            entry["fixed_accept_len"] = {t: round(statistics.median(fixed_accepts[t]), 3)
+                                         for t in sorted(fixed_accepts, key=int)}
         if level in loads:
             entry["mean_inflight"] = {t: statistics.median(v) for t, v in sorted(loads[level].items())}
         if level in completed:
@@ -274,7 +280,8 @@ def cost_check(part, states, server=None):
     ended, set against what the fixed servers' throughputs at that level say. "gain_from_fixed" is
     the fastest fixed server speculating at the level (threshold >= c) over the fastest running
     plain there (threshold < c); each side's "from_fixed" is the milliseconds per step its
-    throughput implies (plain: c / tok/s; speculation: c x auto's accept length / tok/s), beside the
+    throughput implies (plain: c / tok/s; speculation: c x that server's own accept length from its
+    log, "accept_len_fixed", or auto's where the records have none / tok/s), beside the
     controller's cost models for the same step ("decided" is the one its gain used), and how far
     each side's decided cost is off (`_price_errors`). "gain_error" is the gain's relative standard
     error as the controller read it (servers from 2026-12-07 on; a move needs the gain past break-even
@@ -317,8 +324,14 @@ def cost_check(part, states, server=None):
                 row["fixed_off_by_errors"] = round(
                     (row["gain_from_fixed"] / row["gain"] - 1) / row["gain_error"], 2)
             row["plain_ms"]["from_fixed"] = _ms(c / plain[best_plain] * 1e3)
-            if acc:
-                row["spec_ms"]["from_fixed"] = _ms(c * acc / spec[best_spec] * 1e3)
+            # the speculating fixed server's own accept length where its log gave one (records from
+            # 2026-12-07 on): a bucket running plain reads acceptance in its probes only, and row 2e's
+            # read 0.78-0.82 of what fixed-64 accepted at the same load
+            fixed_acc = (e.get("fixed_accept_len") or {}).get(best_spec)
+            row["accept_len_fixed"] = fixed_acc
+            spec_acc = fixed_acc or acc
+            if spec_acc:
+                row["spec_ms"]["from_fixed"] = _ms(c * spec_acc / spec[best_spec] * 1e3)
         _price_errors(row, b.get("samples") or {})
         rows.append(row)
     return rows

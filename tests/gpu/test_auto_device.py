@@ -257,10 +257,11 @@ def test_a_rounds_server_rate_is_its_own_log_at_c_running_since_the_round_began(
         f.write(line.format(1, 20.0))                             # began before the round: left out
         f.write("[t] Prefill batch, #new-seq: 1\n")
         f.writelines(line.format(n, r) for n, r in [(1, 500.0), (1, 540.0), (2, 900.0), (1, 520.0)])
-    assert driver.server_rate(srv, offset, 1) == {"server_decode_tok_s": 520.0, "server_intervals": 3}
-    assert driver.server_rate(srv, offset, 4) == {"server_decode_tok_s": None, "server_intervals": 0}
+    none = {"server_accept_len": None}   # these lines log no accept length (a plain server's)
+    assert driver.server_rate(srv, offset, 1) == {"server_decode_tok_s": 520.0, "server_intervals": 3, **none}
+    assert driver.server_rate(srv, offset, 4) == {"server_decode_tok_s": None, "server_intervals": 0, **none}
     gone = type("Srv", (), {"log_path": str(tmp_path / "none.log")})()
-    assert driver.server_rate(gone, 0, 1) == {"server_decode_tok_s": None, "server_intervals": 0}
+    assert driver.server_rate(gone, 0, 1) == {"server_decode_tok_s": None, "server_intervals": 0, **none}
 
 
 def test_the_segmented_bursty_load_is_the_same_work_for_every_server(driver):

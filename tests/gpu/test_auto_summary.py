@@ -314,3 +314,25 @@ def test_costcheck_prices_each_side_as_the_controller_did_and_beside_the_fixed_s
     state_path.write_text(json.dumps(states[0]) + "\n")
     assert summary.main(["costcheck", str(part_path), str(state_path)]) == 0
     assert json.loads(capsys.readouterr().out)[0]["bucket"] == 64
+
+
+def test_costcheck_prices_speculation_by_the_fixed_servers_own_acceptance_where_its_log_gave_one(summary):
+    """Row 2e, call 2 at c=32: the judged auto's bucket 32 ran plain and read acceptance 1.99 in its
+    probes while fixed-64's log read 2.55 at 32 running requests. Speculation's step priced from
+    fixed-64's throughput takes fixed-64's own acceptance: 32 x 2.55 / 9427.4 tok/s = 8.66 ms, not
+    32 x 1.99 / 9427.4 = 6.76 ms, so its wall price error reads 9.604 / 8.66 = 1.11, not 1.42."""
+    records = [{"workload": "w", "level": "32", "threshold": t, "out_tok_per_s": tok_s, "server_accept_len": acc}
+               for t, tok_s, acc in [(2, 8114.8, None), (64, 9427.4, 2.55), (64, 9325.3, 2.5), (64, 9607.6, 2.6),
+                                     ("auto", 7648.7, None)]]
+    part = summary.workload_summary(records, "w")
+    assert part["levels"]["32"]["fixed_accept_len"] == {"64": 2.55}   # fixed-2 ran plain: no acceptance
+    b32 = {"speculating": False, "cost_model": "wall", "gain": 0.6035, "accept_len": 1.9939,
+           "plain_step_ms": 2.9067, "spec_step_ms": 9.6042, "samples": {"plain": 5959, "spec": 81, "accept": 99}}
+    [row] = summary.cost_check(part, [{"after": "c=32", "state": {"buckets": {"32": b32}}}])
+    assert row["accept_len_fixed"] == 2.55
+    assert row["spec_ms"]["from_fixed"] == pytest.approx(32 * 2.55 / 9427.4 * 1e3, abs=1e-3)
+    assert row["price_error"]["spec"] == pytest.approx(9.6042 / 8.656, abs=2e-3)
+    older = [dict(r, server_accept_len=None) for r in records]   # records from before the log's reading
+    [row] = summary.cost_check(summary.workload_summary(older, "w"), [{"after": "c=32", "state": {"buckets": {"32": b32}}}])
+    assert row["accept_len_fixed"] is None
+    assert row["spec_ms"]["from_fixed"] == pytest.approx(32 * 1.9939 / 9427.4 * 1e3, abs=1e-3)
