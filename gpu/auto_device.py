@@ -354,6 +354,13 @@ async def dyn_state(s, srv):
         return {"error": repr(exc)}
 
 
+async def read_state(s, srv):
+    """{"state": dyn_state, "read_at": this machine's epoch seconds once it came}: with the state's
+    clock_s, each probe of its probe_log placed on the records' clock (gpu/probe_rounds.py)."""
+    state = await dyn_state(s, srv)
+    return {"read_at": round(time.time(), 3), "state": state}
+
+
 ROUND_COUNTERS = ("spec_steps", "plain_steps", "forced_spec_steps", "switches_off", "switches_on", "probe_steps")
 
 
@@ -624,10 +631,10 @@ async def main():
             f.write(json.dumps(rec) + "\n")
 
     async def keep_states(s, c, **extra):
-        keep(state_path, {"after": f"c={c}", **extra, "state": await dyn_state(s, auto)})
+        keep(state_path, {"after": f"c={c}", **extra, **await read_state(s, auto)})
         for srv in auto_variants(live):
             keep(os.path.join(a.out, "auto_variant_state.jsonl"),
-                 {"after": f"c={c}", **extra, "server": srv.label, "state": await dyn_state(s, srv)})
+                 {"after": f"c={c}", **extra, "server": srv.label, **await read_state(s, srv)})
 
     live, measured = [], None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
@@ -692,7 +699,7 @@ async def main():
                                         "temperature": temperature, "out_spread": out_spread})
                     say(name, "bursty-segments", srv.label, res["out_tok_per_s"], "tok/s")
             if a.bursty_rounds > 0:   # without bursty rounds it would repeat the last level's state
-                keep(state_path, {"after": "bursty", "state": await dyn_state(s, auto)})
+                keep(state_path, {"after": "bursty", **await read_state(s, auto)})
             for rnd in range(a.acc_mix_rounds if mix else 0):
                 for srv in bursty_order(live, auto, rnd):
                     if left() < 45:
@@ -706,7 +713,7 @@ async def main():
                                         "temperature": temperature, "out_spread": out_spread})
                     say(name, "acc-mix", srv.label, res["out_tok_per_s"], "tok/s")
             if mix:
-                keep(state_path, {"after": "acc-mix", "state": await dyn_state(s, auto)})
+                keep(state_path, {"after": "acc-mix", **await read_state(s, auto)})
         except TimeoutError:
             if measured is not None and auto in live:
                 await keep_states(s, measured, cut_by_budget=True)

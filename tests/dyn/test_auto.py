@@ -721,8 +721,14 @@ def test_a_speculative_probes_log_keeps_its_accept_means_step_by_step(auto):
     assert b["accept_len"] == pytest.approx(2.5, abs=0.15)
     plain_probe = Server(auto, accept=2.5, seed=3)
     plain_probe.run(16, 6000)            # gain 1.31: speculating, probing plain
-    log = plain_probe.switch.as_dict()["buckets"]["16"]["probe_log"]
+    state = plain_probe.switch.as_dict()
+    log = state["buckets"]["16"]["probe_log"]
     assert log and all(e["accepts"] is None for e in log if e["side"] == "plain")
+    # the controller's clock now and the bucket's first launch on it: a reader that notes its own
+    # time at reading places each probe on that time (the probe's start, clock_s - first_seen_s - at_s ago)
+    b16 = state["buckets"]["16"]
+    assert state["clock_s"] == pytest.approx(plain_probe.now, abs=1e-3)
+    assert 0.0 <= b16["first_seen_s"] < log[0]["at_s"] + b16["first_seen_s"] <= state["clock_s"]
 
 
 def test_two_ranks_seeing_different_timings_take_the_same_decision_every_step(auto):

@@ -509,4 +509,6 @@ def test_whole_levels_keep_one_state_each_and_no_bursty_one_without_bursty_round
     code, states, records = run_sim_driver(driver, monkeypatch, tmp_path, [100.0] * 99)
     assert code == 0
     assert [(st["after"], st.get("cut_by_budget", False)) for st in states] == [("c=4", False), ("c=2", False)]
+    # each state with this machine's time when it came (gpu/probe_rounds.py places probes by it)
+    assert records[5]["t_end"] <= states[0]["read_at"] <= records[6]["t_start"]
     assert [r["level"] for r in records] == ["4"] * 6 + ["2"] * 6
