@@ -671,8 +671,9 @@ async def main():
                         res = await steady_level(s, srv, prompts[c:], c, a.min_s, a.out_tokens)
                         res.update(server_rate(srv, offset, c))
                         # backend, architecture, TP size with every record (srv.meta()); the level's own keys last
-                        rec = {**res, **srv.meta(), "cpus": getattr(srv, "cpus", None), "workload": name, "level": str(c), "server": srv.label,
-                               "threshold": srv.threshold_label, "round": rnd, "temperature": temperature, "out_spread": out_spread}
+                        rec = {**res, **srv.meta(), "cpus": getattr(srv, "cpus", None), "workload": name,
+                               "level": str(c), "server": srv.label, "threshold": srv.threshold_label,
+                               "round": rnd, "temperature": temperature, "out_spread": out_spread}
                         keep(records_path, rec)
                         say(name, "c =", c, srv.label, res["out_tok_per_s"], "tok/s")
                 await keep_states(s, c)

@@ -75,17 +75,27 @@ def describe(rows):
             f"{len({r['package'] for r in rows})} package(s), {len({r['node'] for r in rows})} node(s)")
 
 
-def process_tree(root_pid, proc_root="/proc"):
-    """root_pid and every process descended from it, from /proc/*/stat's parent ids."""
-    parents = {}
+def proc_stats(proc_root="/proc"):
+    """{pid: (name, parent pid, utime + stime in jiffies)} of every process readable now, from
+    /proc/PID/stat (gpu/host_sampler.py reads its CPU times from it too)."""
+    out = {}
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
             continue
         try:
             text = _read(os.path.join(proc_root, entry, "stat"))
-        except OSError:
+        except OSError:  # gone since listdir
             continue
-        parents[int(entry)] = int(text[text.rindex(")") + 2:].split()[1])
+        # the name is in parentheses and may hold spaces or parentheses itself
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[int(entry)] = (name, int(fields[1]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def process_tree(root_pid, proc_root="/proc"):
+    """root_pid and every process descended from it, from /proc/*/stat's parent ids."""
+    parents = {pid: parent for pid, (_, parent, _) in proc_stats(proc_root).items()}
     tree, frontier = {root_pid}, [root_pid]
     while frontier:
         pid = frontier.pop()
@@ -96,7 +106,9 @@ def process_tree(root_pid, proc_root="/proc"):
 
 
 def pin_tree(root_pid, cpus, proc_root="/proc"):
-    """Every thread of root_pid's process tree onto cpus; returns how many threads were pinned."""
+    """Every thread of root_pid's process tree onto cpus; returns how many threads were pinned.
+    The tree inherited cpus at its start (auto_device.inherited_affinity); this sets them again
+    once it is up, since a library may bind its own threads (OpenMP's, for one)."""
     pinned = 0
     for pid in process_tree(root_pid, proc_root):
         try:

@@ -12,15 +12,14 @@ tok/s relative to that server's median (a host cause moves with the rounds; a me
 put while tok/s moves 40 % is not the cause).
 """
 import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import auto_summary  # noqa: E402
+
 MEASURES = ("busy", "steal", "mhz", "sm_mhz", "gpu_util", "power_w", "top_cores")
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _mean(values):
@@ -86,7 +85,8 @@ def main(argv):
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(host_check(read_jsonl(argv[0]), read_jsonl(argv[1])), indent=1))
+    records, samples = (auto_summary.read_records(path) for path in argv)
+    print(json.dumps(host_check(records, samples), indent=1))
     return 0
 
 

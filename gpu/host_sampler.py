@@ -5,7 +5,7 @@ On the trained pair every step is host work (docs/evidence/auto-threshold/3-inte
 server's rounds at one load read 0-53 % apart (24-probed-price, 25-probe-log) with the server's own
 decode rate moving with the client's: the server, not the client, went slower. Whether that is the
 CPU (steal time on a shared host, another process busy, the cores' clock) or the GPU (its clock,
-power) is what these samples can say; `gpu/auto_summary.py hostcheck` joins them to the rounds.
+power) is what these samples can say; `gpu/host_check.py` joins them to the rounds.
 
   python3 gpu/host_sampler.py OUT.jsonl [--interval-s 0.5] [--max-s 900] [--top 6]
 
@@ -23,6 +23,9 @@ import signal
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_pin  # noqa: E402
 
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 GPU_QUERY = "clocks.sm,utilization.gpu,power.draw,temperature.gpu"
@@ -61,20 +64,7 @@ def mean_mhz(cpuinfo_text):
 
 def proc_times(proc_root="/proc"):
     """{pid: (name, utime + stime in jiffies)} of every process readable now."""
-    out = {}
-    for entry in os.listdir(proc_root):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat")) as f:
-                text = f.read()
-        except OSError:  # gone since listdir
-            continue
-        # the name is in parentheses and may hold spaces or parentheses itself
-        name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text[text.rindex(")") + 2:].split()
-        out[int(entry)] = (name, int(fields[11]) + int(fields[12]))
-    return out
+    return {pid: (name, jiffies) for pid, (name, _, jiffies) in cpu_pin.proc_stats(proc_root).items()}
 
 
 def busiest(before, after, dt, hz, top):

@@ -16,13 +16,12 @@ against the later ones (count, mean step time, range).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import auto_summary  # noqa: E402
 
 
 def _states_of(states, server):
@@ -92,7 +91,8 @@ def main(argv=None):
     ap.add_argument("--warmup-s", type=float, default=0.4,
                     help="older states: how long before the first round the first level's bucket first ran")
     a = ap.parse_args(argv)
-    placed = place_probes(read_jsonl(a.records), read_jsonl(a.states), a.server, a.warmup_s)
+    records, states = auto_summary.read_records(a.records), auto_summary.read_records(a.states)
+    placed = place_probes(records, states, a.server, a.warmup_s)
     placed["early_s"] = a.early_s
     placed["by_side"] = early_later(placed["probes"], a.early_s)
     print(json.dumps(placed, indent=1))

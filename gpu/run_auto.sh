@@ -83,7 +83,7 @@ else
 fi
 say "pair ready ($(left) s left); workload $WORKLOAD ($NAME)"
 # the host's and the GPU's state twice a second while the servers run, for
-# `gpu/auto_summary.py hostcheck` (in evidence.tgz: auto-$NAME/host_samples.jsonl)
+# `gpu/host_check.py` (in evidence.tgz: auto-$NAME/host_samples.jsonl)
 python3 gpu/host_sampler.py "$WORK/host_samples.jsonl" --gpu --max-s "$(left)" &
 SAMPLER=$!
 python3 gpu/auto_device.py --out "$WORK" --workload "$WORKLOAD" --name "$NAME" --pair "$PAIR" \
