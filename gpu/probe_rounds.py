@@ -11,8 +11,9 @@ A probe's start on the records' clock is exact where the state carries the contr
 bucket of the first level's size is anchored at that level's first round's start less
 --warmup-s (its first launch was that level's warm-up, which runs just before the rounds), the
 other buckets are left out, and the output says "anchor": "warm-up". Prints JSON: each probe with
-its round and seconds into it, and per side the probes in a round's first --early-s seconds
-against the later ones (count, mean step time, range).
+its round and seconds into it, per side the probes in a round's first --early-s seconds against
+the later ones (count, mean step time, range), and the speculative probes' accept means by their
+step's place in the probe (`accepts_by_step`: does a resume's acceptance climb over its steps?).
 """
 import argparse
 import json
@@ -82,6 +83,18 @@ def early_later(probes, early_s):
     return out
 
 
+def accepts_by_step(probes):
+    """The speculative probes' accept means by step (1 = the probe's first result): how many
+    probes reached that step, their mean and range."""
+    by_step = {}
+    for p in probes:
+        if p["side"] == "spec":
+            for i, x in enumerate(p.get("accepts") or (), start=1):
+                by_step.setdefault(i, []).append(x)
+    return [{"step": i, "n": len(v), "mean": round(statistics.fmean(v), 3), "range": [min(v), max(v)]}
+            for i, v in sorted(by_step.items())]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records")
@@ -95,6 +108,7 @@ def main(argv=None):
     placed = place_probes(records, states, a.server, a.warmup_s)
     placed["early_s"] = a.early_s
     placed["by_side"] = early_later(placed["probes"], a.early_s)
+    placed["accepts_by_step"] = accepts_by_step(placed["probes"])
     print(json.dumps(placed, indent=1))
     return 0
 

@@ -56,3 +56,12 @@ def test_a_probe_kept_in_two_states_counts_once_and_the_cli_prints_json(rounds, 
     out = json.loads(capsys.readouterr().out)
     assert len(out["probes"]) == 1 and out["early_s"] == 0.5
     assert out["by_side"]["plain"]["later"]["n"] == 1
+
+
+def test_speculative_probes_accept_means_line_up_by_their_step(rounds):
+    spec = [dict(probe(1.0, 5.0, "spec"), accepts=[1.5, 2.0, 2.5]), dict(probe(2.0, 5.0, "spec"), accepts=[1.7, 2.2]),
+            dict(probe(3.0, 5.0, "spec"), accepts=[]), probe(4.0, 3.0)]
+    rows = rounds.accepts_by_step(spec)
+    assert rows == [{"step": 1, "n": 2, "mean": 1.6, "range": [1.5, 1.7]},
+                    {"step": 2, "n": 2, "mean": 2.1, "range": [2.0, 2.2]},
+                    {"step": 3, "n": 1, "mean": 2.5, "range": [2.5, 2.5]}]
