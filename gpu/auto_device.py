@@ -398,10 +398,13 @@ async def timed_round(s, srv, run):
 
 def parse_variants(text):
     """--auto-variants "probe=0.0001,margin=0.05" -> [("auto-probe0.0001", {env}), ...]: auto
-    servers beside the judged one, each with one controller knob changed (diagnostics)."""
+    servers beside the judged one, each with one controller knob changed (diagnostics). draft_kv is
+    the native plain path's SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV (write, skip or defer; the profile's
+    own otherwise): with write a plain bucket's speculative probes draft over a complete context."""
     knobs = {"probe": "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET", "margin": "SGLANG_SPEC_DISABLE_AUTO_MARGIN",
              "hysteresis": "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS",
-             "probe_steps": "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"}
+             "probe_steps": "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS",
+             "draft_kv": "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"}
     out = []
     for item in filter(None, (x.strip() for x in (text or "").split(","))):
         knob, sep, value = item.partition("=")
@@ -577,7 +580,8 @@ async def main():
     ap.add_argument("--auto-variants", default="",
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
                          "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS; "
-                         "probe_steps=N: _PROBE_STEPS)")
+                         "probe_steps=N: _PROBE_STEPS; draft_kv=write|skip|defer: "
+                         "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV of the native plain path)")
     ap.add_argument("--pin", default="",
                     help="servers by label (\"fixed-2,auto\") each pinned from its start to a physical core of its "
                          "own (gpu/cpu_pin.py): an unpinned twin beside a pinned server shows whether the "

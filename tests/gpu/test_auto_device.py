@@ -213,6 +213,19 @@ def test_auto_variants_run_beside_the_judged_auto_server_with_their_one_knob(dri
     assert by_label["auto-probe_steps20"].plan.env["SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"] == "20"
 
 
+def test_a_draft_kv_variant_overrides_the_native_profiles_defer(driver):
+    """Row 2f asks whether a plain bucket's probes read acceptance low because the native path's
+    defer leaves their draft context empty: an auto server whose plain steps write the draft's KV
+    beside the judged one, every other setting of the profile kept."""
+    servers = driver.make_servers([2, 64], 0.12, pair="big", variants=driver.parse_variants("draft_kv=write"),
+                                  dyn_profile="eagle3-v2-dyn-native")
+    by_label = {srv.label: srv for srv in servers}
+    write, judged = by_label["auto-draft_kvwrite"].plan.env, by_label["auto"].plan.env
+    assert (write["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"], judged["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"]) == ("write", "defer")
+    assert write["SGLANG_SPEC_DISABLE_PLAIN_PATH"] == judged["SGLANG_SPEC_DISABLE_PLAIN_PATH"] == "native"
+    assert write["SGLANG_SPEC_DISABLE_THRESHOLD"] == "auto"
+
+
 def test_a_fixed_twin_is_a_second_identical_fixed_server_labelled_apart(driver):
     """Four auto servers in two calls sat 0.964-1.006 of one fixed-2 server, with identical servers
     1-3 % apart: a question of 1-2 % needs an A/A pair on the fixed side too."""
