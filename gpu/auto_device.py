@@ -404,7 +404,8 @@ def parse_variants(text):
     knobs = {"probe": "SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET", "margin": "SGLANG_SPEC_DISABLE_AUTO_MARGIN",
              "hysteresis": "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS",
              "probe_steps": "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS",
-             "draft_kv": "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"}
+             "draft_kv": "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV",
+             "deferred_accept": "SGLANG_SPEC_DISABLE_AUTO_DEFERRED_ACCEPT"}
     out = []
     for item in filter(None, (x.strip() for x in (text or "").split(","))):
         knob, sep, value = item.partition("=")
@@ -581,7 +582,8 @@ async def main():
                     help='more auto servers, one knob each, not judged: "probe=0.0001,margin=0.05" '
                          "(SGLANG_SPEC_DISABLE_AUTO_PROBE_BUDGET / _MARGIN / _HYSTERESIS; "
                          "probe_steps=N: _PROBE_STEPS; draft_kv=write|skip|defer: "
-                         "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV of the native plain path)")
+                         "SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV of the native plain path; deferred_accept=correct|raw: "
+                         "_AUTO_DEFERRED_ACCEPT)")
     ap.add_argument("--pin", default="",
                     help="servers by label (\"fixed-2,auto\") each pinned from its start to a physical core of its "
                          "own (gpu/cpu_pin.py): an unpinned twin beside a pinned server shows whether the "

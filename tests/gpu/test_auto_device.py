@@ -224,6 +224,8 @@ def test_a_draft_kv_variant_overrides_the_native_profiles_defer(driver):
     assert (write["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"], judged["SGLANG_SPEC_DISABLE_PLAIN_DRAFT_KV"]) == ("write", "defer")
     assert write["SGLANG_SPEC_DISABLE_PLAIN_PATH"] == judged["SGLANG_SPEC_DISABLE_PLAIN_PATH"] == "native"
     assert write["SGLANG_SPEC_DISABLE_THRESHOLD"] == "auto"
+    [(label, env)] = driver.parse_variants("deferred_accept=raw")
+    assert (label, env) == ("auto-deferred_acceptraw", {"SGLANG_SPEC_DISABLE_AUTO_DEFERRED_ACCEPT": "raw"})
 
 
 def test_a_fixed_twin_is_a_second_identical_fixed_server_labelled_apart(driver):
