@@ -1224,6 +1224,15 @@ def test_the_scheduler_hooks_feed_the_controller(auto_tree, release, auto, monke
     accept = switch.buckets[2].accept
     assert (accept.n, switch._pending) == (2, [])
     assert accept.value == pytest.approx((2.5 + 3.5) / 2)   # the second sample weighs 1/2 at first
+    # where the native path marks deferred requests, the hook hands the batch's requests over
+    switch.marks_deferred = True
+    reqs = [types.SimpleNamespace(dyn_prompt_draft_deferred=True), types.SimpleNamespace()]
+    switch.decide(2)
+    run_patched(auto_tree, auto, path, cls, name, Stub(next_token_ids=HostList(range(10)), accept_lens=HostList([1, 3])),
+                Stub(reqs=reqs))
+    ratio = switch.deferred_ratio
+    assert (ratio.full_n, ratio.deferred_n, ratio.full, ratio.deferred) == (1, 1, 3.0, 1.0)
+    assert reqs[0].dyn_prompt_draft_deferred == auto.RATIO_STEPS - 1
 
 
 # --- the proof, on the simulated server ----------------------------------------------

@@ -1020,6 +1020,21 @@ def test_threshold_auto_on_the_native_path_resumes_when_acceptance_rises(system,
     assert plain["tokens"] == plain["steps"] * len(reqs) == (low + high).count(False) * len(reqs)
 
 
+@pytest.mark.parametrize("defer", [True, False])
+def test_defer_tells_an_auto_controller_that_it_marks_deferred_requests(system, auto_controller, defer):
+    """threshold=auto reads a deferred request's first speculative steps at what requests with their
+    draft context accept only where the native path marks them (dyn_disable_auto.note_accept)."""
+    switch = auto_controller.AutoSwitch(types.SimpleNamespace(threshold=0, hysteresis=0),
+                                        auto_controller.AutoConfig())
+    system.native.NativePlainPath(types.SimpleNamespace(dyn_disable=switch), skip_draft_kv=True,
+                                  defer_draft_prefill=defer)
+    assert switch.marks_deferred is defer
+    # a fixed threshold's switch has no such attribute and gets none
+    fixed = types.SimpleNamespace(decide=lambda bs, force_spec=False: True)
+    system.native.NativePlainPath(types.SimpleNamespace(dyn_disable=fixed), skip_draft_kv=True, defer_draft_prefill=True)
+    assert not hasattr(fixed, "marks_deferred")
+
+
 def arriving_prefill(e, reqs, prompt_lens):
     """A new prefill batch as get_new_batch_prefill hands it to run_batch: the prompts' KV slots
     allocated, input ids 10 * (request's index) + position, no spec_info yet."""
@@ -1063,7 +1078,7 @@ def test_defer_mode_prefills_an_arrival_beside_plain_steps_without_the_draft(sys
 
     d = Req("d", 3, 5)
     arrival = arriving_prefill(e, [d], [5])
-    assert run_prefill(e, arrival, batch) and d.dyn_draft_deferred
+    assert run_prefill(e, arrival, batch) and d.dyn_draft_deferred and d.dyn_prompt_draft_deferred is True
     (kind, capture, inputs), = e.calls                    # no draft_prefill
     assert kind == "target_prefill" and capture == Capture.LAST and inputs == [0, 1, 2, 3, 4]
     assert path.last_target_hidden[3].tolist() == [40.0 + col for col in range(3 * HIDDEN)]  # its last position
@@ -1085,6 +1100,8 @@ def test_defer_mode_prefills_an_arrival_beside_plain_steps_without_the_draft(sys
     assert [k[0] for k in e.calls] == ["resync", "verify"]
     assert e.calls[0][4].tolist() == [[50 + 100.0, 50 + 101.0]]   # input token 5 of that step, * 10, + fc's 100
     assert not d.dyn_draft_deferred
+    # threshold=auto's mark stays after the resume: note_accept counts its first speculative steps
+    assert d.dyn_prompt_draft_deferred is True and not getattr(a, "dyn_prompt_draft_deferred", False)
     finish_previous(e)
     assert_kv_consistent(e, [d])
 
