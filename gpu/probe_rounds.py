@@ -59,7 +59,8 @@ def place_probes(records, states, server="auto", warmup_s=0.4):
                 t = base + p["at_s"]
                 inside = [(start, level, rnd) for start, end, level, rnd in rounds if start <= t <= end]
                 row = {"bucket": int(size), "side": p.get("side"), "at_s": p["at_s"], "step_ms": p.get("step_ms"),
-                       "samples": p.get("samples"), "accepts": p.get("accepts"), "level": None, "round": None,
+                       "samples": p.get("samples"), "accepts": p.get("accepts"),
+                       "accepts_full": p.get("accepts_full"), "level": None, "round": None,
                        "into_round_s": None}
                 if inside:
                     start, level, rnd = inside[0]
@@ -85,14 +86,23 @@ def early_later(probes, early_s):
 
 def accepts_by_step(probes):
     """The speculative probes' accept means by step (1 = the probe's first result): how many
-    probes reached that step, their mean and range."""
-    by_step = {}
+    probes reached that step, their mean and range; and where the server marks deferred requests
+    (probe_log's accepts_full, from 2026-12-07), the same steps' requests with their draft context."""
+    by_step, full = {}, {}
     for p in probes:
         if p["side"] == "spec":
             for i, x in enumerate(p.get("accepts") or (), start=1):
                 by_step.setdefault(i, []).append(x)
-    return [{"step": i, "n": len(v), "mean": round(statistics.fmean(v), 3), "range": [min(v), max(v)]}
-            for i, v in sorted(by_step.items())]
+            for i, x in enumerate(p.get("accepts_full") or (), start=1):
+                if x is not None:
+                    full.setdefault(i, []).append(x)
+    rows = []
+    for i, v in sorted(by_step.items()):
+        row = {"step": i, "n": len(v), "mean": round(statistics.fmean(v), 3), "range": [min(v), max(v)]}
+        if full.get(i):
+            row.update(full_n=len(full[i]), full_mean=round(statistics.fmean(full[i]), 3))
+        rows.append(row)
+    return rows
 
 
 def main(argv=None):

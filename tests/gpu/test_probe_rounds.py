@@ -65,3 +65,8 @@ def test_speculative_probes_accept_means_line_up_by_their_step(rounds):
     assert rows == [{"step": 1, "n": 2, "mean": 1.6, "range": [1.5, 1.7]},
                     {"step": 2, "n": 2, "mean": 2.1, "range": [2.0, 2.2]},
                     {"step": 3, "n": 1, "mean": 2.5, "range": [2.5, 2.5]}]
+    # a server that marks deferred requests logs the same steps' requests with their draft context
+    spec[0]["accepts_full"], spec[1]["accepts_full"] = [None, 2.5, 3.0], [None, 2.7]
+    rows = rounds.accepts_by_step(spec)
+    assert "full_n" not in rows[0]
+    assert rows[1] == {"step": 2, "n": 2, "mean": 2.1, "range": [2.0, 2.2], "full_n": 2, "full_mean": 2.6}
