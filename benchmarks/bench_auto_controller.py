@@ -26,11 +26,17 @@ counted as one speculative step, the model before).
     .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes
     .venv/bin/python benchmarks/bench_auto_controller.py --charge --spec-sizes --return-ms 15
     .venv/bin/python benchmarks/bench_auto_controller.py --probed --spec-sizes --return-ms 15 --seeds 8
+    .venv/bin/python benchmarks/bench_auto_controller.py --deferred --seeds 3
 
 --stagger: rare long prefills while speculating (test_auto.StaggerServer: requests replaced one at a
 time, a prefill before a speculative step with probability p; plain keeps a wave together) at 16
 running requests, from a fresh server over short and long windows, with the wall step times
 clipped at CLIP_WALL (the controller) and at 3x (the controller before): auto / the better side.
+
+--deferred: gpu/README row 2f's loads on test_auto.DeferredServer (the native path's defer, request by
+request: a request that arrives beside plain steps accepts DIP less for its first 8 speculative steps):
+64 running, then 32, where speculation pays for requests with their draft context; auto reading the
+deferred requests raw and corrected by the measured ratio, against the better fixed side at 32.
 
 --acc-mix: gpu/auto_device.py's acc-mix level on the simulated server (the acceptance changes between
 phases of fixed work at one concurrency, so the crossover moves; gpu/README row 1r): auto against
@@ -318,6 +324,45 @@ def stagger_table(auto, sim, size=16):
         auto.CLIP_WALL = wall_clip
 
 
+def deferred_table(auto, sim, seeds=1, steps=20000):
+    """gpu/README row 2f's protocol on test_auto.DeferredServer: 64 requests first (plain pays there),
+    then 32 (speculation pays for requests with their draft context), the bucket of 32 first seen
+    from a plain neighbour; deferred requests accept `dip` less for their first 8 speculative steps.
+    auto reading them raw and corrected, against the better fixed side at 32."""
+    import statistics
+
+    print("| dip | true gain at 32 (full / deferred) | raw: auto / best, side | corrected: auto / best, side, ratio |")
+    print("|---|---|---|---|")
+
+    def rate_at_32(server, decide=None):
+        for _ in range(steps // 4):
+            server.step(32, decide)
+        t0, k0 = sum(server.time.values()), server.tokens
+        for _ in range(steps):
+            server.step(32, decide)
+        return (server.tokens - k0) / (sum(server.time.values()) - t0)
+
+    for dip in (0.0, 0.25, 0.5):
+        cells = []
+        for setting in ("raw", "correct"):
+            got, sides, ratios = [], [], []
+            for seed in range(5, 5 + seeds):
+                best = max(rate_at_32(sim.DeferredServer(auto, dip=dip, accept=2.5, seed=seed), s) for s in (True, False))
+                server = sim.DeferredServer(auto, dip=dip, accept=2.5, seed=seed)
+                server.switch.auto = auto.AutoConfig(deferred_accept=setting)
+                server.run(64, 6000)
+                got.append(rate_at_32(server) / best)
+                sides.append("spec" if server.switch.buckets[32].applied_speculate else "plain")
+                ratios.append(server.switch.as_dict()["deferred_accept"]["ratio"])
+            cell = f"{statistics.median(got):.3f}, {'/'.join(sorted(set(sides)))}"
+            if setting == "correct":
+                known = [r for r in ratios if r is not None]
+                cell += f", {statistics.median(known):.3f}" if known else ", none"
+            cells.append(cell)
+        gains = f"{sim.true_gain(2.5, 32):.2f} / {sim.true_gain(2.5 - dip, 32):.2f}"
+        print(f"| {dip:g} | {gains} | {' | '.join(cells)} |", flush=True)
+
+
 def host_cost(auto, steps=20000):
     """Host time of the controller per decode step (decide, then the step's accept lengths), by
     batch size: the scheduler thread pays it every step, speculative or plain."""
@@ -359,6 +404,8 @@ def main():
                     help="the buckets a speculative server captures (1-8, 10-32 by 2, 40-64 by 4)")
     ap.add_argument("--return-ms", type=float, default=None,
                     help="the turnover server's client round trip in ms of its clock (default: 2 steps)")
+    ap.add_argument("--deferred", action="store_true",
+                    help="row 2f's loads (64, then 32) with deferred requests accepting less at a resume, raw and corrected")
     ap.add_argument("--resume-ms", default=None,
                     help="costly resumes instead of churn: extra ms of the first speculative step after plain ones")
     a = ap.parse_args()
@@ -387,6 +434,9 @@ def main():
         return
     if a.charge:
         charge_table(auto, sim)
+        return
+    if a.deferred:
+        deferred_table(auto, sim, seeds=a.seeds)
         return
     if a.acc_mix:
         acc_mix_table(auto, sim, [float(x) for x in a.acc_mix.split(",")], a.acc_mix_c, a.seeds)
