@@ -86,6 +86,9 @@ def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
     assert (cfg.threshold, cfg.hysteresis) == (0, 0)
     assert (cfg.auto.margin, cfg.auto.hysteresis, cfg.auto.probe_budget, cfg.auto.probe_steps) == (
         0.02, 0.05, 0.005, 5)
+    assert cfg.auto.deferred_accept == "correct"
+    raw = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_DEFERRED_ACCEPT": " raw "})
+    assert raw.auto.deferred_accept == "raw"
     cfg = config(policy, auto, {"SGLANG_SPEC_DISABLE_THRESHOLD": "auto",
                                 "SGLANG_SPEC_DISABLE_AUTO_MARGIN": "0.1",
                                 "SGLANG_SPEC_DISABLE_AUTO_HYSTERESIS": "0",
@@ -117,6 +120,8 @@ def test_auto_is_parsed_with_its_defaults_and_knobs(policy, auto):
      "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"),
     ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS": "7.5"},
      "SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS"),
+    ({"SGLANG_SPEC_DISABLE_THRESHOLD": "auto", "SGLANG_SPEC_DISABLE_AUTO_DEFERRED_ACCEPT": "off"},
+     "SGLANG_SPEC_DISABLE_AUTO_DEFERRED_ACCEPT"),
 ])
 def test_bad_values_stop_the_server_naming_the_variable(policy, auto, env, names):
     with pytest.raises(policy.DynDisableConfigError, match=names):
