@@ -324,7 +324,7 @@ def stagger_table(auto, sim, size=16):
         auto.CLIP_WALL = wall_clip
 
 
-def deferred_table(auto, sim, seeds=1, steps=20000):
+def deferred_table(auto, sim, seeds=1, settle_s=60.0, measure_s=240.0):
     """gpu/README row 2f's protocol on test_auto.DeferredServer: 64 requests first (plain pays there),
     then 32 (speculation pays for requests with their draft context), the bucket of 32 first seen
     from a plain neighbour; deferred requests accept `dip` less for their first 8 speculative steps.
@@ -334,13 +334,10 @@ def deferred_table(auto, sim, seeds=1, steps=20000):
     print("| dip | true gain at 32 (full / deferred) | raw: auto / best, side | corrected: auto / best, side, ratio |")
     print("|---|---|---|---|")
 
-    def rate_at_32(server, decide=None):
-        for _ in range(steps // 4):
-            server.step(32, decide)
-        t0, k0 = sum(server.time.values()), server.tokens
-        for _ in range(steps):
-            server.step(32, decide)
-        return (server.tokens - k0) / (sum(server.time.values()) - t0)
+    def rate_at_32(server, side=None):
+        decide = None if side is None else (lambda bs: side)
+        sim.tokens_per_s(server, settle_s, lambda t: 32, decide)
+        return sim.tokens_per_s(server, measure_s, lambda t: 32, decide)
 
     for dip in (0.0, 0.25, 0.5):
         cells = []
