@@ -5,6 +5,7 @@ records gpu/auto_device.py writes (stdlib only; tested on the CPU, tests/gpu/tes
   python3 gpu/auto_summary.py merge OUT.json PART.json [PART.json ...]  # the evidence file
   python3 gpu/auto_summary.py accounting AUTO_STATE.jsonl  # where auto's decode time went, per level
   python3 gpu/auto_summary.py costcheck PART.json AUTO_STATE.jsonl [VARIANT]  # auto's step costs against the fixed servers'
+  python3 gpu/auto_summary.py models CALL_DIR [CALL_DIR ...]  # each cost model's gain against the fixed servers', over calls
 
 A record: {"workload", "level" ("1", "4", ..., "bursty", "bursty-segments"), "server" ("auto", "fixed-N" or
 "baseline"), "threshold" ("auto", N, or "none" for the baseline: the target alone),
@@ -262,7 +263,9 @@ def _modelled_steps(b):
     "wall" (every interval of the bucket's steps), "quiet" (steps with no prefill beside them) and
     "turnover" (quiet plus each side's prefill forwards per step: forward ms x forwards per finish x
     the bucket's finishes per token x its mean running count, x the accept length for speculation;
-    the patch's step_costs) where both sides have those samples."""
+    the patch's step_costs) where both sides have those samples; and "turnover_run_side", the
+    turnover model with both sides charged the prefill milliseconds per finish of the side the
+    bucket runs (`_run_side`), the probed side's own being read from its probes alone."""
     acc = b.get("accept_len")
     models = {"wall": (b.get("plain_step_ms"), b.get("spec_step_ms")),
               "quiet": (b.get("plain_quiet_step_ms"), b.get("spec_quiet_step_ms"))}
@@ -270,9 +273,18 @@ def _modelled_steps(b):
     sides = [forward.get(k) is not None and share.get(k) is not None for k in ("plain", "spec")]
     if all(sides) and acc and b.get("tokens") and None not in models["quiet"]:
         per_step = b.get("finishes", 0) / b["tokens"] * b.get("mean_bs", 0.0)
-        models["turnover"] = (models["quiet"][0] + forward["plain"] * share["plain"] * per_step,
-                              models["quiet"][1] + forward["spec"] * share["spec"] * per_step * acc)
+        per_finish = {k: forward[k] * share[k] for k in ("plain", "spec")}
+        models["turnover"] = (models["quiet"][0] + per_finish["plain"] * per_step,
+                              models["quiet"][1] + per_finish["spec"] * per_step * acc)
+        run = per_finish[_run_side(b.get("samples") or {})]
+        models["turnover_run_side"] = (models["quiet"][0] + run * per_step,
+                                       models["quiet"][1] + run * per_step * acc)
     return models
+
+
+def _run_side(samples):
+    """The side with more of the bucket's step samples (the other is timed in probes)."""
+    return "plain" if samples.get("plain", 0) >= samples.get("spec", 0) else "spec"
 
 
 def cost_check(part, states, server=None):
@@ -342,7 +354,7 @@ def _price_errors(row, samples):
     "price_error": each side's decided step cost over what its fixed server delivers; and
     "probed_over_run": the probed side's error over the run side's, the gain's error against the
     probed side (above 1 the bucket reads the side it probes dearer than the fixed servers say)."""
-    row["runs_on"] = "plain" if samples.get("plain", 0) >= samples.get("spec", 0) else "spec"
+    row["runs_on"] = _run_side(samples)
     sides = {side: (row[f"{side}_ms"]["decided"], row[f"{side}_ms"]["from_fixed"]) for side in ("plain", "spec")}
     if any(None in v or not v[1] for v in sides.values()):
         return
@@ -350,6 +362,47 @@ def _price_errors(row, samples):
     probed = "spec" if row["runs_on"] == "plain" else "plain"
     row["price_error"] = {side: round(e, 3) for side, e in error.items()}
     row["probed_over_run"] = round(error[probed] / error[row["runs_on"]], 3)
+
+
+SIDE_MARGIN = 0.05   # a level whose fixed servers lie within 5 % of each other has no wrong side
+
+
+def model_check(rows):
+    """Each cost model against the fixed servers over cost_check rows (many calls'): how many
+    rows it priced, the median of |its gain / the fixed servers' gain - 1|, and of the rows
+    whose fixed servers differ by more than SIDE_MARGIN, in how many it puts the faster side
+    on the wrong side of break-even. The fixed servers' gain carries their rounds' noise."""
+    out = {}
+    for model in sorted({m for r in rows for m in r["gain_by_model"]}):
+        pairs = [(r["gain_by_model"][model], r["gain_from_fixed"]) for r in rows
+                 if r.get("gain_from_fixed") and r["gain_by_model"].get(model)]
+        clear = [(g, f) for g, f in pairs if abs(f - 1.0) > SIDE_MARGIN]
+        out[model] = {"rows": len(pairs),
+                      "median_error": round(statistics.median(abs(g / f - 1.0) for g, f in pairs), 3) if pairs else None,
+                      "clear_rows": len(clear), "wrong_side": sum((g > 1.0) != (f > 1.0) for g, f in clear)}
+    return out
+
+
+def call_rows(folder):
+    """cost_check rows of one call folder (a device call's files as docs/evidence keeps them):
+    its part-*.json against the judged auto's auto_state.jsonl and every server of its
+    auto_variant_state.jsonl, each row naming the folder and the server."""
+    import glob
+    import os
+    rows = []
+    states = {"auto_state.jsonl": None, "auto_variant_state.jsonl": "variants"}
+    for part_path in sorted(glob.glob(os.path.join(folder, "part-*.json"))):
+        part = json.load(open(part_path))
+        for name, kind in states.items():
+            path = os.path.join(folder, name)
+            if not os.path.exists(path):
+                continue
+            entries = read_records(path)
+            servers = [None] if kind is None else sorted({e["server"] for e in entries if e.get("server")})
+            for server in servers:
+                for row in cost_check(part, entries, server):
+                    rows.append({"call": folder, "server": server or "auto", **row})
+    return rows
 
 
 def read_records(path):
@@ -370,6 +423,12 @@ def main(argv):
     elif len(argv) in (3, 4) and argv[0] == "costcheck":
         server = argv[3] if len(argv) == 4 else None
         print(json.dumps(cost_check(json.load(open(argv[1])), read_records(argv[2]), server), indent=1))
+        return 0
+    elif len(argv) >= 2 and argv[0] == "models":
+        rows = [row for folder in argv[1:] for row in call_rows(folder)]
+        print(json.dumps({"models": model_check(rows),
+                          "rows": [{k: r.get(k) for k in ("call", "server", "level", "runs_on", "gain_from_fixed",
+                                                          "gain_by_model")} for r in rows]}, indent=1))
         return 0
     else:
         print(__doc__, file=sys.stderr)

@@ -336,3 +336,48 @@ def test_costcheck_prices_speculation_by_the_fixed_servers_own_acceptance_where_
     [row] = summary.cost_check(summary.workload_summary(older, "w"), [{"after": "c=32", "state": {"buckets": {"32": b32}}}])
     assert row["accept_len_fixed"] is None
     assert row["spec_ms"]["from_fixed"] == pytest.approx(32 * 1.9939 / 9427.4 * 1e3, abs=1e-3)
+
+
+def test_models_sets_every_cost_model_against_the_fixed_servers_over_calls(summary, tmp_path, capsys):
+    """Row 2f (docs/evidence/auto-threshold/26-own-accepts), bucket 32 after c=32: speculating, its
+    plain side timed in probes. The turnover model read gain 1.21 where fixed-64 / fixed-2 said
+    0.924; charging both sides the speculative side's prefill ms per finish reads 0.98."""
+    b32 = {"speculating": True, "gain": 1.2096, "accept_len": 2.2936,
+           "plain_step_ms": 1.4572, "spec_step_ms": 4.4156, "plain_quiet_step_ms": 0.9877, "spec_quiet_step_ms": 2.3565,
+           "prefill_forward_ms": {"plain": 10.257, "spec": 8.3647}, "forwards_per_finish": {"plain": 0.4246, "spec": 0.3628},
+           "finishes": 3829, "tokens": 325423, "mean_bs": 31.69, "samples": {"plain": 174, "spec": 5124, "accept": 4414}}
+    part = {"name": "own", "levels": {"32": {"fixed": {"2": 17858.7, "64": 16499.6}, "always_speculating": [64]}}}
+    call = tmp_path / "call1"
+    call.mkdir()
+    (call / "part-own.json").write_text(json.dumps(part))
+    (call / "auto_state.jsonl").write_text(json.dumps({"after": "c=32", "state": {"buckets": {"32": b32}}}) + "\n")
+    # a variant whose bucket ran plain (more plain samples): the run side's charge is plain's
+    plain_run = dict(b32, samples={"plain": 5000, "spec": 100, "accept": 120})
+    (call / "auto_variant_state.jsonl").write_text(
+        json.dumps({"after": "c=32", "server": "auto-x", "state": {"buckets": {"32": plain_run}}}) + "\n")
+    rows = summary.call_rows(str(call))
+    assert [(r["server"], r["runs_on"]) for r in rows] == [("auto", "spec"), ("auto-x", "plain")]
+    judged, variant = (r["gain_by_model"] for r in rows)
+    assert judged["turnover"] == pytest.approx(1.2096, abs=2e-3)
+    per_step = 3829 / 325423 * 31.69
+    spec_charge = 8.3647 * 0.3628 * per_step
+    assert judged["turnover_run_side"] == pytest.approx(
+        2.2936 * (0.9877 + spec_charge) / (2.3565 + spec_charge * 2.2936), abs=1e-3)
+    assert judged["turnover_run_side"] == pytest.approx(0.982, abs=1e-3)
+    plain_charge = 10.257 * 0.4246 * per_step
+    assert variant["turnover_run_side"] == pytest.approx(
+        2.2936 * (0.9877 + plain_charge) / (2.3565 + plain_charge * 2.2936), abs=1e-3)
+    checked = summary.model_check(rows)
+    fixed_gain = 16499.6 / 17858.7   # 0.924: plain is faster by more than the 5 % margin
+    assert checked["turnover"] == {"rows": 2, "median_error": round(1.2096 / fixed_gain - 1, 3),
+                                   "clear_rows": 2, "wrong_side": 2}
+    # wall reads 0.757 for both; charged plain's 4.4 ms a finish both sides read 0.985: below 1 too
+    assert checked["wall"]["wrong_side"] == 0 and checked["turnover_run_side"]["wrong_side"] == 0
+    assert variant["turnover_run_side"] == pytest.approx(0.985, abs=1e-3)
+    # fixed servers within 5 % of each other: priced, but no side counted wrong
+    close = {"name": "own", "levels": {"32": {"fixed": {"2": 17000.0, "64": 16500.0}, "always_speculating": [64]}}}
+    (call / "part-own.json").write_text(json.dumps(close))
+    assert summary.model_check(summary.call_rows(str(call)))["turnover"]["clear_rows"] == 0
+    assert summary.main(["models", str(call), str(tmp_path / "no-such-call")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["models"]["turnover"]["rows"] == 2 and len(out["rows"]) == 2
