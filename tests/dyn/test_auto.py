@@ -747,6 +747,22 @@ def test_a_speculative_probes_log_keeps_its_accept_means_step_by_step(auto):
     assert 0.0 <= b16["first_seen_s"] < log[0]["at_s"] + b16["first_seen_s"] <= state["clock_s"]
 
 
+def test_a_long_probes_log_keeps_its_first_steps_only(auto):
+    """Probes may run 512 steps (SGLANG_SPEC_DISABLE_AUTO_PROBE_STEPS); a bucket's probe_log keeps
+    the first PROBE_LOG_STEPS accept means of each (a resume's first steps are what it is for), so
+    /server_info stays small, while the probe's reading (rechecks) and the estimate take them all."""
+    server = ResumeDipServer(auto, accept=2.5, seed=3, probe_steps=64)
+    server.run(64, 20000)
+    b = server.switch.as_dict()["buckets"]["64"]
+    assert not b["speculating"]
+    spec = [e for e in b["probe_log"] if e["side"] == "spec"]
+    long_ones = [e for e in spec if e["steps"] > auto.PROBE_LOG_STEPS]
+    assert long_ones, [e["steps"] for e in spec]
+    assert all(len(e["accepts"]) == auto.PROBE_LOG_STEPS for e in long_ones)
+    assert all(len(e["accepts"] or ()) <= auto.PROBE_LOG_STEPS for e in spec)
+    assert b["accept_len"] == pytest.approx(2.5, abs=0.15)
+
+
 class DeferredServer(Server):
     """The native plain path's defer, request by request: a request that arrives while the batch
     runs plain is prefilled without the draft, and accepts `dip` less for its first `recover`
