@@ -29,7 +29,9 @@ merged file has the issue's shape:
 one server by hand gets. The issue's goal is checked against the best fixed threshold ("met"),
 and beside it against the best static choice.
 """
+import glob
 import json
+import os
 import statistics
 import sys
 
@@ -387,21 +389,17 @@ def call_rows(folder):
     """cost_check rows of one call folder (a device call's files as docs/evidence keeps them):
     its part-*.json against the judged auto's auto_state.jsonl and every server of its
     auto_variant_state.jsonl, each row naming the folder and the server."""
-    import glob
-    import os
+    judged = os.path.join(folder, "auto_state.jsonl")
+    variants = os.path.join(folder, "auto_variant_state.jsonl")
+    states = read_records(judged) if os.path.exists(judged) else []
+    states += read_records(variants) if os.path.exists(variants) else []
+    servers = [None] + sorted({e["server"] for e in states if e.get("server")})
     rows = []
-    states = {"auto_state.jsonl": None, "auto_variant_state.jsonl": "variants"}
     for part_path in sorted(glob.glob(os.path.join(folder, "part-*.json"))):
-        part = json.load(open(part_path))
-        for name, kind in states.items():
-            path = os.path.join(folder, name)
-            if not os.path.exists(path):
-                continue
-            entries = read_records(path)
-            servers = [None] if kind is None else sorted({e["server"] for e in entries if e.get("server")})
-            for server in servers:
-                for row in cost_check(part, entries, server):
-                    rows.append({"call": folder, "server": server or "auto", **row})
+        with open(part_path) as f:
+            part = json.load(f)
+        for server in servers:
+            rows += [{"call": folder, "server": server or "auto", **row} for row in cost_check(part, states, server)]
     return rows
 
 
